@@ -1,0 +1,5 @@
+import sys
+
+from functions.cli import main
+
+sys.exit(main())

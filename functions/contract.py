@@ -1,0 +1,55 @@
+"""The wire contract every caller of a Spillway function relies on.
+
+The gateway and the warm-up pinger import this module, so it stays free of heavy imports.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+HEADER_INSTANCE = "x-spillway-instance"
+HEADER_COLD = "x-spillway-cold"
+HEADER_SIGNATURE = "x-spillway-signature"
+HEADER_TARGET = "x-spillway-target"
+HEADER_DECISION = "x-spillway-decision"
+
+WARMUP_KEY = "spillway_warmup"
+WARMUP_PATH = "/spillway/warmup"
+METRICS_PATH = "/spillway/metrics"
+
+MAX_DWELL_MS = 60_000
+
+
+class WarmupPing(BaseModel):
+    """Body of ``{"spillway_warmup": {...}}``: hold the instance, optionally probe the models."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dwell_ms: int = Field(default=0, ge=0, le=MAX_DWELL_MS)
+    models: tuple[str, ...] = ()
+    probe: bool = False
+
+
+class WarmupEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spillway_warmup: WarmupPing
+
+
+class WarmupReport(BaseModel):
+    """What an instance answers to a warm-up ping; the pinger counts distinct ``instance_id``s."""
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_id: str
+    cold: bool
+    init_ms: float
+    uptime_s: float
+    triton_ready: bool
+    models_ready: tuple[str, ...]
+
+
+def warmup_payload(dwell_ms: int = 0, models: tuple[str, ...] = (), probe: bool = False) -> str:
+    """The exact JSON a scheduler (EventBridge, FC timer, cron) sends to warm an instance."""
+    ping = WarmupPing(dwell_ms=dwell_ms, models=models, probe=probe)
+    return WarmupEvent(spillway_warmup=ping).model_dump_json()

@@ -1,0 +1,227 @@
+"""The platform-neutral HTTP core of a function instance.
+
+Every platform adapter (Lambda events, the FC server, the local server) turns what it receives
+into a ``Request`` and hands it here; the answer is one ``Response``, whatever went wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from functions import contract
+from functions.instance import Instance
+from functions.metrics import CONTENT_TYPE, FunctionMetrics
+from functions.settings import FunctionSettings
+from functions.sidecar import Sidecar, SidecarState
+from functions.signature import SignatureError, Verifier
+from functions.upstream import UpstreamPool, UpstreamUnavailable
+from functions.warming import ModelProber
+
+MIN_TIMEOUT_S = 0.05
+RETRY_AFTER_S = "1"
+
+_FORWARD_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept-encoding",
+                            "content-encoding")
+_FORWARD_RESPONSE_HEADERS = frozenset((b"content-type", b"inference-header-content-length",
+                                       b"content-encoding"))
+_CLIENT_ERROR_PREFIXES = (b'{"error":"failed to parse', b'{"error":"Unable to parse')
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    target: str
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+
+def json_response(status: int, payload: object, headers: list[tuple[str, str]] | None = None) -> Response:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    return Response(status, [("content-type", "application/json"), *(headers or [])], body)
+
+
+def error_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
+    """Triton's own error shape, so clients see one kind of error whoever answered."""
+    return json_response(status, {"error": message}, headers)
+
+
+class FunctionCore:
+    def __init__(
+        self,
+        settings: FunctionSettings,
+        sidecar: Sidecar,
+        instance: Instance | None = None,
+        metrics: FunctionMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sidecar = sidecar
+        self.instance = instance or Instance()
+        self.metrics = metrics or FunctionMetrics()
+        self._served = False
+        self._pool = UpstreamPool("127.0.0.1", sidecar.http_port)
+        self._prober = ModelProber(f"127.0.0.1:{sidecar.http_port}")
+        self._verifier = (
+            Verifier(settings.signing_key, settings.allow_unsigned_payload) if settings.signing_key else None
+        )
+        self._restarts_seen = 0
+
+    @property
+    def init_ms(self) -> float:
+        ready_at = self.sidecar.ready_at
+        return 0.0 if ready_at is None else (ready_at - self.instance.started_at) * 1000
+
+    def take_cold(self) -> bool:
+        """True exactly once per instance: for the first request it serves."""
+        cold, self._served = not self._served, True
+        if cold:
+            self.metrics.cold_starts.inc()
+        return cold
+
+    async def handle(self, request: Request, time_left_s: float | None = None) -> Response:
+        """Answer one HTTP request; ``time_left_s`` is what the platform still allows."""
+        started = time.perf_counter()
+        cold = self.take_cold()
+        kind = "infer" if request.path.endswith("/infer") else "control"
+        try:
+            response = await self._route(request, self._timeout(time_left_s))
+        except Exception as exc:  # the one answer every request is owed
+            response = error_response(500, f"internal error in the function handler: {exc!r}")
+        response.headers.append((contract.HEADER_INSTANCE, self.instance.id))
+        if cold:
+            response.headers.append((contract.HEADER_COLD, "1"))
+        self.metrics.requests.labels(kind, str(response.status)).inc()
+        self.metrics.latency.labels(kind).observe(time.perf_counter() - started)
+        return response
+
+    async def warmup(self, ping: contract.WarmupPing, time_left_s: float | None = None) -> contract.WarmupReport:
+        """Hold this instance for ``dwell_ms`` so overlapping pings land on distinct instances."""
+        cold = self.take_cold()
+        timeout = self._timeout(time_left_s)
+        dwell = ping.dwell_ms / 1000
+        if timeout is not None:
+            dwell = min(dwell, max(0.0, timeout - MIN_TIMEOUT_S))
+        triton_ready = self.sidecar.state is SidecarState.READY
+        models = ping.models or self.settings.models
+        check = self._prober.probe_models if ping.probe else self._prober.ready_models
+        ready: tuple[str, ...] = ()
+        if triton_ready:
+            ready, _ = await asyncio.gather(
+                asyncio.wait_for(check(models), timeout), asyncio.sleep(dwell)
+            )
+        else:
+            await asyncio.sleep(dwell)
+        self.metrics.warmups.labels(str(cold).lower()).inc()
+        return contract.WarmupReport(
+            instance_id=self.instance.id,
+            cold=cold,
+            init_ms=round(self.init_ms, 3),
+            uptime_s=round(time.monotonic() - self.instance.started_at, 3),
+            triton_ready=triton_ready,
+            models_ready=ready,
+        )
+
+    async def close(self) -> None:
+        self._pool.close()
+        await self._prober.close()
+
+    def _timeout(self, time_left_s: float | None) -> float | None:
+        if time_left_s is None:
+            return self.settings.request_timeout_s
+        return time_left_s - self.settings.deadline_margin_s
+
+    async def _route(self, request: Request, timeout: float | None) -> Response:
+        if timeout is not None and timeout < MIN_TIMEOUT_S:
+            return error_response(504, "too little time left in this invocation to run an inference; "
+                                       "raise the function timeout or the caller's deadline")
+        if len(request.body) > self.settings.max_body_bytes:
+            return body_too_large(self.settings.max_body_bytes)
+        if self._verifier is not None:
+            try:
+                self._verifier.verify(
+                    request.headers.get(contract.HEADER_SIGNATURE), request.method, request.target,
+                    request.body, time.time(),
+                )
+            except SignatureError as exc:
+                return error_response(401, str(exc))
+        path = request.path
+        if path.startswith("/v2/") or path == "/v2":
+            return await self._forward(request, timeout)
+        if path == contract.WARMUP_PATH and request.method == "POST":
+            return await self._warmup_over_http(request, timeout)
+        if path == contract.METRICS_PATH and request.method == "GET":
+            return self._metrics()
+        return error_response(404, f"no such path: {request.method} {path}; this function serves "
+                                   f"/v2/..., POST {contract.WARMUP_PATH} and GET {contract.METRICS_PATH}")
+
+    async def _forward(self, request: Request, timeout: float | None) -> Response:
+        if self.sidecar.state is not SidecarState.READY:
+            return sidecar_unavailable(self.sidecar.state)
+        headers = [(name.encode(), request.headers[name].encode("latin-1"))
+                   for name in _FORWARD_REQUEST_HEADERS if name in request.headers]
+        try:
+            upstream = await self._pool.request(request.method, request.target, headers, request.body, timeout)
+        except TimeoutError:
+            return error_response(504, f"inference did not finish within the {timeout:.3f} s this "
+                                       "invocation had left; the request was abandoned")
+        except UpstreamUnavailable as exc:
+            return sidecar_unavailable(self.sidecar.state, str(exc))
+        status = upstream.status
+        if status == 500 and upstream.body.startswith(_CLIENT_ERROR_PREFIXES):
+            status = 400
+        kept = [(k.decode(), v.decode("latin-1")) for k, v in upstream.headers if k in _FORWARD_RESPONSE_HEADERS]
+        return Response(status, kept, upstream.body)
+
+    async def _warmup_over_http(self, request: Request, timeout: float | None) -> Response:
+        try:
+            event = contract.WarmupEvent.model_validate_json(request.body)
+        except ValidationError as exc:
+            return error_response(400, f"bad warm-up ping: {_first_error(exc)}; expected "
+                                       '{"spillway_warmup": {"dwell_ms": int, "models": [str], "probe": bool}}')
+        report = await self.warmup(event.spillway_warmup, timeout)
+        return Response(200, [("content-type", "application/json")], report.model_dump_json().encode())
+
+    def _metrics(self) -> Response:
+        state = self.sidecar.state
+        self.metrics.sidecar_up.set(1 if state is SidecarState.READY else 0)
+        new_restarts = self.sidecar.restarts - self._restarts_seen
+        if new_restarts > 0:
+            self.metrics.sidecar_restarts.inc(new_restarts)
+            self._restarts_seen += new_restarts
+        self.metrics.init_seconds.set(self.init_ms / 1000)
+        return Response(200, [("content-type", CONTENT_TYPE)], self.metrics.render())
+
+
+def body_too_large(limit: int) -> Response:
+    return error_response(413, f"request body larger than this function's limit of {limit} bytes; "
+                               "send smaller batches or raise SPILLWAY_MAX_BODY_BYTES")
+
+
+def sidecar_unavailable(state: SidecarState, detail: str = "") -> Response:
+    message = f"the Triton sidecar is {state.value}; retry shortly"
+    return error_response(503, f"{message} ({detail})" if detail else message, [("retry-after", RETRY_AFTER_S)])
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "body"
+    return f"{where}: {err['msg']}"

@@ -1,0 +1,101 @@
+"""The function's settings, read from its environment once at start.
+
+A plain dataclass rather than a pydantic model: it is read before the sidecar starts, and the
+sidecar must start before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGE_MODEL_REPOSITORY = "/opt/spillway/models"
+LAMBDA_MAX_BODY_BYTES = 6 * 1024 * 1024
+FC_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """An environment variable has a value the function cannot use."""
+
+
+@dataclass(frozen=True)
+class FunctionSettings:
+    model_repository: Path
+    models: tuple[str, ...]
+    ready_timeout_s: float = 9.0
+    max_body_bytes: int = FC_MAX_BODY_BYTES
+    request_timeout_s: float = 60.0
+    deadline_margin_s: float = 0.2
+    signing_key: bytes | None = None
+    allow_unsigned_payload: bool = False
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        model_repository: str | None = None,
+        default_max_body: int = FC_MAX_BODY_BYTES,
+    ) -> FunctionSettings:
+        env = os.environ if env is None else env
+        repo = Path(model_repository or env.get("SPILLWAY_MODEL_REPOSITORY") or IMAGE_MODEL_REPOSITORY)
+        if not repo.is_dir():
+            raise SettingsError(
+                f"model repository {repo} is not a directory: set SPILLWAY_MODEL_REPOSITORY "
+                "or pass --model-repository"
+            )
+        models = tuple(m.strip() for m in env.get("SPILLWAY_MODELS", "").split(",") if m.strip())
+        return cls(
+            model_repository=repo,
+            models=models or discover_models(repo),
+            ready_timeout_s=_number(env, "SPILLWAY_READY_TIMEOUT_S", 9.0),
+            max_body_bytes=int(_number(env, "SPILLWAY_MAX_BODY_BYTES", default_max_body)),
+            request_timeout_s=_number(env, "SPILLWAY_REQUEST_TIMEOUT_S", 60.0),
+            deadline_margin_s=_number(env, "SPILLWAY_DEADLINE_MARGIN_MS", 200.0) / 1000,
+            signing_key=_signing_key(env),
+            allow_unsigned_payload=_flag(env, "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD"),
+        )
+
+
+def discover_models(repo: Path) -> tuple[str, ...]:
+    """Every folder of the repository that holds a ``config.pbtxt``: those are loaded and awaited."""
+    return tuple(sorted(p.parent.name for p in repo.glob("*/config.pbtxt")))
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise SettingsError(f"{name}={raw!r} must be greater than zero")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise SettingsError(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+def _signing_key(env: Mapping[str, str]) -> bytes | None:
+    literal = env.get("SPILLWAY_SIGNING_KEY")
+    path = env.get("SPILLWAY_SIGNING_KEY_FILE")
+    if literal and path:
+        raise SettingsError("set SPILLWAY_SIGNING_KEY or SPILLWAY_SIGNING_KEY_FILE, not both")
+    if path:
+        try:
+            literal = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SettingsError(f"SPILLWAY_SIGNING_KEY_FILE={path}: {exc.strerror}") from None
+        if not literal:
+            raise SettingsError(f"SPILLWAY_SIGNING_KEY_FILE={path} is empty")
+    return literal.encode() if literal else None

@@ -1,0 +1,237 @@
+"""The Triton sidecar's life cycle: start, readiness, restart with backoff, stop.
+
+Standard library only, so that the handler can start Triton before its heavy imports and the two
+overlap during a cold start. The supervisor runs on threads, not on the event loop, because on
+Lambda the loop only runs while an invocation is in flight.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from functions.triton_install import TritonInstall, locate
+
+_PR_SET_PDEATHSIG = 1
+
+
+class SidecarState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DOWN = "down"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class SidecarFailed(RuntimeError):
+    """Triton never became ready; the message carries its last log lines."""
+
+
+@dataclass(frozen=True)
+class SidecarOptions:
+    model_repository: Path
+    models: tuple[str, ...] = ()
+    ready_timeout_s: float = 9.0
+    http_port: int = 0
+    max_backoff_s: float = 30.0
+    extra_args: tuple[str, ...] = ()
+    log_prefix: str = "[tritonserver] "
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """Linux: Triton gets SIGKILL if the handler process dies, so no orphan holds the GPU."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class Sidecar:
+    """One supervised ``tritonserver`` bound to localhost."""
+
+    def __init__(
+        self,
+        options: SidecarOptions,
+        install: TritonInstall | None = None,
+        on_state: Callable[[SidecarState], None] | None = None,
+    ) -> None:
+        self.options = options
+        self._install = install
+        self.http_port = options.http_port or free_port()
+        self.state = SidecarState.STOPPED
+        self.restarts = 0
+        self.ready_at: float | None = None
+        self.failure: str | None = None
+        self._on_state = on_state
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._first_settled = threading.Event()
+        self._log_tail: deque[str] = deque(maxlen=30)
+        self._started_at = 0.0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        """Launch without waiting; ``wait_ready`` blocks until the first start settles."""
+        self._started_at = time.monotonic()
+        self._set_state(SidecarState.STARTING)
+        self._launch()
+        self._thread = threading.Thread(target=self._supervise, name="triton-supervisor", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        if not self._first_settled.wait(timeout):
+            raise SidecarFailed(f"tritonserver not ready after {timeout:.1f} s")
+        if self.state is SidecarState.FAILED:
+            raise SidecarFailed(self.failure or "tritonserver failed to start")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._set_state(SidecarState.STOPPED)
+
+    def _set_state(self, state: SidecarState) -> None:
+        self.state = state
+        if self._on_state is not None:
+            self._on_state(state)
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        install = self._install or locate()
+        self._install = install
+        opts = self.options
+        args = [
+            *install.args(),
+            f"--model-repository={opts.model_repository}",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.http_port}",
+            "--allow-grpc=false",
+            "--allow-metrics=false",
+            "--exit-timeout-secs=5",
+        ]
+        if opts.models:
+            args.append("--model-control-mode=explicit")
+            args.extend(f"--load-model={m}" for m in opts.models)
+        args.extend(opts.extra_args)
+        return args, {**os.environ, **install.env}
+
+    def _launch(self) -> None:
+        args, env = self._command()
+        self._proc = subprocess.Popen(
+            args,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        assert self._proc.stdout is not None
+        threading.Thread(
+            target=self._forward_log, args=(self._proc.stdout,), name="triton-log", daemon=True
+        ).start()
+
+    def _forward_log(self, stream: IO[bytes]) -> None:
+        prefix = self.options.log_prefix
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            self._log_tail.append(line)
+            sys.stderr.write(f"{prefix}{line}\n")
+        stream.close()
+
+    def _supervise(self) -> None:
+        attempt = 0
+        first = True
+        while not self._stopping.is_set():
+            proc = self._proc
+            assert proc is not None
+            if self._await_ready(proc):
+                if first:
+                    self.ready_at = time.monotonic()
+                    self._first_settled.set()
+                    first = False
+                self._set_state(SidecarState.READY)
+                attempt = 0
+                proc.wait()
+                if self._stopping.is_set():
+                    return
+                sys.stderr.write(f"{self.options.log_prefix}exited with {proc.returncode}; restarting\n")
+            elif first:
+                self._fail(proc)
+                return
+            self._set_state(SidecarState.DOWN)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            delay = min(self.options.max_backoff_s, 0.25 * 2**attempt)
+            attempt += 1
+            if self._stopping.wait(delay):
+                return
+            self.restarts += 1
+            self._set_state(SidecarState.STARTING)
+            self._launch()
+
+    def _fail(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.kill()
+            reason = f"not ready within {self.options.ready_timeout_s:.1f} s"
+        else:
+            reason = f"exited with code {proc.returncode}"
+        proc.wait()
+        time.sleep(0.05)
+        tail = "\n".join(line for line in self._log_tail if line.startswith(("E", "error", "Error")))
+        self.failure = f"tritonserver {reason}" + (f":\n{tail}" if tail else "")
+        self._set_state(SidecarState.FAILED)
+        self._first_settled.set()
+
+    def _await_ready(self, proc: subprocess.Popen[bytes]) -> bool:
+        deadline = time.monotonic() + self.options.ready_timeout_s
+        paths = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in self.options.models)]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None or self._stopping.is_set():
+                return False
+            if all(self._get_ok(p) for p in paths):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _get_ok(self, path: str) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=1.0)
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
