@@ -24,9 +24,9 @@ class FcRoutes:
 
     async def __call__(self, request: Request) -> Response:
         if request.method == "POST" and request.path == "/initialize":
-            return await self.initialize(request)
+            return self.core.identify(await self.initialize(request))
         if request.method == "POST" and request.path == "/invoke":
-            return await self.invoke(request)
+            return self.core.identify(await self.invoke(request))
         return await self.core.handle(request)
 
     async def initialize(self, request: Request) -> Response:

@@ -12,11 +12,11 @@ from typing import Any
 
 from functions.instance import Instance
 from functions.settings import LAMBDA_MAX_BODY_BYTES, FunctionSettings
-from functions.sidecar import Sidecar, SidecarOptions
+from functions.sidecar import Sidecar
 
 _instance = Instance()
 _settings = FunctionSettings.from_env(default_max_body=LAMBDA_MAX_BODY_BYTES)
-_sidecar = Sidecar(SidecarOptions(_settings.model_repository, _settings.models, _settings.ready_timeout_s))
+_sidecar = Sidecar(_settings.sidecar_options())
 _sidecar.start()
 
 import asyncio  # noqa: E402  (after the sidecar's start, so that the two overlap)

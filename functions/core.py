@@ -33,7 +33,7 @@ _FORWARD_RESPONSE_HEADERS = frozenset((b"content-type", b"inference-header-conte
 _CLIENT_ERROR_PREFIXES = (b'{"error":"failed to parse', b'{"error":"Unable to parse')
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
     method: str
     target: str
@@ -97,6 +97,13 @@ class FunctionCore:
             self.metrics.cold_starts.inc()
         return cold
 
+    def identify(self, response: Response, cold: bool = False) -> Response:
+        """Every answer names its instance, so callers can count distinct warm instances."""
+        response.headers.append((contract.HEADER_INSTANCE, self.instance.id))
+        if cold:
+            response.headers.append((contract.HEADER_COLD, "1"))
+        return response
+
     async def handle(self, request: Request, time_left_s: float | None = None) -> Response:
         """Answer one HTTP request; ``time_left_s`` is what the platform still allows."""
         started = time.perf_counter()
@@ -106,11 +113,8 @@ class FunctionCore:
             response = await self._route(request, self._timeout(time_left_s))
         except Exception as exc:  # the one answer every request is owed
             response = error_response(500, f"internal error in the function handler: {exc!r}")
-        response.headers.append((contract.HEADER_INSTANCE, self.instance.id))
-        if cold:
-            response.headers.append((contract.HEADER_COLD, "1"))
-        self.metrics.requests.labels(kind, str(response.status)).inc()
-        self.metrics.latency.labels(kind).observe(time.perf_counter() - started)
+        self.identify(response, cold)
+        self.metrics.observe(kind, response.status, time.perf_counter() - started)
         return response
 
     async def warmup(self, ping: contract.WarmupPing, time_left_s: float | None = None) -> contract.WarmupReport:

@@ -11,6 +11,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class FunctionMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         r = self.registry
         self.requests = Counter(
             "spillway_function_requests", "Requests answered, by kind and status code.",
@@ -37,6 +38,15 @@ class FunctionMetrics:
             "spillway_function_warmups", "Warm-up pings answered, by whether the instance was cold.",
             ["cold"], registry=r,
         )
+
+    def observe(self, kind: str, status: int, seconds: float) -> None:
+        """Per-request accounting; label children are looked up once and cached."""
+        key = (kind, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = (self.requests.labels(kind, str(status)), self.latency.labels(kind))
+        child[0].inc()
+        child[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from functions.instance import Instance
 from functions.settings import FunctionSettings
-from functions.sidecar import Sidecar, SidecarOptions
+from functions.sidecar import Sidecar
 
 log = logging.getLogger("spillway.function")
 
@@ -19,7 +19,7 @@ def run(platform: str, host: str, port: int, model_repository: Path | None) -> i
     """Start the sidecar first, then import and serve; returns the process exit code."""
     instance = Instance()
     settings = FunctionSettings.from_env(model_repository=str(model_repository) if model_repository else None)
-    sidecar = Sidecar(SidecarOptions(settings.model_repository, settings.models, settings.ready_timeout_s))
+    sidecar = Sidecar(settings.sidecar_options())
     sidecar.start()
 
     from functions.loop import new_event_loop

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from functions.sidecar import SidecarOptions
+
 IMAGE_MODEL_REPOSITORY = "/opt/spillway/models"
 LAMBDA_MAX_BODY_BYTES = 6 * 1024 * 1024
 FC_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -30,6 +32,10 @@ class FunctionSettings:
     deadline_margin_s: float = 0.2
     signing_key: bytes | None = None
     allow_unsigned_payload: bool = False
+    triton_http_port: int = 0
+
+    def sidecar_options(self) -> SidecarOptions:
+        return SidecarOptions(self.model_repository, self.models, self.ready_timeout_s, self.triton_http_port)
 
     @classmethod
     def from_env(
@@ -56,6 +62,7 @@ class FunctionSettings:
             deadline_margin_s=_number(env, "SPILLWAY_DEADLINE_MARGIN_MS", 200.0) / 1000,
             signing_key=_signing_key(env),
             allow_unsigned_payload=_flag(env, "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD"),
+            triton_http_port=int(_number(env, "SPILLWAY_TRITON_HTTP_PORT", 0, allow_zero=True)),
         )
 
 
@@ -64,7 +71,7 @@ def discover_models(repo: Path) -> tuple[str, ...]:
     return tuple(sorted(p.parent.name for p in repo.glob("*/config.pbtxt")))
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: float, allow_zero: bool = False) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -72,7 +79,7 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
+    if value < 0 or (value == 0 and not allow_zero):
         raise SettingsError(f"{name}={raw!r} must be greater than zero")
     return value
 

@@ -80,6 +80,12 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+def _expire(waiter: asyncio.Future[UpstreamResponse]) -> None:
+    """A timer rather than ``asyncio.wait_for``: no extra task or future on the hot path."""
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class UpstreamPool:
     """Idle keep-alive connections to one ``host:port``; a connection serves one request at a time."""
 
@@ -95,12 +101,16 @@ class UpstreamPool:
     ) -> UpstreamResponse:
         """One round trip; raises ``TimeoutError`` or ``UpstreamUnavailable``."""
         conn = await self._acquire()
-        head = self._head(method, target, headers, len(body))
+        waiter = conn.send(self._head(method, target, headers, len(body)), body)
+        expiry = None if timeout is None else asyncio.get_running_loop().call_later(timeout, _expire, waiter)
         try:
-            response = await asyncio.wait_for(conn.send(head, body), timeout)
+            response = await waiter
         except BaseException:
             conn.close()
             raise
+        finally:
+            if expiry is not None:
+                expiry.cancel()
         if not conn.closed and len(self._idle) < self._max_idle:
             self._idle.append(conn)
         else:
