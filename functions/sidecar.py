@@ -67,6 +67,15 @@ def _die_with_parent() -> None:
         pass
 
 
+_HARMLESS = ("CudaDriverHelper", "NVML", "DCGM", "pinned memory", "CUDA driver")
+
+
+def _is_error(line: str) -> bool:
+    """Triton's error lines (``E1129 ...`` or ``error: ...``), less those the CPU always prints."""
+    is_error = (line[:1] == "E" and line[1:2].isdigit()) or line.startswith("error:")
+    return is_error and not any(noise in line for noise in _HARMLESS)
+
+
 class Sidecar:
     """One supervised ``tritonserver`` bound to localhost."""
 
@@ -87,8 +96,7 @@ class Sidecar:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._first_settled = threading.Event()
-        self._log_tail: deque[str] = deque(maxlen=30)
-        self._started_at = 0.0
+        self._errors: deque[str] = deque(maxlen=10)
         self._thread: threading.Thread | None = None
 
     @property
@@ -97,7 +105,6 @@ class Sidecar:
 
     def start(self) -> None:
         """Launch without waiting; ``wait_ready`` blocks until the first start settles."""
-        self._started_at = time.monotonic()
         self._set_state(SidecarState.STARTING)
         self._launch()
         self._thread = threading.Thread(target=self._supervise, name="triton-supervisor", daemon=True)
@@ -166,7 +173,8 @@ class Sidecar:
         prefix = self.options.log_prefix
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip()
-            self._log_tail.append(line)
+            if _is_error(line):
+                self._errors.append(line)
             sys.stderr.write(f"{prefix}{line}\n")
         stream.close()
 
@@ -210,7 +218,7 @@ class Sidecar:
             reason = f"exited with code {proc.returncode}"
         proc.wait()
         time.sleep(0.05)
-        tail = "\n".join(line for line in self._log_tail if line.startswith(("E", "error", "Error")))
+        tail = "\n".join(self._errors)
         self.failure = f"tritonserver {reason}" + (f":\n{tail}" if tail else "")
         self._set_state(SidecarState.FAILED)
         self._first_settled.set()
