@@ -30,13 +30,17 @@ class FcRoutes:
         return await self.core.handle(request)
 
     async def initialize(self, request: Request) -> Response:
-        timeout = _seconds(request.headers.get("x-fc-initialization-timeout"), self.core.settings.ready_timeout_s)
+        timeout = _seconds(
+            request.headers.get("x-fc-initialization-timeout"), self.core.settings.ready_timeout_s
+        )
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self.core.sidecar.wait_ready, timeout)
         except SidecarFailed as exc:
             return error_response(500, f"initializer failed: {exc}", list(FAILED))
-        return json_response(200, {"instance_id": self.core.instance.id, "init_ms": round(self.core.init_ms, 3)})
+        return json_response(
+            200, {"instance_id": self.core.instance.id, "init_ms": round(self.core.init_ms, 3)}
+        )
 
     async def invoke(self, request: Request) -> Response:
         try:

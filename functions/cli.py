@@ -26,23 +26,37 @@ def _parser() -> argparse.ArgumentParser:
         "On Alibaba FC this is the container's command; on AWS Lambda use "
         "'python -m awslambdaric functions.aws_lambda.handler' instead.",
     )
-    serve.add_argument("--platform", choices=PLATFORMS, default="local",
-                       help="aliyun-fc: bind 0.0.0.0 and add /initialize and /invoke; "
-                            "local: bind 127.0.0.1 (default)")
-    serve.add_argument("--port", type=int, default=int(os.environ.get("FC_SERVER_PORT") or 9000),
-                       help="port to listen on (default: $FC_SERVER_PORT, else 9000)")
+    serve.add_argument(
+        "--platform",
+        choices=PLATFORMS,
+        default="local",
+        help="aliyun-fc: bind 0.0.0.0 and add /initialize and /invoke; local: bind 127.0.0.1 (default)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("FC_SERVER_PORT") or 9000),
+        help="port to listen on (default: $FC_SERVER_PORT, else 9000)",
+    )
     serve.add_argument("--host", default=None, help="address to bind (default: by platform)")
-    serve.add_argument("--model-repository", type=Path, default=None,
-                       help="Triton model repository (default: $SPILLWAY_MODEL_REPOSITORY, "
-                            "else /opt/spillway/models)")
+    serve.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="Triton model repository (default: $SPILLWAY_MODEL_REPOSITORY, else /opt/spillway/models)",
+    )
     demo = sub.add_parser(
         "demo",
         help="serve the example model through a local function and answer one inference",
         description="Start a local function with its Triton sidecar on the example add_sub model, "
         "send one inference with tritonclient, print the answer and stop.",
     )
-    demo.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY,
-                      help="model repository holding add_sub (default: the bundled example)")
+    demo.add_argument(
+        "--model-repository",
+        type=Path,
+        default=EXAMPLE_REPOSITORY,
+        help="model repository holding add_sub (default: the bundled example)",
+    )
     return parser
 
 

@@ -26,10 +26,15 @@ from functions.warming import ModelProber
 MIN_TIMEOUT_S = 0.05
 RETRY_AFTER_S = "1"
 
-_FORWARD_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "accept-encoding",
-                            "content-encoding")
-_FORWARD_RESPONSE_HEADERS = frozenset((b"content-type", b"inference-header-content-length",
-                                       b"content-encoding"))
+_FORWARD_REQUEST_HEADERS = (
+    "content-type",
+    "inference-header-content-length",
+    "accept-encoding",
+    "content-encoding",
+)
+_FORWARD_RESPONSE_HEADERS = frozenset(
+    (b"content-type", b"inference-header-content-length", b"content-encoding")
+)
 _CLIENT_ERROR_PREFIXES = (b'{"error":"failed to parse', b'{"error":"Unable to parse')
 
 
@@ -117,7 +122,9 @@ class FunctionCore:
         self.metrics.observe(kind, response.status, time.perf_counter() - started)
         return response
 
-    async def warmup(self, ping: contract.WarmupPing, time_left_s: float | None = None) -> contract.WarmupReport:
+    async def warmup(
+        self, ping: contract.WarmupPing, time_left_s: float | None = None
+    ) -> contract.WarmupReport:
         """Hold this instance for ``dwell_ms`` so overlapping pings land on distinct instances."""
         cold = self.take_cold()
         timeout = self._timeout(time_left_s)
@@ -129,9 +136,7 @@ class FunctionCore:
         check = self._prober.probe_models if ping.probe else self._prober.ready_models
         ready: tuple[str, ...] = ()
         if triton_ready:
-            ready, _ = await asyncio.gather(
-                asyncio.wait_for(check(models), timeout), asyncio.sleep(dwell)
-            )
+            ready, _ = await asyncio.gather(asyncio.wait_for(check(models), timeout), asyncio.sleep(dwell))
         else:
             await asyncio.sleep(dwell)
         self.metrics.warmups.labels(str(cold).lower()).inc()
@@ -155,15 +160,21 @@ class FunctionCore:
 
     async def _route(self, request: Request, timeout: float | None) -> Response:
         if timeout is not None and timeout < MIN_TIMEOUT_S:
-            return error_response(504, "too little time left in this invocation to run an inference; "
-                                       "raise the function timeout or the caller's deadline")
+            return error_response(
+                504,
+                "too little time left in this invocation to run an inference; "
+                "raise the function timeout or the caller's deadline",
+            )
         if len(request.body) > self.settings.max_body_bytes:
             return body_too_large(self.settings.max_body_bytes)
         if self._verifier is not None:
             try:
                 self._verifier.verify(
-                    request.headers.get(contract.HEADER_SIGNATURE), request.method, request.target,
-                    request.body, time.time(),
+                    request.headers.get(contract.HEADER_SIGNATURE),
+                    request.method,
+                    request.target,
+                    request.body,
+                    time.time(),
                 )
             except SignatureError as exc:
                 return error_response(401, str(exc))
@@ -174,33 +185,49 @@ class FunctionCore:
             return await self._warmup_over_http(request, timeout)
         if path == contract.METRICS_PATH and request.method == "GET":
             return self._metrics()
-        return error_response(404, f"no such path: {request.method} {path}; this function serves "
-                                   f"/v2/..., POST {contract.WARMUP_PATH} and GET {contract.METRICS_PATH}")
+        return error_response(
+            404,
+            f"no such path: {request.method} {path}; this function serves "
+            f"/v2/..., POST {contract.WARMUP_PATH} and GET {contract.METRICS_PATH}",
+        )
 
     async def _forward(self, request: Request, timeout: float | None) -> Response:
         if self.sidecar.state is not SidecarState.READY:
             return sidecar_unavailable(self.sidecar.state)
-        headers = [(name.encode(), request.headers[name].encode("latin-1"))
-                   for name in _FORWARD_REQUEST_HEADERS if name in request.headers]
+        headers = [
+            (name.encode(), request.headers[name].encode("latin-1"))
+            for name in _FORWARD_REQUEST_HEADERS
+            if name in request.headers
+        ]
         try:
-            upstream = await self._pool.request(request.method, request.target, headers, request.body, timeout)
+            upstream = await self._pool.request(
+                request.method, request.target, headers, request.body, timeout
+            )
         except TimeoutError:
-            return error_response(504, f"inference did not finish within the {timeout:.3f} s this "
-                                       "invocation had left; the request was abandoned")
+            return error_response(
+                504,
+                f"inference did not finish within the {timeout:.3f} s this "
+                "invocation had left; the request was abandoned",
+            )
         except UpstreamUnavailable as exc:
             return sidecar_unavailable(self.sidecar.state, str(exc))
         status = upstream.status
         if status == 500 and upstream.body.startswith(_CLIENT_ERROR_PREFIXES):
             status = 400
-        kept = [(k.decode(), v.decode("latin-1")) for k, v in upstream.headers if k in _FORWARD_RESPONSE_HEADERS]
+        kept = [
+            (k.decode(), v.decode("latin-1")) for k, v in upstream.headers if k in _FORWARD_RESPONSE_HEADERS
+        ]
         return Response(status, kept, upstream.body)
 
     async def _warmup_over_http(self, request: Request, timeout: float | None) -> Response:
         try:
             event = contract.WarmupEvent.model_validate_json(request.body)
         except ValidationError as exc:
-            return error_response(400, f"bad warm-up ping: {_first_error(exc)}; expected "
-                                       '{"spillway_warmup": {"dwell_ms": int, "models": [str], "probe": bool}}')
+            return error_response(
+                400,
+                f"bad warm-up ping: {_first_error(exc)}; expected "
+                '{"spillway_warmup": {"dwell_ms": int, "models": [str], "probe": bool}}',
+            )
         report = await self.warmup(event.spillway_warmup, timeout)
         return Response(200, [("content-type", "application/json")], report.model_dump_json().encode())
 
@@ -216,13 +243,18 @@ class FunctionCore:
 
 
 def body_too_large(limit: int) -> Response:
-    return error_response(413, f"request body larger than this function's limit of {limit} bytes; "
-                               "send smaller batches or raise SPILLWAY_MAX_BODY_BYTES")
+    return error_response(
+        413,
+        f"request body larger than this function's limit of {limit} bytes; "
+        "send smaller batches or raise SPILLWAY_MAX_BODY_BYTES",
+    )
 
 
 def sidecar_unavailable(state: SidecarState, detail: str = "") -> Response:
     message = f"the Triton sidecar is {state.value}; retry shortly"
-    return error_response(503, f"{message} ({detail})" if detail else message, [("retry-after", RETRY_AFTER_S)])
+    return error_response(
+        503, f"{message} ({detail})" if detail else message, [("retry-after", RETRY_AFTER_S)]
+    )
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,27 +25,47 @@ def run_demo(model_repository: Path, timeout_s: float = 60.0) -> int:
 
     port = free_port()
     env = {**os.environ, "SPILLWAY_MODELS": "add_sub"}
-    _say(f"starting a local function with its Triton sidecar on 127.0.0.1:{port}")
+    log_path = Path(tempfile.gettempdir()) / f"spillway-function-demo-{port}.log"
+    _say(f"starting a local function with its Triton sidecar on 127.0.0.1:{port} (log: {log_path})")
     started = time.monotonic()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "functions", "serve", "--platform", "local", "--port", str(port),
-         "--model-repository", str(model_repository)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if not sys.stderr.isatty() else None,
-    )
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "functions",
+                "serve",
+                "--platform",
+                "local",
+                "--port",
+                str(port),
+                "--model-repository",
+                str(model_repository),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         while not _ready(client):
             if server.poll() is not None or time.monotonic() - started > timeout_s:
-                print("error: the function did not get ready; run "
-                      f"'python -m functions serve --port {port} --model-repository {model_repository}' "
-                      "to see its log", file=sys.stderr)
+                print(
+                    "error: the function did not get ready; run "
+                    f"'python -m functions serve --port {port} --model-repository {model_repository}' "
+                    "to see its log",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(0.05)
         ready_s = time.monotonic() - started
         _say(f"ready after {ready_s:.2f} s; sending one inference to add_sub")
         a = np.array([[1, 2, 3, 4]], dtype=np.float32)
         b = np.array([[10, 20, 30, 40]], dtype=np.float32)
-        inputs = [httpclient.InferInput("INPUT0", [1, 4], "FP32"), httpclient.InferInput("INPUT1", [1, 4], "FP32")]
+        inputs = [
+            httpclient.InferInput("INPUT0", [1, 4], "FP32"),
+            httpclient.InferInput("INPUT1", [1, 4], "FP32"),
+        ]
         inputs[0].set_data_from_numpy(a)
         inputs[1].set_data_from_numpy(b, binary_data=True)
         result = client.infer("add_sub", inputs)
@@ -52,12 +73,20 @@ def run_demo(model_repository: Path, timeout_s: float = 60.0) -> int:
         response = result.get_response()
         ok = bool(np.allclose(out0, a + b) and np.allclose(out1, a - b))
         summary = {
-            "ok": ok, "ready_s": round(ready_s, 3), "model": response["model_name"],
-            "INPUT0": a.tolist(), "INPUT1": b.tolist(), "OUTPUT0": out0.tolist(), "OUTPUT1": out1.tolist(),
+            "ok": ok,
+            "ready_s": round(ready_s, 3),
+            "model": response["model_name"],
+            "INPUT0": a.tolist(),
+            "INPUT1": b.tolist(),
+            "OUTPUT0": out0.tolist(),
+            "OUTPUT1": out1.tolist(),
         }
         if sys.stdout.isatty():
-            print(f"add_sub({a.tolist()}, {b.tolist()})\n  OUTPUT0 = {out0.tolist()}\n  OUTPUT1 = {out1.tolist()}\n"
-                  f"{'correct' if ok else 'WRONG'}; function ready in {ready_s:.2f} s")
+            print(
+                f"add_sub({a.tolist()}, {b.tolist()})\n"
+                f"  OUTPUT0 = {out0.tolist()}\n  OUTPUT1 = {out1.tolist()}\n"
+                f"{'correct' if ok else 'WRONG'}; function ready in {ready_s:.2f} s"
+            )
         else:
             print(json.dumps(summary))
         return 0 if ok else 1

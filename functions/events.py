@@ -31,19 +31,31 @@ class HttpApiEvent:
     def __init__(self, raw: dict[str, Any]) -> None:
         self.raw = raw
 
+    def _text(self, value: object, name: str) -> str:
+        if not isinstance(value, str):
+            raise UnknownEvent(f"HTTP event field {name} must be a string, got {type(value).__name__}")
+        return value
+
     @property
     def method(self) -> str:
-        return str(self.raw["requestContext"]["http"]["method"]).upper()
+        return self._text(
+            self.raw["requestContext"]["http"].get("method"), "requestContext.http.method"
+        ).upper()
 
     @property
     def target(self) -> str:
-        path = self.raw.get("rawPath") or self.raw["requestContext"]["http"].get("path") or "/"
-        query = self.raw.get("rawQueryString") or ""
-        return f"{path}?{query}" if query else str(path)
+        path = self._text(
+            self.raw.get("rawPath") or self.raw["requestContext"]["http"].get("path") or "/", "rawPath"
+        )
+        query = self._text(self.raw.get("rawQueryString") or "", "rawQueryString")
+        return f"{path}?{query}" if query else path
 
     @cached_property
     def headers(self) -> dict[str, str]:
-        return {str(k).lower(): str(v) for k, v in (self.raw.get("headers") or {}).items()}
+        headers = self.raw.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise UnknownEvent("HTTP event field headers must be an object")
+        return {str(k).lower(): str(v) for k, v in headers.items()}
 
     @cached_property
     def body(self) -> bytes:
@@ -81,7 +93,9 @@ class TimerEvent:
 
 def is_http_event(event: dict[str, Any]) -> bool:
     context = event.get("requestContext")
-    return event.get("version") == "2.0" and isinstance(context, dict) and isinstance(context.get("http"), dict)
+    return (
+        event.get("version") == "2.0" and isinstance(context, dict) and isinstance(context.get("http"), dict)
+    )
 
 
 def is_timer_event(event: dict[str, Any]) -> bool:
@@ -106,7 +120,7 @@ def parse_event(event: object) -> HttpApiEvent | WarmupPing:
     keys = ", ".join(sorted(map(str, event))[:8]) or "none"
     raise UnknownEvent(
         "unknown event shape (top-level keys: " + keys + "); this function takes Function URL / "
-        f"HTTP API 2.0 events, FC timer events and {{\"{WARMUP_KEY}\": {{...}}}} warm-up pings"
+        f'HTTP API 2.0 events, FC timer events and {{"{WARMUP_KEY}": {{...}}}} warm-up pings'
     )
 
 
@@ -127,9 +141,17 @@ def to_http_result(response: Response) -> dict[str, Any]:
     content_type = headers.get("content-type", "")
     if content_type.startswith(_TEXT_TYPES) and "inference-header-content-length" not in headers:
         try:
-            return {"statusCode": response.status, "headers": headers,
-                    "body": response.body.decode(), "isBase64Encoded": False}
+            return {
+                "statusCode": response.status,
+                "headers": headers,
+                "body": response.body.decode(),
+                "isBase64Encoded": False,
+            }
         except UnicodeDecodeError:
             pass
-    return {"statusCode": response.status, "headers": headers,
-            "body": base64.b64encode(response.body).decode(), "isBase64Encoded": True}
+    return {
+        "statusCode": response.status,
+        "headers": headers,
+        "body": base64.b64encode(response.body).decode(),
+        "isBase64Encoded": True,
+    }

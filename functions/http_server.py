@@ -105,7 +105,10 @@ class _HttpConnection(asyncio.Protocol):
             task.add_done_callback(self._tasks.discard)
 
     async def _serve_pending(self) -> None:
-        """Answer queued requests in arrival order; a queued ``Response`` is a rejection that ends the connection."""
+        """Answer queued requests in arrival order.
+
+        A queued ``Response`` is a rejection decided while parsing; it ends the connection.
+        """
         while self._pending:
             item, keep_alive = self._pending.popleft()
             response = item if isinstance(item, Response) else await self._handler(item)

@@ -14,11 +14,15 @@ class FunctionMetrics:
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         r = self.registry
         self.requests = Counter(
-            "spillway_function_requests", "Requests answered, by kind and status code.",
-            ["kind", "code"], registry=r,
+            "spillway_function_requests",
+            "Requests answered, by kind and status code.",
+            ["kind", "code"],
+            registry=r,
         )
         self.latency = Histogram(
-            "spillway_function_request_seconds", "Time from request to answer, by kind.", ["kind"],
+            "spillway_function_request_seconds",
+            "Time from request to answer, by kind.",
+            ["kind"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
@@ -35,8 +39,10 @@ class FunctionMetrics:
             "spillway_function_sidecar_restarts", "Times the Triton sidecar was restarted.", registry=r
         )
         self.warmups = Counter(
-            "spillway_function_warmups", "Warm-up pings answered, by whether the instance was cold.",
-            ["cold"], registry=r,
+            "spillway_function_warmups",
+            "Warm-up pings answered, by whether the instance was cold.",
+            ["cold"],
+            registry=r,
         )
 
     def observe(self, kind: str, status: int, seconds: float) -> None:

@@ -46,8 +46,14 @@ async def _serve(
     core = FunctionCore(settings, sidecar, instance)
     handler = FcRoutes(core) if platform == "aliyun-fc" else core.handle
     server = await http_server.serve(handler, host, port, settings.max_body_bytes)
-    log.info("serving %s on %s:%d (instance %s, models %s)", platform, host, port, instance.id,
-             ",".join(settings.models) or "-")
+    log.info(
+        "serving %s on %s:%d (instance %s, models %s)",
+        platform,
+        host,
+        port,
+        instance.id,
+        ",".join(settings.models) or "-",
+    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

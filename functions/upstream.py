@@ -130,7 +130,9 @@ class UpstreamPool:
         try:
             _, conn = await loop.create_connection(_Connection, self.host, self.port)
         except OSError as exc:
-            raise UpstreamUnavailable(f"cannot connect to the sidecar at {self.host}:{self.port}: {exc}") from exc
+            raise UpstreamUnavailable(
+                f"cannot connect to the sidecar at {self.host}:{self.port}: {exc}"
+            ) from exc
         return conn
 
     def _head(self, method: str, target: str, headers: Headers, length: int) -> bytes:

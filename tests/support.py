@@ -22,10 +22,14 @@ EVENTS = Path(__file__).resolve().parent / "events"
 EXAMPLE_MODELS = ROOT / "examples" / "model_repository"
 TEST_MODELS = Path(__file__).resolve().parent / "model_repository"
 
-ADD_SUB_BODY = json.dumps({"inputs": [
-    {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
-    {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [10, 20, 30, 40]},
-]}).encode()
+ADD_SUB_BODY = json.dumps(
+    {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+            {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": [10, 20, 30, 40]},
+        ]
+    }
+).encode()
 
 
 def load_event(name: str) -> dict[str, Any]:
@@ -62,8 +66,13 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise TimeoutError(f"{what} not within {timeout} s")
 
 
-def http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-         timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+def http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -90,8 +99,12 @@ class Running:
         return self.log.read_text(errors="replace")
 
     def triton_pid(self) -> int:
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "tritonserver"],
-                             capture_output=True, text=True, check=False).stdout.split()
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.proc.pid), "-f", "tritonserver"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
         if not out:
             raise RuntimeError("no tritonserver child found")
         return int(out[0])
@@ -108,24 +121,46 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def function_server(repo: Path, tmp: Path, platform: str = "aliyun-fc", wait_ready: bool = True,
-                    **env: str) -> Iterator[Running]:
+def function_server(
+    repo: Path, tmp: Path, platform: str = "aliyun-fc", wait_ready: bool = True, **env: str
+) -> Iterator[Running]:
     """``python -m functions serve`` as FC runs it, on a free loopback port."""
     port = free_port()
     log = tmp / f"function-{port}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "functions", "serve", "--platform", platform, "--host", "127.0.0.1",
-             "--port", str(port), "--model-repository", str(repo)],
-            env=full_env, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "functions",
+                "serve",
+                "--platform",
+                platform,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model-repository",
+                str(repo),
+            ],
+            env=full_env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
     running = Running(proc, f"http://127.0.0.1:{port}", log)
     try:
         if wait_ready:
-            wait_until(lambda: http("GET", running.url + "/v2/health/ready", timeout=1)[0] == 200
-                       if _answers(running.url + "/v2/health/live") else proc.poll() is not None,
-                       60, "function ready")
+            wait_until(
+                lambda: (
+                    http("GET", running.url + "/v2/health/ready", timeout=1)[0] == 200
+                    if _answers(running.url + "/v2/health/live")
+                    else proc.poll() is not None
+                ),
+                60,
+                "function ready",
+            )
             if proc.poll() is not None:
                 raise RuntimeError(f"function server exited:\n{running.log_text()}")
         yield running
@@ -139,19 +174,35 @@ def lambda_emulator(repo: Path, tmp: Path, timeout_s: int = 30, **env: str) -> I
     port, api_port = free_port(), free_port()
     log = tmp / f"rie-{port}.log"
     full_env = {
-        **os.environ, "PYTHONUNBUFFERED": "1", "AWS_LAMBDA_FUNCTION_TIMEOUT": str(timeout_s),
-        "SPILLWAY_MODEL_REPOSITORY": str(repo), **env,
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "AWS_LAMBDA_FUNCTION_TIMEOUT": str(timeout_s),
+        "SPILLWAY_MODEL_REPOSITORY": str(repo),
+        **env,
     }
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [str(tool("aws-lambda-rie")), "--runtime-interface-emulator-address", f"127.0.0.1:{port}",
-             "--runtime-api-address", f"127.0.0.1:{api_port}",
-             sys.executable, "-m", "awslambdaric", "functions.aws_lambda.handler"],
-            env=full_env, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
+            [
+                str(tool("aws-lambda-rie")),
+                "--runtime-interface-emulator-address",
+                f"127.0.0.1:{port}",
+                "--runtime-api-address",
+                f"127.0.0.1:{api_port}",
+                sys.executable,
+                "-m",
+                "awslambdaric",
+                "functions.aws_lambda.handler",
+            ],
+            env=full_env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
     running = Running(proc, f"http://127.0.0.1:{port}/2015-03-31/functions/function/invocations", log)
     try:
-        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/") or proc.poll() is not None, 30, "emulator up")
+        wait_until(
+            lambda: _answers(f"http://127.0.0.1:{port}/") or proc.poll() is not None, 30, "emulator up"
+        )
         yield running
     finally:
         _stop(proc)
@@ -164,8 +215,9 @@ def invoke(running: Running, event: object, timeout: float = 60) -> Any:
     return json.loads(body)
 
 
-def http_event(method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None,
-               binary: bool = False) -> dict[str, Any]:
+def http_event(
+    method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None, binary: bool = False
+) -> dict[str, Any]:
     """A Function-URL-shaped event, built from the captured one."""
     import base64
 

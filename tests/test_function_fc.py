@@ -32,15 +32,25 @@ MAX_BODY = 64 * 1024
 def fc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     tmp = tmp_path_factory.mktemp("fc")
     repo = model_repository(tmp, "add_sub", "slow")
-    with function_server(repo, tmp, SPILLWAY_REQUEST_TIMEOUT_S="1", SPILLWAY_DEADLINE_MARGIN_MS="100",
-                         SPILLWAY_MAX_BODY_BYTES=str(MAX_BODY)) as running:
+    with function_server(
+        repo,
+        tmp,
+        SPILLWAY_REQUEST_TIMEOUT_S="1",
+        SPILLWAY_DEADLINE_MARGIN_MS="100",
+        SPILLWAY_MAX_BODY_BYTES=str(MAX_BODY),
+    ) as running:
         yield running
 
 
-def infer(fc: Running, body: bytes = ADD_SUB_BODY, model: str = "add_sub",
-          headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    return http("POST", f"{fc.url}/v2/models/{model}/infer", body,
-                {"content-type": "application/json", **(headers or {})})
+def infer(
+    fc: Running, body: bytes = ADD_SUB_BODY, model: str = "add_sub", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    return http(
+        "POST",
+        f"{fc.url}/v2/models/{model}/infer",
+        body,
+        {"content-type": "application/json", **(headers or {})},
+    )
 
 
 def assert_still_serving(fc: Running) -> None:
@@ -60,8 +70,9 @@ def test_initialize_waits_for_the_sidecar_and_names_the_instance(fc: Running) ->
 def test_timer_trigger_warmup_reports_the_instance(fc: Running) -> None:
     event = load_event("fc_timer.json")
     event["payload"] = warmup_payload(dwell_ms=50, models=("add_sub",), probe=True)
-    status, headers, body = http("POST", fc.url + "/invoke", json.dumps(event).encode(),
-                                 {"content-type": "application/octet-stream"})
+    status, headers, body = http(
+        "POST", fc.url + "/invoke", json.dumps(event).encode(), {"content-type": "application/octet-stream"}
+    )
     report = json.loads(body)
     assert status == 200 and "x-fc-status" not in headers
     assert report["triton_ready"] is True
@@ -77,7 +88,10 @@ def test_http_trigger_inference_with_tritonclient(fc: Running) -> None:
     a = np.arange(8, dtype=np.float32).reshape(2, 4)
     b = np.full((2, 4), 0.5, dtype=np.float32)
     for binary in (True, False):
-        inputs = [httpclient.InferInput("INPUT0", [2, 4], "FP32"), httpclient.InferInput("INPUT1", [2, 4], "FP32")]
+        inputs = [
+            httpclient.InferInput("INPUT0", [2, 4], "FP32"),
+            httpclient.InferInput("INPUT1", [2, 4], "FP32"),
+        ]
         inputs[0].set_data_from_numpy(a, binary_data=binary)
         inputs[1].set_data_from_numpy(b, binary_data=binary)
         outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
@@ -100,8 +114,9 @@ def test_invoke_with_an_http_event_answers_in_the_function_url_shape(fc: Running
     assert json.loads(result["body"])["outputs"][1]["data"] == [-9, -18, -27, -36]
 
 
-@pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b'{"event": "something else"}',
-                                  b'{"spillway_warmup": {"dwell_ms": -5}}'])
+@pytest.mark.parametrize(
+    "body", [b"not json", b"[1, 2]", b'{"event": "something else"}', b'{"spillway_warmup": {"dwell_ms": -5}}']
+)
 def test_invoke_with_an_unknown_event_fails_the_invocation_clearly(fc: Running, body: bytes) -> None:
     status, headers, raw = http("POST", fc.url + "/invoke", body)
     assert status == 400 and headers["x-fc-status"] == "404"
@@ -111,18 +126,31 @@ def test_invoke_with_an_unknown_event_fails_the_invocation_clearly(fc: Running, 
 
 CASES = {
     "malformed json": (b'{"inputs": [', "add_sub", {}, 400, "parse"),
-    "header length past the body": (ADD_SUB_BODY, "add_sub",
-                                    {"inference-header-content-length": str(len(ADD_SUB_BODY) + 10)}, 400, "header"),
+    "header length past the body": (
+        ADD_SUB_BODY,
+        "add_sub",
+        {"inference-header-content-length": str(len(ADD_SUB_BODY) + 10)},
+        400,
+        "header",
+    ),
     "wrong datatype": (ADD_SUB_BODY.replace(b"FP32", b"INT32", 1), "add_sub", {}, 400, "data-type"),
     "wrong shape": (ADD_SUB_BODY.replace(b"[1, 4]", b"[1, 3]", 1), "add_sub", {}, 400, "shape"),
-    "wrong tensor size": (ADD_SUB_BODY.replace(b"[1, 2, 3, 4]", b"[1, 2, 3]", 1), "add_sub", {}, 400, "shape"),
+    "wrong tensor size": (
+        ADD_SUB_BODY.replace(b"[1, 2, 3, 4]", b"[1, 2, 3]", 1),
+        "add_sub",
+        {},
+        400,
+        "shape",
+    ),
     "unknown model": (ADD_SUB_BODY, "nope", {}, 404, "unknown model"),
     "unknown version": (ADD_SUB_BODY, "add_sub/versions/7", {}, 404, "version 7"),
 }
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_bad_inference_input_gets_a_clear_error_and_the_instance_keeps_serving(fc: Running, case: str) -> None:
+def test_bad_inference_input_gets_a_clear_error_and_the_instance_keeps_serving(
+    fc: Running, case: str
+) -> None:
     body, model, headers, expected, words = CASES[case]
     status, _, raw = infer(fc, body, model, headers)
     assert status == expected, raw
@@ -140,7 +168,9 @@ def test_body_over_the_limit_gets_413_before_triton(fc: Running) -> None:
 def test_chunked_body_over_the_limit_gets_413(fc: Running) -> None:
     host, port = fc.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.sendall(
+            b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         chunk = b"y" * 16384
         for _ in range(MAX_BODY // len(chunk) + 2):
             sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -151,8 +181,10 @@ def test_chunked_body_over_the_limit_gets_413(fc: Running) -> None:
 
 def test_pipelined_requests_are_answered_in_order(fc: Running) -> None:
     host, port = fc.url.removeprefix("http://").split(":")
-    one = (b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n%s" % (len(ADD_SUB_BODY), ADD_SUB_BODY))
+    one = (
+        b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(ADD_SUB_BODY), ADD_SUB_BODY)
+    )
     two = b"GET /v2/models/nope HTTP/1.1\r\nHost: x\r\n\r\n"
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(one + two)
@@ -172,8 +204,9 @@ def test_garbage_on_the_socket_gets_400(fc: Running) -> None:
 
 
 def slow_body(delay_ms: float) -> bytes:
-    return json.dumps({"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "FP32",
-                                   "data": [delay_ms]}]}).encode()
+    return json.dumps(
+        {"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "FP32", "data": [delay_ms]}]}
+    ).encode()
 
 
 def test_a_request_past_its_deadline_gets_504_and_the_instance_recovers(fc: Running) -> None:
@@ -203,6 +236,7 @@ def test_warmup_over_http_and_metrics(fc: Running) -> None:
 def test_requests_during_sidecar_start_get_503_with_retry_after(tmp_path: Path) -> None:
     repo = model_repository(tmp_path, "add_sub", "slow")
     with function_server(repo, tmp_path, wait_ready=False, SLOW_INIT_DELAY_S="3") as running:
+
         def answered() -> bool:
             try:
                 return http("GET", running.url + "/v2/health/live", timeout=1)[0] > 0

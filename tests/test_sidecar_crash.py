@@ -1,0 +1,62 @@
+"""Kill the real Triton sidecar mid-traffic: every request is answered, 503s, then success again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import ADD_SUB_BODY, function_server, http, model_repository, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_sidecar_crash_mid_traffic_answers_every_request(tmp_path: Path) -> None:
+    repo = model_repository(tmp_path, "add_sub")
+    answers: list[tuple[float, int, str | None]] = []
+    sent = 0
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    with function_server(repo, tmp_path, platform="local") as fc:
+        url = fc.url + "/v2/models/add_sub/infer"
+
+        def client() -> None:
+            nonlocal sent
+            while not stop.is_set():
+                with lock:
+                    sent += 1
+                status, headers, _ = http("POST", url, ADD_SUB_BODY, {"content-type": "application/json"})
+                with lock:
+                    answers.append((time.monotonic(), status, headers.get("retry-after")))
+
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(answers) > 50, 30, "traffic flowing")
+        old_pid = fc.triton_pid()
+        killed_at = time.monotonic()
+        os.kill(old_pid, signal.SIGKILL)
+
+        def recovered() -> bool:
+            with lock:
+                return any(at > killed_at and status == 200 for at, status, _ in answers[-3:])
+
+        wait_until(recovered, 60, "sidecar restarted and serving")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        new_pid = fc.triton_pid()
+        log = fc.log_text()
+
+    assert new_pid != old_pid
+    assert "restarting" in log
+    assert len(answers) == sent, "a request was left without an answer"
+    after = [(status, retry) for at, status, retry in answers if at > killed_at]
+    assert {status for status, _ in after} <= {200, 503}
+    assert (503, "1") in after, "no 503 with Retry-After while the sidecar was down"
+    assert after[-1][0] == 200
