@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from functions.core import FunctionCore, Request, Response, error_response, json_response
+from functions.core import FunctionCore
 from functions.events import UnknownEvent
 from functions.invocation import answer_event
+from functions.messages import Request, Response, error_response, json_response
 from functions.sidecar import SidecarFailed
 
 FAILED = [("x-fc-status", "404")]

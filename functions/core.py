@@ -7,15 +7,13 @@ into a ``Request`` and hands it here; the answer is one ``Response``, whatever w
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
 from functions import contract
 from functions.instance import Instance
+from functions.messages import Request, Response, body_too_large, error_response
 from functions.metrics import CONTENT_TYPE, FunctionMetrics
 from functions.settings import FunctionSettings
 from functions.sidecar import Sidecar, SidecarState
@@ -36,38 +34,6 @@ _FORWARD_RESPONSE_HEADERS = frozenset(
     (b"content-type", b"inference-header-content-length", b"content-encoding")
 )
 _CLIENT_ERROR_PREFIXES = (b'{"error":"failed to parse', b'{"error":"Unable to parse')
-
-
-@dataclass(slots=True)
-class Request:
-    method: str
-    target: str
-    headers: Mapping[str, str]
-    body: bytes = b""
-
-    @property
-    def path(self) -> str:
-        return self.target.partition("?")[0]
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    body: bytes = b""
-
-    def header(self, name: str) -> str | None:
-        return next((v for k, v in self.headers if k.lower() == name), None)
-
-
-def json_response(status: int, payload: object, headers: list[tuple[str, str]] | None = None) -> Response:
-    body = json.dumps(payload, separators=(",", ":")).encode()
-    return Response(status, [("content-type", "application/json"), *(headers or [])], body)
-
-
-def error_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
-    """Triton's own error shape, so clients see one kind of error whoever answered."""
-    return json_response(status, {"error": message}, headers)
 
 
 class FunctionCore:
@@ -240,14 +206,6 @@ class FunctionCore:
             self._restarts_seen += new_restarts
         self.metrics.init_seconds.set(self.init_ms / 1000)
         return Response(200, [("content-type", CONTENT_TYPE)], self.metrics.render())
-
-
-def body_too_large(limit: int) -> Response:
-    return error_response(
-        413,
-        f"request body larger than this function's limit of {limit} bytes; "
-        "send smaller batches or raise SPILLWAY_MAX_BODY_BYTES",
-    )
 
 
 def sidecar_unavailable(state: SidecarState, detail: str = "") -> Response:

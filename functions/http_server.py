@@ -14,7 +14,7 @@ from typing import cast
 
 import httptools
 
-from functions.core import Request, Response, body_too_large, error_response
+from functions.messages import Request, Response, body_too_large, error_response
 
 Handler = Callable[[Request], Awaitable[Response]]
 

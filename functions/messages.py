@@ -1,0 +1,47 @@
+"""HTTP requests and answers as every part of Spillway passes them around (no I/O here)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    target: str
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+
+def json_response(status: int, payload: object, headers: list[tuple[str, str]] | None = None) -> Response:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    return Response(status, [("content-type", "application/json"), *(headers or [])], body)
+
+
+def error_response(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
+    """Triton's own error shape, so clients see one kind of error whoever answered."""
+    return json_response(status, {"error": message}, headers)
+
+
+def body_too_large(limit: int) -> Response:
+    return error_response(
+        413,
+        f"request body larger than this function's limit of {limit} bytes; "
+        "send smaller batches or raise SPILLWAY_MAX_BODY_BYTES",
+    )

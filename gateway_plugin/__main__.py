@@ -1,0 +1,5 @@
+import sys
+
+from gateway_plugin.cli import main
+
+sys.exit(main())

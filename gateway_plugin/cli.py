@@ -1,0 +1,152 @@
+"""``python -m gateway_plugin``: the APISIX plugin runner and its development tools."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gateway_plugin.config import ConfigError, SpillwayConfig, load
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway_plugin",
+        description="Spillway's APISIX external plugin runner: routes each request to the on-prem "
+        "cluster or a cloud function, keeping sensitive data at home.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="serve APISIX's ext-plugin protocol (what ext-plugin.cmd starts)",
+        description="Listen on the Unix socket named by APISIX_LISTEN_ADDRESS and answer APISIX's "
+        "PrepareConf, HTTPReqCall and HTTPRespCall frames. APISIX starts this itself through "
+        "ext-plugin.cmd in its config.yaml.",
+    )
+    run.add_argument("--config", type=Path, help="spillway.yaml (default: built-in defaults)")
+    dev = sub.add_parser(
+        "devgateway",
+        help="a local HTTP stand-in for APISIX in front of the runner (development only)",
+        description="Start the runner as APISIX would (APISIX_LISTEN_ADDRESS set, ext-plugin.cmd style), "
+        "then serve HTTP: each request goes through the runner and on to the upstream that "
+        "X-Spillway-Target names. Not a production gateway.",
+    )
+    dev.add_argument(
+        "--config", type=Path, help="spillway.yaml; its devgateway section sets listen and upstreams"
+    )
+    check = sub.add_parser("check-config", help="validate a spillway.yaml and explain what is wrong")
+    check.add_argument("file", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = (
+            load(args.config if args.command != "check-config" else args.file)
+            if (getattr(args, "config", None) or args.command == "check-config")
+            else SpillwayConfig()
+        )
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        print(f"{args.file}: valid")
+        return 0
+    loop = _new_loop(config.runner.uvloop)
+    try:
+        if args.command == "run":
+            return loop.run_until_complete(_run(config))
+        sock = Path(tempfile.mkdtemp(prefix="spillway-")) / "runner.sock"
+        runner = _start_runner(sock, args.config)
+        try:
+            return loop.run_until_complete(_devgateway(config, sock, runner))
+        finally:
+            runner.terminate()
+            runner.wait(10)
+    finally:
+        loop.close()
+
+
+def _new_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
+    if use_uvloop:
+        from functions.loop import new_event_loop
+
+        return new_event_loop()
+    return asyncio.new_event_loop()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _run(config: SpillwayConfig) -> int:
+    from gateway_plugin.conf_cache import ConfCache, default_ttl
+    from gateway_plugin.registry import default_plugins
+    from gateway_plugin.server import Runner, serve, socket_path
+
+    try:
+        path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    runner = Runner(default_plugins(), ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
+    server = await serve(runner, path)
+    logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
+    try:
+        await _until_signalled()
+    finally:
+        server.close()
+        await server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return 0
+
+
+def _start_runner(sock: Path, config_path: Path | None) -> subprocess.Popen[bytes]:
+    """Start the runner the way APISIX's ext-plugin.cmd does: APISIX_LISTEN_ADDRESS in its environment."""
+    cmd = [sys.executable, "-m", "gateway_plugin", "run"] + (
+        ["--config", str(config_path)] if config_path else []
+    )
+    return subprocess.Popen(cmd, env={**os.environ, "APISIX_LISTEN_ADDRESS": f"unix:{sock}"})
+
+
+async def _devgateway(config: SpillwayConfig, sock: Path, runner: subprocess.Popen[bytes]) -> int:
+    from functions import http_server
+    from gateway_plugin.apisix_peer import ApisixPeer
+    from gateway_plugin.devgateway import DevGateway
+
+    log = logging.getLogger("spillway.devgateway")
+    for _ in range(200):
+        if sock.exists() or runner.poll() is not None:
+            break
+        await asyncio.sleep(0.05)
+    if not sock.exists():
+        print("error: the runner did not start; see its log above", file=sys.stderr)
+        return 1
+    gateway = DevGateway(config.devgateway, ApisixPeer(sock))
+    host, _, port = config.devgateway.listen.rpartition(":")
+    server = await http_server.serve(
+        gateway.handle, host or "127.0.0.1", int(port), config.devgateway.max_body_bytes
+    )
+    log.info(
+        "development gateway (a stand-in for APISIX) on http://%s; upstreams %s",
+        config.devgateway.listen,
+        config.devgateway.upstreams,
+    )
+    await _until_signalled()
+    server.close()
+    await gateway.close()
+    return 0

@@ -1,0 +1,145 @@
+"""A development stand-in for APISIX: one route, the runner asked through the APISIX-side peer.
+
+Per request it calls the runner, applies Stop or Rewrite, picks the upstream named by
+``X-Spillway-Target`` as a ``traffic-split`` rule on ``http_x_spillway_target`` would (else the
+route's own upstream), proxies, and calls the runner again for ``ext-plugin-post-resp``.
+It is for local runs and tests, not a gateway for production: use APISIX there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from functions.contract import HEADER_TARGET
+from functions.messages import Request, Response, error_response
+from functions.upstream import UpstreamPool, UpstreamUnavailable
+from gateway_plugin.apisix_peer import ApisixPeer, PeerRequest, RouteConf
+from gateway_plugin.config import DevGatewaySettings
+from gateway_plugin.protocol import messages
+
+_HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "host",
+        "expect",
+        "te",
+        "upgrade",
+        "proxy-connection",
+    )
+)
+UPSTREAM_TIMEOUT_S = 60.0
+
+
+def _pool(url: str) -> UpstreamPool:
+    parts = urlsplit(url)
+    return UpstreamPool(parts.hostname or "127.0.0.1", parts.port or 80)
+
+
+class DevGateway:
+    def __init__(self, settings: DevGatewaySettings, peer: ApisixPeer) -> None:
+        self.settings = settings
+        self.peer = peer
+        conf = [(name, json.dumps(value)) for name, value in settings.plugins]
+        self.route = RouteConf("devgateway#route", conf, settings.allow_degradation)
+        self.pools = {name: _pool(url) for name, url in settings.upstreams.items()}
+
+    async def handle(self, request: Request) -> Response:
+        path, _, query = request.target.partition("?")
+        peer_request = PeerRequest(
+            method=request.method,
+            path=path,
+            args=parse_qsl(query, keep_blank_values=True),
+            headers=list(request.headers.items()),
+            vars=_variables(request, path, query),
+            body=request.body,
+        )
+        outcome = await self.peer.request(self.route, peer_request)
+        if outcome.status is not None:
+            return error_response(outcome.status, f"ext-plugin failed: {outcome.error}")
+        if outcome.stop is not None:
+            stop = outcome.stop
+            return Response(stop.status or 200, [(k, v) for k, v in stop.headers if v is not None], stop.body)
+        headers = dict(request.headers)
+        body, resp_headers = request.body, []
+        if outcome.rewrite is not None:
+            path, query, body = _rewrite(outcome.rewrite, headers, path, query, body)
+            resp_headers = [(k, v) for k, v in outcome.rewrite.resp_headers if v is not None]
+        response = await self._proxy(request.method, path, query, headers, body)
+        response.headers.extend(resp_headers)
+        if self.settings.post_resp:
+            await self._post_response(response)
+        return response
+
+    async def _proxy(
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
+    ) -> Response:
+        name = headers.get(HEADER_TARGET, self.settings.default_upstream)
+        pool = self.pools.get(name) or self.pools[self.settings.default_upstream]
+        forward = [(k.encode(), v.encode("latin-1")) for k, v in headers.items() if k not in _HOP_BY_HOP]
+        target = f"{path}?{query}" if query else path
+        try:
+            up = await pool.request(method, target, forward, body, UPSTREAM_TIMEOUT_S)
+        except UpstreamUnavailable as exc:
+            return error_response(502, f"upstream {name!r} unreachable: {exc}")
+        except TimeoutError:
+            return error_response(504, f"upstream {name!r} did not answer within {UPSTREAM_TIMEOUT_S:.0f} s")
+        kept = [(k.decode(), v.decode("latin-1")) for k, v in up.headers if k.decode() not in _HOP_BY_HOP]
+        return Response(up.status, kept, up.body)
+
+    async def _post_response(self, response: Response) -> None:
+        answer = await self.peer.response(self.route, response.status, response.headers, response.body)
+        if answer is None:
+            return
+        if answer.status:
+            response.status = answer.status
+        for name, value in answer.headers:
+            response.headers = [(k, v) for k, v in response.headers if k.lower() != name.lower()]
+            if value is not None:
+                response.headers.append((name, value))
+        if answer.body is not None:
+            response.body = answer.body
+
+    async def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        await self.peer.close()
+
+
+def _variables(request: Request, path: str, query: str) -> dict[str, bytes]:
+    values = {
+        "uri": path,
+        "request_uri": request.target,
+        "args": query,
+        "request_method": request.method,
+        "host": request.headers.get("host", ""),
+        "remote_addr": "127.0.0.1",
+        "route_id": "devgateway",
+        "request_length": str(len(request.body)),
+        "msec": f"{time.time():.3f}",
+    }
+    return {k: v.encode() for k, v in values.items()}
+
+
+def _rewrite(
+    rewrite: messages.Rewrite, headers: dict[str, str], path: str, query: str, body: bytes
+) -> tuple[str, str, bytes]:
+    """Apply a Rewrite as APISIX does: a header or arg with no value is deleted."""
+    for name, value in rewrite.headers:
+        if value is None:
+            headers.pop(name.lower(), None)
+        else:
+            headers[name.lower()] = value
+    if rewrite.args:
+        args = dict(parse_qsl(query, keep_blank_values=True))
+        for name, value in rewrite.args:
+            if value is None:
+                args.pop(name, None)
+            else:
+                args[name] = value
+        query = urlencode(args)
+    return rewrite.path or path, query, rewrite.body if rewrite.body is not None else body

@@ -1,0 +1,120 @@
+"""Encoding and decoding of every ext-plugin message against the schema's generated readers."""
+
+from __future__ import annotations
+
+import pytest
+from A6.HTTPReqCall.Resp import Resp as HttpReqCallResp
+from A6.HTTPReqCall.Rewrite import Rewrite as A6Rewrite
+from A6.PrepareConf.Req import Req as PrepareConfReq
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway_plugin.protocol import encode, messages
+from gateway_plugin.protocol.frames import MAX_PAYLOAD, FrameReader, FrameTooLarge, FrameType, frame
+
+
+def test_frame_header_is_type_then_big_endian_length() -> None:
+    assert frame(FrameType.HTTP_REQ_CALL, b"abc") == b"\x02\x00\x00\x03abc"
+    with pytest.raises(FrameTooLarge):
+        frame(1, b"x" * (MAX_PAYLOAD + 1))
+
+
+@given(st.lists(st.tuples(st.integers(0, 255), st.binary(max_size=300)), max_size=8), st.data())
+def test_frames_survive_any_chunking(frames: list[tuple[int, bytes]], data: st.DataObject) -> None:
+    stream = b"".join(frame(ty, payload) for ty, payload in frames)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    reader = FrameReader()
+    got = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        got.extend(reader.feed(stream[start:end]))
+    assert got == frames and reader.pending == 0
+
+
+def test_prepare_conf_round_trip_in_order() -> None:
+    payload = encode.prepare_conf("route#1", [("spillway", '{"a": 1}'), ("headers", "{}")])
+    assert PrepareConfReq.GetRootAs(payload, 0).Key() == b"route#1"
+    assert messages.prepare_conf(payload) == ("route#1", [("spillway", '{"a": 1}'), ("headers", "{}")])
+    assert messages.conf_token(encode.prepare_conf_answer(77)) == 77
+
+
+def test_http_req_call_round_trip_with_non_ascii() -> None:
+    payload = encode.req_call(9, 5, 2, "/v2/modèles/infer", [("q", "ü"), ("flag", None)],
+                              [("X-A", "b"), ("x-a", "c")], bytes([10, 0, 0, 1]))
+    call = messages.HttpReqCall(payload)
+    assert (call.id, call.conf_token, call.method, call.path) == (9, 5, "POST", "/v2/modèles/infer")
+    assert call.args == [("q", "ü"), ("flag", None)]
+    assert call.headers == [("X-A", "b"), ("x-a", "c")]
+    assert call.src_ip == "10.0.0.1"
+    assert messages.HttpReqCall(encode.req_call(1, 1, 0, "/", [], [], bytes(16))).src_ip == "::"
+
+
+def test_rewrite_carries_every_field_in_schema_order() -> None:
+    payload = encode.rewrite(3, "/new", [("x-keep", "1"), ("cookie", None)], [("a", "b")],
+                             [("x-decision", "aws;overflow")], b"\x00new body\xff")
+    resp = HttpReqCallResp.GetRootAs(payload, 0)
+    assert resp.ActionType() == messages.ACTION_REWRITE
+    table = resp.Action()
+    generated = A6Rewrite()
+    generated.Init(table.Bytes, table.Pos)
+    assert generated.Path() == b"/new" and generated.HeadersLength() == 2
+    assert generated.Headers(1).Value() is None
+    ident, action = messages.req_call_answer(payload)
+    assert ident == 3 and isinstance(action, messages.Rewrite)
+    assert action.resp_headers == [("x-decision", "aws;overflow")] and action.body == b"\x00new body\xff"
+    assert action.args == [("a", "b")]
+
+
+def test_stop_no_change_and_errors() -> None:
+    ident, action = messages.req_call_answer(encode.stop(4, 429, [("retry-after", "1")], b"busy"))
+    assert ident == 4 and action == messages.Stop(429, [("retry-after", "1")], b"busy")
+    assert messages.req_call_answer(encode.no_change(5)) == (5, None)
+    assert messages.err_code(encode.error(2)) == 2 and messages.err_code(encode.error(0)) == 0
+
+
+def test_resp_call_and_extra_info_round_trips() -> None:
+    call = messages.HttpRespCall(encode.resp_call(8, 6, 502, [("content-type", "application/json")]))
+    assert (call.id, call.conf_token, call.status, call.headers) == (8, 6, 502, [("content-type", "application/json")])
+    answer = messages.resp_call_answer(encode.resp_call_answer(8, 200, [("x-a", "1")], b"body"))
+    assert answer == messages.RespCallAnswer(8, 200, [("x-a", "1")], b"body")
+    assert messages.extra_info_request(encode.ask_var("route_id")) == (messages.INFO_VAR, "route_id")
+    assert messages.extra_info_request(encode.ask_req_body()) == (messages.INFO_REQ_BODY, None)
+    assert messages.extra_info_request(encode.ask_resp_body()) == (messages.INFO_RESP_BODY, None)
+    assert messages.extra_info_result(encode.extra_info_answer("é\x00".encode())) == "é\x00".encode()
+    assert messages.extra_info_result(encode.extra_info_answer(None)) is None
+
+
+DECODERS = [
+    messages.prepare_conf, messages.conf_token, messages.err_code, messages.req_call_answer,
+    messages.resp_call_answer, messages.extra_info_request, messages.extra_info_result,
+]
+
+
+@given(st.binary(max_size=200))
+def test_garbage_payloads_raise_only_decode_error(garbage: bytes) -> None:
+    for decode in DECODERS:
+        try:
+            decode(garbage)
+        except messages.DecodeError:
+            pass
+    try:
+        call = messages.HttpReqCall(garbage)
+        (call.method, call.path, call.headers, call.args, call.src_ip)
+    except messages.DecodeError:
+        pass
+    try:
+        resp = messages.HttpRespCall(garbage)
+        resp.headers
+    except messages.DecodeError:
+        pass
+
+
+@given(st.binary(min_size=1, max_size=40), st.integers(0, 200))
+def test_corrupted_requests_raise_only_decode_error(noise: bytes, at: int) -> None:
+    good = bytearray(encode.req_call(1, 2, 2, "/p", [("a", "b")], [("h", "v")], bytes(4)))
+    at %= len(good)
+    good[at : at + len(noise)] = noise
+    try:
+        call = messages.HttpReqCall(bytes(good))
+        (call.method, call.path, call.headers, call.args, call.src_ip)
+    except messages.DecodeError:
+        pass
