@@ -88,8 +88,14 @@ class ResponsePlugin(Plugin[Empty]):
 
 
 def test_plugins() -> dict[str, Plugin[Any]]:
-    plugins: list[Plugin[Any]] = [HeadersPlugin(), StopPlugin(), EchoExtraPlugin(), PrefetchPlugin(),
-                                  FailingPlugin(), ResponsePlugin()]
+    plugins: list[Plugin[Any]] = [
+        HeadersPlugin(),
+        StopPlugin(),
+        EchoExtraPlugin(),
+        PrefetchPlugin(),
+        FailingPlugin(),
+        ResponsePlugin(),
+    ]
     return {p.name: p for p in plugins}
 
 

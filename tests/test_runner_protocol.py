@@ -38,8 +38,15 @@ def test_prepare_conf_round_trip_in_order() -> None:
 
 
 def test_http_req_call_round_trip_with_non_ascii() -> None:
-    payload = encode.req_call(9, 5, 2, "/v2/modèles/infer", [("q", "ü"), ("flag", None)],
-                              [("X-A", "b"), ("x-a", "c")], bytes([10, 0, 0, 1]))
+    payload = encode.req_call(
+        9,
+        5,
+        2,
+        "/v2/modèles/infer",
+        [("q", "ü"), ("flag", None)],
+        [("X-A", "b"), ("x-a", "c")],
+        bytes([10, 0, 0, 1]),
+    )
     call = messages.HttpReqCall(payload)
     assert (call.id, call.conf_token, call.method, call.path) == (9, 5, "POST", "/v2/modèles/infer")
     assert call.args == [("q", "ü"), ("flag", None)]
@@ -49,8 +56,14 @@ def test_http_req_call_round_trip_with_non_ascii() -> None:
 
 
 def test_rewrite_carries_every_field_in_schema_order() -> None:
-    payload = encode.rewrite(3, "/new", [("x-keep", "1"), ("cookie", None)], [("a", "b")],
-                             [("x-decision", "aws;overflow")], b"\x00new body\xff")
+    payload = encode.rewrite(
+        3,
+        "/new",
+        [("x-keep", "1"), ("cookie", None)],
+        [("a", "b")],
+        [("x-decision", "aws;overflow")],
+        b"\x00new body\xff",
+    )
     resp = HttpReqCallResp.GetRootAs(payload, 0)
     assert resp.ActionType() == messages.ACTION_REWRITE
     table = resp.Action()
@@ -73,7 +86,12 @@ def test_stop_no_change_and_errors() -> None:
 
 def test_resp_call_and_extra_info_round_trips() -> None:
     call = messages.HttpRespCall(encode.resp_call(8, 6, 502, [("content-type", "application/json")]))
-    assert (call.id, call.conf_token, call.status, call.headers) == (8, 6, 502, [("content-type", "application/json")])
+    assert (call.id, call.conf_token, call.status, call.headers) == (
+        8,
+        6,
+        502,
+        [("content-type", "application/json")],
+    )
     answer = messages.resp_call_answer(encode.resp_call_answer(8, 200, [("x-a", "1")], b"body"))
     assert answer == messages.RespCallAnswer(8, 200, [("x-a", "1")], b"body")
     assert messages.extra_info_request(encode.ask_var("route_id")) == (messages.INFO_VAR, "route_id")
@@ -84,8 +102,13 @@ def test_resp_call_and_extra_info_round_trips() -> None:
 
 
 DECODERS = [
-    messages.prepare_conf, messages.conf_token, messages.err_code, messages.req_call_answer,
-    messages.resp_call_answer, messages.extra_info_request, messages.extra_info_result,
+    messages.prepare_conf,
+    messages.conf_token,
+    messages.err_code,
+    messages.req_call_answer,
+    messages.resp_call_answer,
+    messages.extra_info_request,
+    messages.extra_info_result,
 ]
 
 
@@ -118,3 +141,45 @@ def test_corrupted_requests_raise_only_decode_error(noise: bytes, at: int) -> No
         (call.method, call.path, call.headers, call.args, call.src_ip)
     except messages.DecodeError:
         pass
+
+
+def test_fast_reader_reads_what_the_generated_builder_writes() -> None:
+    """APISIX encodes with the generated builders; build a call that way and read it back."""
+    import flatbuffers
+    from A6 import TextEntry
+    from A6.HTTPReqCall import Req
+
+    b = flatbuffers.Builder(256)
+    entries = []
+    for name, value in [("x-a", "1"), ("host", "h")]:
+        n, v = b.CreateString(name), b.CreateString(value)
+        TextEntry.Start(b)
+        TextEntry.AddName(b, n)
+        TextEntry.AddValue(b, v)
+        entries.append(TextEntry.End(b))
+    Req.StartHeadersVector(b, len(entries))
+    for e in reversed(entries):
+        b.PrependUOffsetTRelative(e)
+    headers = b.EndVector()
+    path = b.CreateString("/v2/x")
+    ip = b.CreateByteVector(bytes([127, 0, 0, 1]))
+    Req.Start(b)
+    Req.AddId(b, 42)
+    Req.AddConfToken(b, 7)
+    Req.AddSrcIp(b, ip)
+    Req.AddPath(b, path)
+    Req.AddHeaders(b, headers)
+    Req.AddMethod(b, 3)
+    b.Finish(Req.End(b))
+    call = messages.HttpReqCall(bytes(b.Output()))
+    assert (call.id, call.conf_token, call.method, call.path, call.src_ip) == (42, 7, "PUT", "/v2/x", "127.0.0.1")
+    assert call.headers == [("x-a", "1"), ("host", "h")] and call.args == []
+
+
+def test_generated_reader_reads_what_the_fast_writer_writes() -> None:
+    from A6.HTTPReqCall.Req import Req
+
+    req = Req.GetRootAs(encode.req_call(42, 7, 3, "/v2/x", [("a", None)], [("x-a", "1")], bytes(4)), 0)
+    assert (req.Id(), req.ConfToken(), req.Method(), req.Path()) == (42, 7, 3, b"/v2/x")
+    assert (req.Headers(0).Name(), req.Headers(0).Value()) == (b"x-a", b"1")
+    assert (req.Args(0).Name(), req.Args(0).Value()) == (b"a", None)

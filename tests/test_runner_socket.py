@@ -21,8 +21,15 @@ from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
 from tests.runner_support import running_runner
 from tests.support import ROOT, wait_until
 
-REQUEST = PeerRequest("POST", "/v2/models/add_sub/infer", [("q", "1")], [("X-A", "b"), ("content-type", "x")],
-                      "192.0.2.7", {"route_id": "route-ü".encode()}, b"body \xc3\xa9\x00\xff")
+REQUEST = PeerRequest(
+    "POST",
+    "/v2/models/add_sub/infer",
+    [("q", "1")],
+    [("X-A", "b"), ("content-type", "x")],
+    "192.0.2.7",
+    {"route_id": "route-ü".encode()},
+    b"body \xc3\xa9\x00\xff",
+)
 
 
 def route(*plugins: tuple[str, object], allow_degradation: bool = False) -> RouteConf:
@@ -33,8 +40,11 @@ def route(*plugins: tuple[str, object], allow_degradation: bool = False) -> Rout
 def test_prepare_then_rewrite_only_what_changed() -> None:
     async def go() -> None:
         async with running_runner() as (_, peer, _):
-            conf = {"set": {"x-a": "b", "x-spillway-target": "aws"}, "delete": ["content-type", "absent"],
-                    "response": {"x-decision": "aws;overflow"}}
+            conf = {
+                "set": {"x-a": "b", "x-spillway-target": "aws"},
+                "delete": ["content-type", "absent"],
+                "response": {"x-decision": "aws;overflow"},
+            }
             outcome = await peer.request(route(("headers", conf)), REQUEST)
             rewrite = outcome.rewrite
             assert rewrite is not None and outcome.status is None
@@ -51,8 +61,9 @@ def test_stop_ends_the_chain_and_sees_the_request() -> None:
     async def go() -> None:
         async with running_runner() as (_, peer, _):
             outcome = await peer.request(route(("stop", {"status": 451}), ("failing", {})), REQUEST)
-            assert outcome.stop == messages.Stop(451, [("x-stopped", "yes")],
-                                                 b"POST /v2/models/add_sub/infer 1 b 192.0.2.7")
+            assert outcome.stop == messages.Stop(
+                451, [("x-stopped", "yes")], b"POST /v2/models/add_sub/infer 1 b 192.0.2.7"
+            )
 
     asyncio.run(go())
 
@@ -65,7 +76,10 @@ def test_extra_info_var_and_body_round_trip_non_ascii_bytes() -> None:
             assert outcome.stop.body == "route-ü".encode() + b"|None|" + REQUEST.body
             prefetched = await peer.request(route(("prefetch", {})), REQUEST)
             assert prefetched.rewrite is not None
-            assert dict(prefetched.rewrite.headers) == {"x-route": "route-ü", "x-body-length": str(len(REQUEST.body))}
+            assert dict(prefetched.rewrite.headers) == {
+                "x-route": "route-ü",
+                "x-body-length": str(len(REQUEST.body)),
+            }
 
     asyncio.run(go())
 
@@ -89,14 +103,19 @@ def test_expired_token_is_refreshed_as_apisix_does() -> None:
 def test_response_call_can_rewrite_the_answer() -> None:
     async def go() -> None:
         async with running_runner() as (_, peer, _):
-            answer = await peer.response(route(("response", {})), 200, [("content-type", "text/plain")], b"ok")
-            assert answer == messages.RespCallAnswer(answer.id if answer else 0, 201,
-                                                     [("x-upstream-type", "text/plain")], b"OK")
+            answer = await peer.response(
+                route(("response", {})), 200, [("content-type", "text/plain")], b"ok"
+            )
+            assert answer == messages.RespCallAnswer(
+                answer.id if answer else 0, 201, [("x-upstream-type", "text/plain")], b"OK"
+            )
 
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("plugins", [[("failing", {})], [("no-such-plugin", {})], [("stop", {"status": "x"})]])
+@pytest.mark.parametrize(
+    "plugins", [[("failing", {})], [("no-such-plugin", {})], [("stop", {"status": "x"})]]
+)
 def test_failures_answer_503_not_a_pass_through(plugins: list[tuple[str, object]]) -> None:
     async def go() -> None:
         async with running_runner() as (_, peer, _):
@@ -114,7 +133,9 @@ def test_a_hundred_concurrent_connections() -> None:
             r = route(("echo-extra", {}))
 
             async def one(i: int) -> bytes:
-                request = PeerRequest("GET", f"/{i}", vars={"route_id": str(i).encode()}, body=str(i).encode())
+                request = PeerRequest(
+                    "GET", f"/{i}", vars={"route_id": str(i).encode()}, body=str(i).encode()
+                )
                 outcome = await peer.request(r, request)
                 assert outcome.stop is not None
                 return outcome.stop.body
@@ -146,13 +167,19 @@ def raw_exchange(sock_path: Path, data: bytes, shutdown: bool = False) -> bytes:
 ERR = {code: frame(FrameType.RPC_ERROR, encode.error(code)) for code in ErrCode}
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    (frame(FrameType.HTTP_REQ_CALL, b"\xde\xad\xbe\xef garbage bytes"), ERR[ErrCode.BAD_REQUEST]),
-    (frame(9, b"unknown type"), ERR[ErrCode.BAD_REQUEST]),
-    (frame(FrameType.PREPARE_CONF, b"\x01\x02"), ERR[ErrCode.BAD_REQUEST]),
-    (frame(FrameType.HTTP_REQ_CALL, encode.req_call(1, 999, 0, "/", [], [], bytes(4))), ERR[ErrCode.CONF_TOKEN_NOT_FOUND]),
-    (frame(FrameType.EXTRA_INFO, encode.extra_info_answer(b"unasked")), ERR[ErrCode.BAD_REQUEST]),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (frame(FrameType.HTTP_REQ_CALL, b"\xde\xad\xbe\xef garbage bytes"), ERR[ErrCode.BAD_REQUEST]),
+        (frame(9, b"unknown type"), ERR[ErrCode.BAD_REQUEST]),
+        (frame(FrameType.PREPARE_CONF, b"\x01\x02"), ERR[ErrCode.BAD_REQUEST]),
+        (
+            frame(FrameType.HTTP_REQ_CALL, encode.req_call(1, 999, 0, "/", [], [], bytes(4))),
+            ERR[ErrCode.CONF_TOKEN_NOT_FOUND],
+        ),
+        (frame(FrameType.EXTRA_INFO, encode.extra_info_answer(b"unasked")), ERR[ErrCode.BAD_REQUEST]),
+    ],
+)
 def test_bad_frames_get_the_right_error_frame(data: bytes, expected: bytes) -> None:
     async def go() -> None:
         async with running_runner() as (_, peer, sock):
@@ -175,9 +202,13 @@ def test_truncated_frames_and_early_close_leave_others_served(data: bytes) -> No
 
 def test_run_command_serves_the_socket_apisix_names_and_cleans_up() -> None:
     sock = Path(tempfile.mkdtemp(prefix="spillway-run-")) / "runner.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "gateway_plugin", "run"], cwd=ROOT,
-                            env={**os.environ, "APISIX_LISTEN_ADDRESS": f"unix:{sock}"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway_plugin", "run"],
+        cwd=ROOT,
+        env={**os.environ, "APISIX_LISTEN_ADDRESS": f"unix:{sock}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_until(sock.exists, 30, "runner socket")
         assert sock.stat().st_mode & 0o002, "APISIX's worker user must be able to write to the socket"

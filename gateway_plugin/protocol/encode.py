@@ -1,4 +1,4 @@
-"""Encoders for every message of the protocol, both directions, with the FlatBuffers builder.
+"""Encoders for every message of the protocol, both directions.
 
 Slots follow ``ext-plugin.fbs`` field order; a TextEntry with no value means "delete".
 """
@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import flatbuffers
-
+from gateway_plugin.protocol.flat import Entries, Writer
 from gateway_plugin.protocol.messages import (
     ACTION_REWRITE,
     ACTION_STOP,
@@ -17,69 +16,51 @@ from gateway_plugin.protocol.messages import (
     INFO_VAR,
 )
 
-Entries = Sequence[tuple[str, str | None]]
+Field = tuple[int, str, int]
 
 
-def _utf8(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
-
-
-def _entries(b: flatbuffers.Builder, entries: Entries) -> int:
-    offsets = []
-    for name, value in entries:
-        n = b.CreateString(_utf8(name))
-        v = b.CreateString(_utf8(value)) if value is not None else 0
-        b.StartObject(2)
-        b.PrependUOffsetTRelativeSlot(0, n, 0)
-        if value is not None:
-            b.PrependUOffsetTRelativeSlot(1, v, 0)
-        offsets.append(b.EndObject())
-    b.StartVector(4, len(offsets), 4)
-    for off in reversed(offsets):
-        b.PrependUOffsetTRelative(off)
-    return int(b.EndVector())
-
-
-def _finish(b: flatbuffers.Builder, root: int) -> bytes:
-    b.Finish(root)
-    return bytes(b.Output())
+def _scalar_table(fields: Sequence[Field]) -> bytes:
+    w = Writer()
+    w.table([f for f in fields if f[2]], root=True)
+    return w.output()
 
 
 # Runner → APISIX
 
 
 def prepare_conf_answer(token: int) -> bytes:
-    b = flatbuffers.Builder(32)
-    b.StartObject(1)
-    b.PrependUint32Slot(0, token, 0)
-    return _finish(b, b.EndObject())
+    return _scalar_table([(0, "I", token)])
 
 
 def error(code: int) -> bytes:
-    b = flatbuffers.Builder(16)
-    b.StartObject(1)
-    b.PrependUint8Slot(0, code, 0)
-    return _finish(b, b.EndObject())
+    return _scalar_table([(0, "B", code)])
 
 
 def no_change(req_id: int) -> bytes:
-    b = flatbuffers.Builder(32)
-    b.StartObject(2)
-    b.PrependUint32Slot(0, req_id, 0)
-    return _finish(b, b.EndObject())
+    return _scalar_table([(0, "I", req_id)])
+
+
+def _action(w: Writer, req_id: int, kind: int) -> int:
+    """The HTTPReqCall.Resp around an action; returns where the action table goes."""
+    _, refs = w.table([(0, "I", req_id), (1, "B", kind), (2, "R", 0)], root=True)
+    return refs[2]
 
 
 def stop(req_id: int, status: int, headers: Entries, body: bytes | None) -> bytes:
-    b = flatbuffers.Builder(64 + (len(body) if body else 0))
-    hdrs = _entries(b, headers) if headers else 0
-    data = b.CreateByteVector(body) if body else 0
-    b.StartObject(3)
-    b.PrependUint16Slot(0, status, 0)
-    if hdrs:
-        b.PrependUOffsetTRelativeSlot(1, hdrs, 0)
-    if data:
-        b.PrependUOffsetTRelativeSlot(2, data, 0)
-    return _action(b, req_id, ACTION_STOP, b.EndObject())
+    w = Writer()
+    at = _action(w, req_id, ACTION_STOP)
+    fields: list[Field] = [(0, "H", status)] if status else []
+    if headers:
+        fields.append((1, "R", 0))
+    if body:
+        fields.append((2, "R", 0))
+    start, refs = w.table(fields)
+    w.point(at, start)
+    if headers:
+        w.entries(refs[1], headers)
+    if body:
+        w.blob(refs[2], body)
+    return w.output()
 
 
 def rewrite(
@@ -90,118 +71,100 @@ def rewrite(
     resp_headers: Entries = (),
     body: bytes | None = None,
 ) -> bytes:
-    b = flatbuffers.Builder(128 + (len(body) if body else 0))
-    slots = (
-        b.CreateString(_utf8(path)) if path is not None else 0,
-        _entries(b, headers) if headers else 0,
-        _entries(b, args) if args else 0,
-        _entries(b, resp_headers) if resp_headers else 0,
-        b.CreateByteVector(body) if body is not None else 0,
-    )
-    b.StartObject(5)
-    for slot, off in enumerate(slots):
-        if off:
-            b.PrependUOffsetTRelativeSlot(slot, off, 0)
-    return _action(b, req_id, ACTION_REWRITE, b.EndObject())
-
-
-def _action(b: flatbuffers.Builder, req_id: int, kind: int, action: int) -> bytes:
-    b.StartObject(3)
-    b.PrependUint32Slot(0, req_id, 0)
-    b.PrependUint8Slot(1, kind, 0)
-    b.PrependUOffsetTRelativeSlot(2, action, 0)
-    return _finish(b, b.EndObject())
+    w = Writer()
+    at = _action(w, req_id, ACTION_REWRITE)
+    present = [path is not None, bool(headers), bool(args), bool(resp_headers), body is not None]
+    start, refs = w.table([(slot, "R", 0) for slot, there in enumerate(present) if there])
+    w.point(at, start)
+    if path is not None:
+        w.blob(refs[0], path.encode("utf-8", "surrogateescape"))
+    for slot, entries in ((1, headers), (2, args), (3, resp_headers)):
+        if entries:
+            w.entries(refs[slot], entries)
+    if body is not None:
+        w.blob(refs[4], body)
+    return w.output()
 
 
 def resp_call_answer(req_id: int, status: int, headers: Entries, body: bytes | None) -> bytes:
     """Status 0 and no headers or body mean "leave the response as it is"."""
-    b = flatbuffers.Builder(64 + (len(body) if body else 0))
-    hdrs = _entries(b, headers) if headers else 0
-    data = b.CreateByteVector(body) if body is not None else 0
-    b.StartObject(4)
-    b.PrependUint32Slot(0, req_id, 0)
-    b.PrependUint16Slot(1, status, 0)
-    if hdrs:
-        b.PrependUOffsetTRelativeSlot(2, hdrs, 0)
-    if data:
-        b.PrependUOffsetTRelativeSlot(3, data, 0)
-    return _finish(b, b.EndObject())
+    w = Writer()
+    fields: list[Field] = [(0, "I", req_id)] + ([(1, "H", status)] if status else [])
+    fields += [(2, "R", 0)] if headers else []
+    fields += [(3, "R", 0)] if body is not None else []
+    _, refs = w.table(fields, root=True)
+    if headers:
+        w.entries(refs[2], headers)
+    if body is not None:
+        w.blob(refs[3], body)
+    return w.output()
+
+
+def _ask(kind: int, name: str | None = None) -> bytes:
+    w = Writer()
+    _, refs = w.table([(0, "B", kind), (1, "R", 0)], root=True)
+    start, inner = w.table([(0, "R", 0)] if name is not None else [])
+    w.point(refs[1], start)
+    if name is not None:
+        w.blob(inner[0], name.encode("utf-8", "surrogateescape"))
+    return w.output()
 
 
 def ask_var(name: str) -> bytes:
-    b = flatbuffers.Builder(32 + len(name))
-    n = b.CreateString(_utf8(name))
-    b.StartObject(1)
-    b.PrependUOffsetTRelativeSlot(0, n, 0)
-    return _ask(b, INFO_VAR, b.EndObject())
+    return _ask(INFO_VAR, name)
 
 
 def ask_req_body() -> bytes:
-    b = flatbuffers.Builder(32)
-    b.StartObject(0)
-    return _ask(b, INFO_REQ_BODY, b.EndObject())
+    return _ask(INFO_REQ_BODY)
 
 
 def ask_resp_body() -> bytes:
-    b = flatbuffers.Builder(32)
-    b.StartObject(0)
-    return _ask(b, INFO_RESP_BODY, b.EndObject())
-
-
-def _ask(b: flatbuffers.Builder, kind: int, info: int) -> bytes:
-    b.StartObject(2)
-    b.PrependUint8Slot(0, kind, 0)
-    b.PrependUOffsetTRelativeSlot(1, info, 0)
-    return _finish(b, b.EndObject())
+    return _ask(INFO_RESP_BODY)
 
 
 # APISIX → runner (what the APISIX-side peer sends)
 
 
 def prepare_conf(key: str, entries: Entries) -> bytes:
-    b = flatbuffers.Builder(256)
-    conf = _entries(b, entries)
-    k = b.CreateString(_utf8(key))
-    b.StartObject(2)
-    b.PrependUOffsetTRelativeSlot(0, conf, 0)
-    b.PrependUOffsetTRelativeSlot(1, k, 0)
-    return _finish(b, b.EndObject())
+    w = Writer()
+    _, refs = w.table([(0, "R", 0), (1, "R", 0)], root=True)
+    w.entries(refs[0], entries)
+    w.blob(refs[1], key.encode("utf-8", "surrogateescape"))
+    return w.output()
 
 
 def req_call(
     req_id: int, token: int, method: int, path: str, args: Entries, headers: Entries, src_ip: bytes
 ) -> bytes:
-    b = flatbuffers.Builder(512)
-    ip = b.CreateByteVector(src_ip)
-    p = b.CreateString(_utf8(path))
-    a = _entries(b, args)
-    h = _entries(b, headers)
-    b.StartObject(7)
-    b.PrependUint32Slot(0, req_id, 0)
-    b.PrependUOffsetTRelativeSlot(1, ip, 0)
-    b.PrependUint8Slot(2, method, 0)
-    b.PrependUOffsetTRelativeSlot(3, p, 0)
-    b.PrependUOffsetTRelativeSlot(4, a, 0)
-    b.PrependUOffsetTRelativeSlot(5, h, 0)
-    b.PrependUint32Slot(6, token, 0)
-    return _finish(b, b.EndObject())
+    w = Writer()
+    fields: list[Field] = [
+        (0, "I", req_id),
+        (1, "R", 0),
+        (3, "R", 0),
+        (4, "R", 0),
+        (5, "R", 0),
+        (6, "I", token),
+    ]
+    if method:
+        fields.append((2, "B", method))
+    _, refs = w.table(fields, root=True)
+    w.blob(refs[1], src_ip)
+    w.blob(refs[3], path.encode("utf-8", "surrogateescape"))
+    w.entries(refs[4], args)
+    w.entries(refs[5], headers)
+    return w.output()
 
 
 def resp_call(req_id: int, token: int, status: int, headers: Entries) -> bytes:
-    b = flatbuffers.Builder(256)
-    h = _entries(b, headers)
-    b.StartObject(4)
-    b.PrependUint32Slot(0, req_id, 0)
-    b.PrependUint16Slot(1, status, 0)
-    b.PrependUOffsetTRelativeSlot(2, h, 0)
-    b.PrependUint32Slot(3, token, 0)
-    return _finish(b, b.EndObject())
+    w = Writer()
+    _, refs = w.table([(0, "I", req_id), (1, "H", status), (2, "R", 0), (3, "I", token)], root=True)
+    w.entries(refs[2], headers)
+    return w.output()
 
 
 def extra_info_answer(result: bytes | None) -> bytes:
-    b = flatbuffers.Builder(32 + (len(result) if result else 0))
-    data = b.CreateByteVector(result) if result is not None else 0
-    b.StartObject(1)
+    w = Writer()
+    _, refs = w.table([(0, "R", 0)] if result is not None else [], root=True)
     if result is not None:
-        b.PrependUOffsetTRelativeSlot(0, data, 0)
-    return _finish(b, b.EndObject())
+        w.blob(refs[0], result)
+    return w.output()

@@ -19,11 +19,11 @@ from A6 import Method
 from A6.Err.Resp import Resp as ErrResp
 from A6.ExtraInfo.Req import Req as ExtraInfoReq
 from A6.ExtraInfo.Var import Var
-from A6.HTTPReqCall.Req import Req as HttpReqCallReq
 from A6.HTTPReqCall.Resp import Resp as HttpReqCallResp
 from A6.PrepareConf.Req import Req as PrepareConfReq
 from A6.PrepareConf.Resp import Resp as PrepareConfResp
-from flatbuffers.table import Table
+
+from gateway_plugin.protocol.flat import Malformed, Table
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -32,7 +32,15 @@ METHODS = {v: k for k, v in vars(Method.Method).items() if not k.startswith("_")
 INFO_VAR, INFO_REQ_BODY, INFO_RESP_BODY = 1, 2, 3
 ACTION_STOP, ACTION_REWRITE = 1, 2
 
-_DECODE_ERRORS = (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, AttributeError)
+_DECODE_ERRORS = (
+    Malformed,
+    struct.error,
+    IndexError,
+    ValueError,
+    TypeError,
+    UnicodeDecodeError,
+    AttributeError,
+)
 
 TextEntries = list[tuple[str, str | None]]
 
@@ -72,52 +80,6 @@ def _entries(length: int, get: Any) -> TextEntries:
     return out
 
 
-class _Slots:
-    """Reads a table by field slot, for the tables ``a6pluginprotos`` lacks."""
-
-    def __init__(self, buf: bytes, pos: int) -> None:
-        self.tab = Table(buf, pos)
-
-    @classmethod
-    def root(cls, buf: bytes) -> _Slots:
-        if len(buf) < 8:
-            raise DecodeError(f"message of {len(buf)} bytes is too short to be a FlatBuffers table")
-        return cls(buf, struct.unpack_from("<I", buf, 0)[0])
-
-    def _off(self, slot: int) -> int:
-        return int(self.tab.Offset(4 + 2 * slot))
-
-    def uint(self, slot: int, fmt: str) -> int:
-        o = self._off(slot)
-        return struct.unpack_from("<" + fmt, self.tab.Bytes, self.tab.Pos + o)[0] if o else 0
-
-    def raw_bytes(self, slot: int) -> bytes | None:
-        o = self._off(slot)
-        if not o:
-            return None
-        start = self.tab.Vector(o)
-        return bytes(self.tab.Bytes[start : start + self.tab.VectorLen(o)])
-
-    def entries(self, slot: int) -> TextEntries:
-        o = self._off(slot)
-        if not o:
-            return []
-        start, out = self.tab.Vector(o), []
-        for j in range(self.tab.VectorLen(o)):
-            entry = _Slots(self.tab.Bytes, self.tab.Indirect(start + 4 * j))
-            name, value = entry.string(0), entry.string(1)
-            out.append((name or "", value))
-        return out
-
-    def string(self, slot: int) -> str | None:
-        o = self._off(slot)
-        return _text(bytes(self.tab.String(o + self.tab.Pos))) if o else None
-
-    def table(self, slot: int) -> _Slots | None:
-        o = self._off(slot)
-        return _Slots(self.tab.Bytes, self.tab.Indirect(o + self.tab.Pos)) if o else None
-
-
 @_guard
 def prepare_conf(buf: bytes) -> tuple[str, TextEntries]:
     """A PrepareConf request: its cache key and its (plugin name, JSON conf) entries in order."""
@@ -126,38 +88,43 @@ def prepare_conf(buf: bytes) -> tuple[str, TextEntries]:
 
 
 class HttpReqCall:
-    """An HTTPReqCall request; ``id`` and ``conf_token`` are read at once, the rest on demand."""
+    """An HTTPReqCall request; ``id`` and ``conf_token`` are read at once, the rest on demand.
 
-    __slots__ = ("__dict__", "_req", "conf_token", "id")
+    Read with the fast reader: this is on the path of every request.
+    """
 
+    __slots__ = ("__dict__", "_t", "conf_token", "id")
+
+    @_guard
     def __init__(self, buf: bytes) -> None:
-        self._req = _root(HttpReqCallReq, buf)
-        self.id, self.conf_token = _guard(lambda r: (r.Id(), r.ConfToken()))(self._req)
+        self._t = Table.root(buf)
+        self.id = self._t.u32(0)
+        self.conf_token = self._t.u32(6)
 
     @cached_property
     @_guard
     def method(self) -> str:
-        return str(METHODS.get(self._req.Method(), "GET"))
+        return str(METHODS.get(self._t.u8(2), "GET"))
 
     @cached_property
     @_guard
     def path(self) -> str:
-        return _text(self._req.Path()) or "/"
+        return self._t.text(3) or "/"
 
     @cached_property
     @_guard
     def headers(self) -> TextEntries:
-        return _entries(self._req.HeadersLength(), self._req.Headers)
+        return self._t.entries(5)
 
     @cached_property
     @_guard
     def args(self) -> TextEntries:
-        return _entries(self._req.ArgsLength(), self._req.Args)
+        return self._t.entries(4)
 
     @cached_property
     @_guard
     def src_ip(self) -> str:
-        raw = _Slots(self._req._tab.Bytes, self._req._tab.Pos).raw_bytes(1) or b""
+        raw = self._t.blob(1) or b""
         return str(ipaddress.ip_address(raw)) if len(raw) in (4, 16) else ""
 
 
@@ -168,10 +135,10 @@ class HttpRespCall:
 
     @_guard
     def __init__(self, buf: bytes) -> None:
-        self._t = _Slots.root(buf)
-        self.id = self._t.uint(0, "I")
-        self.status = self._t.uint(1, "H")
-        self.conf_token = self._t.uint(3, "I")
+        self._t = Table.root(buf)
+        self.id = self._t.u32(0)
+        self.status = self._t.u16(1)
+        self.conf_token = self._t.u32(3)
 
     @cached_property
     @_guard
@@ -181,8 +148,8 @@ class HttpRespCall:
 
 @_guard
 def extra_info_result(buf: bytes) -> bytes | None:
-    """APISIX's answer to one ExtraInfo request; ``None`` when the variable is unset."""
-    return _Slots.root(buf).raw_bytes(0) if buf else None
+    """APISIX's answer to one ExtraInfo question; ``None`` when the variable is unset."""
+    return Table.root(buf).blob(0) if buf else None
 
 
 # Peer side: what APISIX reads from the runner.
@@ -220,11 +187,11 @@ def req_call_answer(buf: bytes) -> tuple[int, Stop | Rewrite | None]:
     resp = _root(HttpReqCallResp, buf)
     kind, action = resp.ActionType(), resp.Action()
     if kind == ACTION_STOP and action is not None:
-        t = _Slots(action.Bytes, action.Pos)
-        return resp.Id(), Stop(t.uint(0, "H"), t.entries(1), t.raw_bytes(2) or b"")
+        t = Table(bytes(action.Bytes), action.Pos)
+        return resp.Id(), Stop(t.u16(0), t.entries(1), t.blob(2) or b"")
     if kind == ACTION_REWRITE and action is not None:
-        t = _Slots(action.Bytes, action.Pos)
-        return resp.Id(), Rewrite(t.string(0), t.entries(1), t.entries(2), t.entries(3), t.raw_bytes(4))
+        t = Table(bytes(action.Bytes), action.Pos)
+        return resp.Id(), Rewrite(t.text(0), t.entries(1), t.entries(2), t.entries(3), t.blob(4))
     return resp.Id(), None
 
 
@@ -238,8 +205,8 @@ class RespCallAnswer:
 
 @_guard
 def resp_call_answer(buf: bytes) -> RespCallAnswer:
-    t = _Slots.root(buf)
-    return RespCallAnswer(t.uint(0, "I"), t.uint(1, "H"), t.entries(2), t.raw_bytes(3))
+    t = Table.root(buf)
+    return RespCallAnswer(t.u32(0), t.u16(1), t.entries(2), t.blob(3))
 
 
 @_guard

@@ -1,0 +1,118 @@
+"""The development gateway proxies end to end through a real runner process, as APISIX would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+from functions.sidecar import free_port
+from tests.support import ROOT, http, wait_until
+
+
+@contextmanager
+def upstream(name: str) -> Iterator[str]:
+    """A plain HTTP server that says who it is and what it received."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            reply = json.dumps(
+                {
+                    "upstream": name,
+                    "path": self.path,
+                    "body": body.decode(),
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_devgateway_routes_by_the_runners_decision(tmp_path: Path) -> None:
+    with upstream("local") as local, upstream("aws") as aws:
+        port = free_port()
+        config = {
+            "devgateway": {
+                "listen": f"127.0.0.1:{port}",
+                "upstreams": {"local": local, "aws": aws},
+                "plugins": [
+                    [
+                        "headers",
+                        {
+                            "set": {"x-spillway-target": "aws"},
+                            "delete": ["cookie"],
+                            "response": {"x-spillway-decision": "aws;test"},
+                        },
+                    ]
+                ],
+            }
+        }
+        path = tmp_path / "spillway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(path)],
+            cwd=ROOT,
+            env=os.environ.copy(),
+        )
+        try:
+
+            def up() -> bool:
+                try:
+                    http("POST", f"http://127.0.0.1:{port}/x", b"", timeout=1)
+                    return True
+                except OSError:
+                    return proc.poll() is not None
+
+            wait_until(up, 30, "devgateway listening")
+            status, headers, body = http(
+                "POST",
+                f"http://127.0.0.1:{port}/v2/models/m/infer?x=1",
+                b"payload",
+                {"cookie": "secret", "content-type": "text/plain"},
+            )
+            seen = json.loads(body)
+            assert status == 200 and seen["upstream"] == "aws"
+            assert seen["path"] == "/v2/models/m/infer?x=1" and seen["body"] == "payload"
+            assert "cookie" not in seen["headers"] and seen["headers"]["x-spillway-target"] == "aws"
+            assert headers["x-spillway-decision"] == "aws;test"
+        finally:
+            proc.terminate()
+            assert proc.wait(15) == 0
+
+
+def test_check_config_names_the_bad_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        yaml.safe_dump({"devgateway": {"upstreams": {"aws": "ftp://x"}}, "runner": {"conf_ttl_s": -1}})
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "runner.conf_ttl_s" in result.stderr and "devgateway.upstreams" in result.stderr
