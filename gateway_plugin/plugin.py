@@ -3,7 +3,7 @@
 A plugin declares its name and a pydantic config model; its conf is parsed once per conf token
 (``parse_conf`` may build costly state there). Filters read the request's method, path, args,
 headers and source address, fetch APISIX variables and the body on demand (cached per request,
-or prefetched when declared), and record only changes that differ from the request.
+or prefetched when declared), and record only the changes they make.
 """
 
 from __future__ import annotations
@@ -137,7 +137,11 @@ class HttpResponse:
 
 
 class RequestAction:
-    """What the plugins want done with a request: stop it, or rewrite parts of it."""
+    """What the plugins want done with a request: stop it, or rewrite parts of it.
+
+    Only what a plugin asked for goes back to APISIX, never the whole request; the last word
+    on a header or argument wins.
+    """
 
     __slots__ = ("_args", "_body", "_headers", "_path", "_request", "_resp_headers", "_stop")
 
@@ -162,18 +166,10 @@ class RequestAction:
         self._path = path if path != self._request.path else None
 
     def set_header(self, name: str, value: str) -> None:
-        key = name.lower()
-        if self._request.headers.get(key) == value:
-            self._headers.pop(key, None)
-        else:
-            self._headers[key] = value
+        self._headers[name.lower()] = value
 
     def delete_header(self, name: str) -> None:
-        key = name.lower()
-        if key in self._request.headers:
-            self._headers[key] = None
-        else:
-            self._headers.pop(key, None)
+        self._headers[name.lower()] = None
 
     def set_arg(self, name: str, value: str) -> None:
         if self._request.arg(name) == value:

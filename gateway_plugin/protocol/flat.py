@@ -146,6 +146,20 @@ def _shape(fields: tuple[tuple[int, str], ...]) -> _Shape:
     return shape
 
 
+# vtable (size, table size, field offsets) then the table's soffset back to it, fields zeroed.
+_ENTRY_NAME_ONLY = struct.pack("<HHHHi", 6, 8, 4, 0, 8) + bytes(4)
+_ENTRY_NAME_VALUE = struct.pack("<HHHHi", 8, 12, 4, 8, 8) + bytes(8)
+
+
+def _string_after(buf: bytearray, field_at: int, data: bytes) -> None:
+    """Append a 4-aligned string and point ``field_at`` at it."""
+    buf.extend(bytes(-len(buf) % 4))
+    _PACK_U32(buf, field_at, len(buf) - field_at)
+    buf += len(data).to_bytes(4, "little")
+    buf += data
+    buf += b"\0"
+
+
 class Writer:
     """Builds one message; ``table`` returns where each reference field must be patched."""
 
@@ -190,19 +204,29 @@ class Writer:
         self.buf += b"\0"
 
     def entries(self, field_at: int, entries: Entries) -> None:
-        """A ``[TextEntry]`` vector; an entry whose value is ``None`` carries no value field."""
-        self._pad(4)
-        self.point(field_at, len(self.buf))
-        self.buf += len(entries).to_bytes(4, "little")
-        slots = len(self.buf)
-        self.buf += bytes(4 * len(entries))
-        for i, (name, value) in enumerate(entries):
-            fields = [(0, "R", 0)] if value is None else [(0, "R", 0), (1, "R", 0)]
-            start, refs = self.table(fields)
-            self.point(slots + 4 * i, start)
-            self.blob(refs[0], name.encode("utf-8", "surrogateescape"))
-            if value is not None:
-                self.blob(refs[1], value.encode("utf-8", "surrogateescape"))
+        """A ``[TextEntry]`` vector; an entry whose value is ``None`` carries no value field.
+
+        Entries are laid out by hand (vtable, table, strings): they are most of what the
+        runner writes, and the generic ``table`` costs several times more.
+        """
+        buf = self.buf
+        buf.extend(bytes(-len(buf) % 4))
+        self.point(field_at, len(buf))
+        buf += len(entries).to_bytes(4, "little")
+        slot = len(buf)
+        buf.extend(bytes(4 * len(entries)))
+        for name, value in entries:
+            table = len(buf) + 8
+            _PACK_U32(buf, slot, table - slot)
+            slot += 4
+            raw_name = name.encode("utf-8", "surrogateescape")
+            if value is None:
+                buf += _ENTRY_NAME_ONLY
+                _string_after(buf, table + 4, raw_name)
+            else:
+                buf += _ENTRY_NAME_VALUE
+                _string_after(buf, table + 4, raw_name)
+                _string_after(buf, table + 8, value.encode("utf-8", "surrogateescape"))
 
     def output(self) -> bytes:
         return bytes(self.buf)
