@@ -27,9 +27,10 @@ from harness import (
     BENCH_REPOSITORY,
     EXAMPLE_REPOSITORY,
     Launched,
+    Output,
+    add_output_options,
     cpu_seconds,
     descendants,
-    emit_json,
     free_port,
     http_call,
     launch,
@@ -39,8 +40,9 @@ from harness import (
     render_table,
     running,
     say,
+    shm_regions,
     tools_dir,
-    want_table,
+    warn_leaked,
 )
 
 TARGET_RATIO_AT_C4 = 0.80
@@ -244,8 +246,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer -r (default 10)")
     parser.add_argument("--triton-port", type=int, default=0,
                         help="SPILLWAY_TRITON_HTTP_PORT for the sidecar (default: a free port)")
-    parser.add_argument("--format", choices=("auto", "table", "json"), default="auto",
-                        help="auto: a table on a terminal, JSON lines otherwise")
+    add_output_options(parser)
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy the function's log and perf_analyzer's reports to this folder")
     args = parser.parse_args(argv)
@@ -258,7 +259,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cases = [CASES[m] for m in args.models.split(",")]
-    table = want_table(args.format)
+    out = Output(args.format, args.json_out)
     tools = tools_dir()
     work = Path(tempfile.mkdtemp(prefix="spillway-bench-"))
     repository = work / "models"
@@ -271,12 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "models": [c.model for c in cases], "triton_port": bench.triton_port,
             "function_port": bench.function_port}
     measurements: list[Measurement] = []
+    shm_before = shm_regions()
     failed = False
     try:
         with running([]) as launched:
             bench.start_function(launched, repository, [c.model for c in cases])
-            if not table:
-                emit_json(meta)
+            out.record(meta)
             for case in cases:
                 for target in ("direct", "function"):
                     say(f"warming {case.model} through {target}")
@@ -292,8 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             say(f"round {rnd} {case.model} c={c} {target}: {m.infer_per_s:.0f}/s "
                                 f"p50 {m.p50_us:.0f} us p99 {m.p99_us:.0f} us")
                             measurements.append(m)
-                            if not table:
-                                emit_json({"kind": "run", **asdict(m)})
+                            out.record({"kind": "run", **asdict(m)})
     except BaseException:
         failed = True
         if bench.function is not None:
@@ -307,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if item.is_file():
                     shutil.copy2(item, args.keep_logs / item.name)
         shutil.rmtree(work, ignore_errors=True)
+        warn_leaked(shm_before)
         if failed:
             say("stopped every process this run started")
     summaries = [
@@ -315,12 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     goals = targets(summaries, args.max_concurrency)
     meta["loadavg_1m_end"] = machine_note()["loadavg_1m"]
-    if table:
+    for record in (*summaries, *goals):
+        out.record(record)
+    out.record({"kind": "end", "loadavg_1m_end": meta["loadavg_1m_end"]})
+    out.close()
+    if out.table:
         print_table(meta, summaries, goals)
-    else:
-        for record in (*summaries, *goals):
-            emit_json({k: round(v, 3) if isinstance(v, float) else v for k, v in record.items()})
-        emit_json({"kind": "end", "loadavg_1m_end": meta["loadavg_1m_end"]})
     return 0
 
 

@@ -6,6 +6,7 @@ still stops it and everything it spawned (Triton, its Python backend stubs, the 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -62,18 +63,20 @@ def tools_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def parent_of(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 def descendants(root: int) -> list[int]:
     """Every live process below ``root``, found through ``/proc`` parent links."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        if entry.isdigit():
+            children.setdefault(parent_of(int(entry)), []).append(int(entry))
     found: list[int] = []
     frontier = [root]
     while frontier:
@@ -102,13 +105,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _signal(pids: Sequence[int], sig: int) -> None:
+def signal_all(pids: Sequence[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
 
-def _wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
+def wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     left = [p for p in pids if _alive(p)]
     while left and time.monotonic() < deadline:
@@ -124,6 +127,7 @@ class Launched:
     proc: subprocess.Popen[bytes]
     log_path: Path
     started: float
+    before_stop: Callable[[Launched], None] | None = None
 
     def log_text(self) -> str:
         try:
@@ -135,32 +139,40 @@ class Launched:
         return self.proc.poll() is not None
 
     def stop(self, grace_s: float = 8.0) -> bool:
-        """SIGTERM the root so it stops its own children, then the stragglers; True if all went cleanly."""
+        """SIGTERM so each process stops its own children, then the stragglers; True if all went cleanly.
+
+        ``before_stop`` runs first, for a tree whose root would otherwise kill its children outright.
+        """
         tree = descendants(self.proc.pid)
+        if self.before_stop is not None and self.proc.poll() is None:
+            self.before_stop(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(grace_s)
-        left = _wait_gone(tree, 1.0)
+        left = wait_gone(tree, 1.0)
         clean = not left and self.proc.poll() is not None
         if left:
-            _signal(left, signal.SIGTERM)
-            left = _wait_gone(left, grace_s)
+            signal_all(left, signal.SIGTERM)
+            left = wait_gone(left, grace_s)
         if left or self.proc.poll() is None:
-            _signal([*left, self.proc.pid], signal.SIGKILL)
-            _wait_gone(left, 2.0)
+            signal_all([*left, self.proc.pid], signal.SIGKILL)
+            wait_gone(left, 2.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(2.0)
         return clean
 
 
-def launch(args: Sequence[str], env: dict[str, str], log_path: Path, cwd: Path = ROOT) -> Launched:
+def launch(
+    args: Sequence[str], env: dict[str, str], log_path: Path, cwd: Path = ROOT,
+    before_stop: Callable[[Launched], None] | None = None,
+) -> Launched:
     with log_path.open("wb") as log:
         started = time.perf_counter()
         proc = subprocess.Popen(
             list(args), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
         )
-    return Launched(proc, log_path, started)
+    return Launched(proc, log_path, started, before_stop)
 
 
 @contextlib.contextmanager
@@ -170,8 +182,14 @@ def running(launched: list[Launched]) -> Iterator[list[Launched]]:
         yield launched
     finally:
         for item in reversed(launched):
-            if not item.stop():
-                say(f"warning: {item.proc.args[0]} (pid {item.proc.pid}) needed more than SIGTERM to stop")
+            name = Path(str(item.proc.args[0])).name  # type: ignore[index]
+            try:
+                clean = item.stop()
+            except Exception:
+                signal_all([*descendants(item.proc.pid), item.proc.pid], signal.SIGKILL)
+                raise
+            if not clean:
+                say(f"warning: {name} (pid {item.proc.pid}) needed more than one SIGTERM to stop")
 
 
 def http_call(
@@ -203,6 +221,19 @@ def poll(check: Callable[[], bool], deadline_s: float, interval_s: float, alive:
     raise TimeoutError(f"not ready within {deadline_s:.0f} s")
 
 
+def shm_regions() -> set[str]:
+    """Triton's Python backend leaves these behind when it is killed rather than stopped."""
+    with contextlib.suppress(OSError):
+        return {n for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend_shm_region_")}
+    return set()
+
+
+def warn_leaked(before: set[str]) -> None:
+    leaked = sorted(shm_regions() - before)
+    if leaked:
+        say(f"warning: {len(leaked)} new Triton shared-memory region(s) in /dev/shm: {', '.join(leaked)}")
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -218,12 +249,33 @@ def machine_note() -> dict[str, Any]:
     }
 
 
-def want_table(fmt: str, stream: IO[str] = sys.stdout) -> bool:
-    return stream.isatty() if fmt == "auto" else fmt == "table"
+class Output:
+    """JSON lines for machines (stdout unless it is a terminal; a file if asked), tables for people."""
+
+    def __init__(self, fmt: str, json_out: Path | None, stream: IO[str] = sys.stdout) -> None:
+        self.table = stream.isatty() if fmt == "auto" else fmt == "table"
+        self._stream = stream
+        self._file = json_out.open("w") if json_out is not None else None
+
+    def record(self, record: dict[str, Any]) -> None:
+        rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in record.items()}
+        line = json.dumps(rounded, separators=(",", ":"))
+        if not self.table:
+            print(line, file=self._stream, flush=True)
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
-def emit_json(record: dict[str, Any]) -> None:
-    print(json.dumps(record, separators=(",", ":")), flush=True)
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=("auto", "table", "json"), default="auto",
+                        help="auto (default): a table on a terminal, JSON lines otherwise")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="also write the JSON lines to this file")
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

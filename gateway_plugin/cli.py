@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = _new_loop(config.runner.uvloop)
     try:
         if args.command == "run":
-            return loop.run_until_complete(_run(config))
+            return loop.run_until_complete(_run(config, args.config))
         sock = Path(tempfile.mkdtemp(prefix="spillway-")) / "runner.sock"
         runner = _start_runner(sock, args.config)
         try:
@@ -92,9 +92,9 @@ async def _until_signalled() -> None:
     await stop.wait()
 
 
-async def _run(config: SpillwayConfig) -> int:
+async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
+    from gateway_plugin.app import RunnerApp
     from gateway_plugin.conf_cache import ConfCache, default_ttl
-    from gateway_plugin.registry import default_plugins
     from gateway_plugin.server import Runner, serve, socket_path
 
     try:
@@ -102,12 +102,16 @@ async def _run(config: SpillwayConfig) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    runner = Runner(default_plugins(), ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
+    app = RunnerApp(config, config_path)
+    runner = Runner(app.plugins, ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
     server = await serve(runner, path)
+    app.start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
     try:
         await _until_signalled()
     finally:
+        app.close()
         server.close()
         await server.wait_closed()
         with contextlib.suppress(FileNotFoundError):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -37,7 +38,7 @@ class DevGatewaySettings(_Model):
     )
     default_upstream: str = Field(default="local", description="the route's own upstream")
     plugins: list[tuple[str, dict[str, Any]]] = Field(
-        default_factory=lambda: [("headers", dict[str, Any]())],
+        default_factory=lambda: [("spillway", dict[str, Any]())],
         description="the route's ext-plugin-pre-req conf, in order",
     )
     post_resp: bool = Field(default=True, description="also call the runner after the upstream answers")
@@ -53,9 +54,188 @@ class DevGatewaySettings(_Model):
         return value
 
 
+class LocalEndpoint(_Model):
+    url: str = Field(description="Triton's HTTP endpoint, http://host:port")
+    metrics_url: str = Field(description="Triton's Prometheus endpoint, http://host:8002/metrics")
+
+
+class LocalCluster(_Model):
+    """The on-prem Triton cluster: where requests go while it meets its latency target."""
+
+    endpoints: list[LocalEndpoint] = Field(default_factory=list, description="every on-prem Triton to scrape")
+    latency_target_ms: float = Field(default=200.0, gt=0, description="default p50 latency target")
+    model_latency_targets_ms: dict[str, float] = Field(default_factory=dict, description="per-model targets")
+    parallelism: int = Field(default=1, ge=1, description="requests the cluster runs at once per model")
+    scrape_period_s: float = Field(default=0.25, gt=0, le=10, description="metrics scrape period")
+    stale_after_s: float = Field(default=2.0, gt=0, description="signals older than this are missing")
+    max_queue_ms: float = Field(
+        default=5000.0, gt=0, description="past this local wait, shed instead of queueing"
+    )
+
+
+class TargetCost(_Model):
+    """Per-request price model: requests, GB-seconds (Lambda) or compute units (FC), GPU-seconds."""
+
+    usd_per_request: float = Field(default=0.0000002, ge=0)
+    memory_gb: float = Field(default=4.0, gt=0)
+    usd_per_gb_second: float = Field(default=0.0000166667, ge=0)
+    usd_per_gpu_second: float = Field(default=0.0, ge=0)
+    expected_duration_ms: float = Field(default=100.0, gt=0, description="billed time of one inference")
+    billed_init: bool = Field(default=True, description="a cold start's init time is billed (Lambda images)")
+
+
+class Target(_Model):
+    """A cloud function that takes overflow."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="the X-Spillway-Target value")
+    kind: Literal["aws_lambda", "aliyun_fc", "http"]
+    mode: Literal["upstream", "invoke"] = Field(
+        default="upstream", description="upstream: APISIX proxies; invoke: the runner calls the cloud API"
+    )
+    url: str | None = Field(default=None, description="function URL / HTTP trigger (upstream mode)")
+    function_name: str | None = Field(default=None, description="function to invoke (invoke mode)")
+    service_name: str | None = Field(default=None, description="FC service (invoke mode on aliyun_fc)")
+    qualifier: str | None = None
+    region: str | None = None
+    endpoint_url: str | None = Field(default=None, description="API endpoint override (invoke mode)")
+    concurrency_cap: int = Field(default=10, ge=1, description="in-flight requests the gateway allows")
+    cold_start_ms: float = Field(default=5000.0, ge=0, description="expected start of a cold instance")
+    timeout_s: float = Field(default=30.0, gt=0)
+    signing_key_env: str | None = Field(
+        default="SPILLWAY_SIGNING_KEY",
+        description="environment variable holding the X-Spillway-Signature key",
+    )
+    sign_body: bool = Field(
+        default=False,
+        description="hash the body into the signature (fetches it from APISIX; else UNSIGNED-PAYLOAD)",
+    )
+    idle_ttl_s: float = Field(default=300.0, gt=0, description="how long an idle instance stays warm")
+    cost: TargetCost = Field(default_factory=TargetCost)
+
+    @model_validator(mode="after")
+    def _addressable(self) -> Target:
+        if self.mode == "upstream" and not self.url:
+            raise ValueError(f"target {self.name!r}: upstream mode needs url")
+        if self.mode == "invoke" and self.kind == "http":
+            raise ValueError(f"target {self.name!r}: kind http only works in upstream mode")
+        if self.mode == "invoke" and not self.function_name:
+            raise ValueError(f"target {self.name!r}: invoke mode needs function_name")
+        if self.mode == "invoke" and self.kind == "aliyun_fc" and not self.service_name:
+            raise ValueError(f"target {self.name!r}: invoke mode on aliyun_fc needs service_name")
+        return self
+
+
+class Match(_Model):
+    headers: dict[str, str] = Field(default_factory=dict, description="header → regex (full match)")
+    uri: str | None = Field(default=None, description="regex searched in the path")
+    args: dict[str, str] = Field(default_factory=dict, description="query arg → regex (full match)")
+    models: list[str] = Field(default_factory=list, description="model names (any of)")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            re.compile(value)
+        return value
+
+    @field_validator("headers", "args")
+    @classmethod
+    def _regexes(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern in value.values():
+            re.compile(pattern)
+        return value
+
+
+class Rule(_Model):
+    name: str
+    priority: int = Field(default=0, description="higher runs first")
+    match: Match = Field(default_factory=Match)
+    action: Literal["local", "overflow", "target", "shed"] = Field(
+        description="local: stay; overflow: local until the load says otherwise; target: cloud first; shed"
+    )
+    targets: list[str] = Field(default_factory=list, description="fallback chain, first eligible wins")
+
+
+class Residency(_Model):
+    header: str = Field(default="x-data-classification", description="request header carrying the class")
+    cloud_allowed: list[str] = Field(default_factory=lambda: ["public"], description="classes that may leave")
+    unclassified_may_leave: bool = Field(
+        default=False, description="no header means on-prem-only unless true"
+    )
+
+
+class Overflow(_Model):
+    enter_ratio: float = Field(default=1.0, gt=0, description="overflow when estimate > target x this")
+    exit_ratio: float = Field(default=0.8, gt=0, description="stop when estimate < target x this")
+    saturation_ratio: float = Field(default=4.0, gt=0, description="local is saturated past target x this")
+    retry_after_s: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Overflow:
+        if self.exit_ratio > self.enter_ratio:
+            raise ValueError("exit_ratio must not exceed enter_ratio, or overflow would flap")
+        return self
+
+
+class BreakerSettings(_Model):
+    consecutive_failures: int = Field(default=5, ge=1)
+    failure_rate: float = Field(default=0.5, gt=0, le=1)
+    window: int = Field(default=20, ge=2, description="outcomes the failure rate is taken over")
+    cooldown_s: float = Field(default=5.0, gt=0)
+    max_cooldown_s: float = Field(default=120.0, gt=0)
+    half_open_probes: int = Field(default=1, ge=1)
+    retry_budget_ratio: float = Field(default=0.1, ge=0, le=1, description="retries as a share of requests")
+
+
+class Budgets(_Model):
+    per_target_hourly_usd: dict[str, float] = Field(default_factory=dict)
+    per_target_daily_usd: dict[str, float] = Field(default_factory=dict)
+
+
+class TenantQuota(_Model):
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+    hourly_usd: float | None = Field(default=None, ge=0)
+    daily_usd: float | None = Field(default=None, ge=0)
+
+
+class Tenants(_Model):
+    header: str = Field(default="x-tenant")
+    quotas: dict[str, TenantQuota] = Field(default_factory=dict)
+    default: TenantQuota = Field(default_factory=TenantQuota, description="quota of tenants not listed")
+
+
+class MetricsSettings(_Model):
+    listen: str | None = Field(default="127.0.0.1:9091", description="host:port of the runner's /metrics")
+    decision_header: bool = Field(default=True, description="add X-Spillway-Decision to answers")
+
+
 class SpillwayConfig(_Model):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     devgateway: DevGatewaySettings = Field(default_factory=DevGatewaySettings)
+    local: LocalCluster = Field(default_factory=LocalCluster)
+    targets: list[Target] = Field(default_factory=list)
+    rules: list[Rule] = Field(default_factory=list)
+    residency: Residency = Field(default_factory=Residency)
+    overflow: Overflow = Field(default_factory=Overflow)
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    budgets: Budgets = Field(default_factory=Budgets)
+    tenants: Tenants = Field(default_factory=Tenants)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @model_validator(mode="after")
+    def _names(self) -> SpillwayConfig:
+        names = [t.name for t in self.targets]
+        if len(set(names)) != len(names) or "local" in names or "shed" in names:
+            raise ValueError("target names must be unique and not 'local' or 'shed'")
+        for rule in self.rules:
+            unknown = set(rule.targets) - set(names)
+            if unknown:
+                raise ValueError(f"rule {rule.name!r} names unknown targets {sorted(unknown)}")
+        for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
+            if set(budget) - set(names):
+                raise ValueError(f"budgets name unknown targets {sorted(set(budget) - set(names))}")
+        return self
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

@@ -1,0 +1,81 @@
+"""The runner process assembled: live state, targets, plugins, background work, reload."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from gateway_plugin.config import ConfigError, SpillwayConfig, Target, load
+from gateway_plugin.plugin import Plugin
+from gateway_plugin.plugins.headers import HeadersPlugin
+from gateway_plugin.signals import Scraper
+from gateway_plugin.spillway_plugin import SpillwayPlugin
+from gateway_plugin.state import GatewayState
+from gateway_plugin.targets.invoke import InvokePool, Invoker
+
+log = logging.getLogger("spillway.app")
+
+
+def make_invoker(target: Target) -> Invoker:
+    if target.kind == "aws_lambda":
+        from gateway_plugin.targets.aws_lambda import LambdaInvoker
+
+        return LambdaInvoker(target)
+    from gateway_plugin.targets.aliyun_fc import FcInvoker
+
+    return FcInvoker(target)
+
+
+class RunnerApp:
+    def __init__(self, config: SpillwayConfig, config_path: Path | None = None) -> None:
+        self.config_path = config_path
+        self.state = GatewayState(config)
+        self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
+        self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
+        self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._scraper: Scraper | None = None
+
+    @staticmethod
+    def _invokers(config: SpillwayConfig) -> dict[str, Invoker]:
+        return {t.name: make_invoker(t) for t in config.targets if t.mode == "invoke"}
+
+    def start(self) -> None:
+        """Background work on the running loop: metrics scraping, gauges, the /metrics endpoint."""
+        config = self.state.config
+        if config.metrics.listen:
+            self.state.metrics.serve(config.metrics.listen)
+        urls = [e.metrics_url for e in config.local.endpoints]
+        if urls:
+            self._scraper = Scraper(self.state.load, urls, config.local.scrape_period_s)
+            self._tasks.append(asyncio.ensure_future(self._scraper.run()))
+        self._tasks.append(asyncio.ensure_future(self._gauges()))
+
+    async def _gauges(self) -> None:
+        while True:
+            self.state.refresh_gauges()
+            await asyncio.sleep(1.0)
+
+    def reload(self) -> bool:
+        """Re-read the config file; an invalid one is refused and the old config keeps serving."""
+        if self.config_path is None:
+            return False
+        try:
+            config = load(self.config_path)
+            invokers = self._invokers(config)
+        except (ConfigError, ValueError) as exc:
+            log.error("config reload refused, still serving the previous config: %s", exc)
+            return False
+        self.state.apply(config)
+        self.spillway.invokers = invokers
+        log.info("config reloaded from %s", self.config_path)
+        return True
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._scraper is not None:
+            self._scraper.close()
+        self.pool.close()

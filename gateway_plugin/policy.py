@@ -1,0 +1,291 @@
+"""Where each request goes: the whole routing policy, as one pure function.
+
+``decide(features, snapshot, policy)`` reads no clock and does no I/O: load signals, breaker
+states, budgets and warm pools arrive in an immutable ``Snapshot``, so what runs in the runner is
+what the tests and any simulator run.
+
+The order of concerns, each able only to narrow the choice:
+1. residency: a request whose class may not leave is never given a cloud target;
+2. tenant quota: over its quota, a tenant is shed with 429;
+3. the first matching rule picks the action (default: overflow over every target);
+4. overflow: stay local while the estimated local wait plus service time meets the latency target,
+   with hysteresis; fail safe to local when the signals are missing;
+5. cold starts: a cold target is not worth it when the local queue is shorter than its start;
+6. targets: the first of the chain whose breaker, concurrency cap and budget allow, warm first;
+7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+LOCAL = "local"
+SHED = "shed"
+
+
+@dataclass(frozen=True)
+class RequestFeatures:
+    """What the policy may know of a request; built at the edge from the APISIX call."""
+
+    path: str
+    headers: Mapping[str, str]
+    args: Mapping[str, str] = field(default_factory=dict)
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class LocalLoad:
+    """The on-prem cluster's state for one model, from Triton's metrics and the gateway's own count."""
+
+    fresh: bool = False
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    pending: int = 0
+    sent_since_scrape: int = 0
+    overflowing: bool = False
+
+
+@dataclass(frozen=True)
+class TargetState:
+    breaker: str = "closed"
+    probe_allowed: bool = False
+    in_flight: int = 0
+    warm_instances: int = 0
+    spent_hour_usd: float = 0.0
+    spent_day_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class TenantState:
+    requests_last_minute: int = 0
+    in_flight: int = 0
+    spent_hour_usd: float = 0.0
+    spent_day_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    local: Mapping[str, LocalLoad] = field(default_factory=dict)
+    targets: Mapping[str, TargetState] = field(default_factory=dict)
+    tenants: Mapping[str, TenantState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Quota:
+    requests_per_minute: int | None = None
+    concurrency: int | None = None
+    hourly_usd: float | None = None
+    daily_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class TargetPolicy:
+    name: str
+    concurrency_cap: int
+    cold_start_ms: float
+    cost_usd: float
+    cold_cost_usd: float
+    hourly_usd: float | None = None
+    daily_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class RulePolicy:
+    name: str
+    action: str
+    targets: tuple[str, ...]
+    headers: tuple[tuple[str, re.Pattern[str]], ...] = ()
+    uri: re.Pattern[str] | None = None
+    args: tuple[tuple[str, re.Pattern[str]], ...] = ()
+    models: frozenset[str] = frozenset()
+
+    def matches(self, f: RequestFeatures) -> bool:
+        if self.models and f.model not in self.models:
+            return False
+        if self.uri is not None and not self.uri.search(f.path):
+            return False
+        if any(not p.fullmatch(f.headers.get(name, "")) for name, p in self.headers):
+            return False
+        return all(p.fullmatch(f.args.get(name, "")) for name, p in self.args)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The config, compiled once: regexes built, targets indexed, rules sorted by priority."""
+
+    targets: Mapping[str, TargetPolicy]
+    rules: tuple[RulePolicy, ...]
+    default_chain: tuple[str, ...]
+    classification_header: str = "x-data-classification"
+    cloud_allowed: frozenset[str] = frozenset({"public"})
+    unclassified_may_leave: bool = False
+    tenant_header: str = "x-tenant"
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    default_quota: Quota = Quota()
+    latency_target_ms: float = 200.0
+    model_targets_ms: Mapping[str, float] = field(default_factory=dict)
+    parallelism: int = 1
+    max_queue_ms: float = 5000.0
+    enter_ratio: float = 1.0
+    exit_ratio: float = 0.8
+    saturation_ratio: float = 4.0
+    retry_after_s: int = 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: str
+    reason: str
+    status: int = 0
+    retry_after_s: int = 0
+    residency_kept: bool = False
+    overflowing: bool = False
+    cost_usd: float = 0.0
+    tenant: str | None = None
+
+    @property
+    def is_cloud(self) -> bool:
+        return self.target not in (LOCAL, SHED)
+
+
+def may_leave(features: RequestFeatures, policy: Policy) -> bool:
+    """Principle 2: only the configured classes leave; no class means on-prem-only by default."""
+    label = features.headers.get(policy.classification_header)
+    if label is None or label.strip() == "":
+        return policy.unclassified_may_leave
+    return label.strip().lower() in policy.cloud_allowed
+
+
+def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
+    """Wait behind the queue (measured, or pending work over the cluster's parallelism) plus service."""
+    backlog = (load.pending + load.sent_since_scrape) * load.compute_ms / policy.parallelism
+    return max(load.queue_ms, backlog) + load.compute_ms
+
+
+def overflowing(load: LocalLoad, target_ms: float, policy: Policy) -> bool:
+    """Hysteresis: enter above target x enter_ratio, leave below target x exit_ratio, else keep."""
+    latency = estimated_latency_ms(load, policy)
+    if latency > target_ms * policy.enter_ratio:
+        return True
+    if latency < target_ms * policy.exit_ratio:
+        return False
+    return load.overflowing
+
+
+def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Decision:
+    tenant = features.headers.get(policy.tenant_header) or None
+    shed = _over_quota(tenant, snapshot, policy)
+    if shed is not None:
+        return shed
+    rule = next((r for r in policy.rules if r.matches(features)), None)
+    action = rule.action if rule else "overflow"
+    chain = rule.targets if rule and rule.targets else policy.default_chain
+    ruled = f"rule:{rule.name}" if rule else "default"
+    load = snapshot.local.get(features.model or "", snapshot.local.get("", LocalLoad()))
+    target_ms = policy.model_targets_ms.get(features.model or "", policy.latency_target_ms)
+    hot = overflowing(load, target_ms, policy) if load.fresh else False
+    if action == SHED:
+        return Decision(SHED, ruled, 503, policy.retry_after_s, tenant=tenant)
+    wants_out = bool(chain) and (action == "target" or (action == "overflow" and hot))
+    if not may_leave(features, policy):
+        if wants_out:
+            return _stay_local(load, policy, "residency", tenant, hot, residency_kept=True)
+        return Decision(
+            LOCAL, "local_ok" if load.fresh else "signals_missing", overflowing=hot, tenant=tenant
+        )
+    if action == LOCAL:
+        return Decision(LOCAL, ruled, overflowing=hot, tenant=tenant)
+    if action == "overflow" and not load.fresh:
+        return Decision(LOCAL, "signals_missing", tenant=tenant)
+    if not wants_out:
+        return Decision(LOCAL, "local_ok", tenant=tenant)
+    local_wait = (
+        estimated_latency_ms(load, policy) - load.compute_ms if action == "overflow" else float("inf")
+    )
+    choice = _pick_target(chain, snapshot, policy, tenant, local_wait)
+    if choice is not None:
+        name, reason, cost = choice
+        return Decision(name, reason, overflowing=hot, cost_usd=cost, tenant=tenant)
+    return _stay_local(load, policy, "no_target", tenant, hot)
+
+
+def _stay_local(
+    load: LocalLoad, policy: Policy, reason: str, tenant: str | None, hot: bool, residency_kept: bool = False
+) -> Decision:
+    """Local, unless local is saturated too: then shed, so the client retries rather than times out."""
+    if load.fresh:
+        latency = estimated_latency_ms(load, policy)
+        if (
+            latency - load.compute_ms > policy.max_queue_ms
+            or latency > policy.latency_target_ms * policy.saturation_ratio
+        ):
+            return Decision(
+                SHED,
+                f"{reason}+local_saturated",
+                503,
+                policy.retry_after_s,
+                residency_kept,
+                hot,
+                tenant=tenant,
+            )
+    return Decision(LOCAL, reason, residency_kept=residency_kept, overflowing=hot, tenant=tenant)
+
+
+def _over_quota(tenant: str | None, snapshot: Snapshot, policy: Policy) -> Decision | None:
+    if tenant is None:
+        return None
+    quota = policy.quotas.get(tenant, policy.default_quota)
+    state = snapshot.tenants.get(tenant, TenantState())
+    if quota.requests_per_minute is not None and state.requests_last_minute >= quota.requests_per_minute:
+        return Decision(SHED, "tenant_rate", 429, 60, tenant=tenant)
+    if quota.concurrency is not None and state.in_flight >= quota.concurrency:
+        return Decision(SHED, "tenant_concurrency", 429, policy.retry_after_s, tenant=tenant)
+    return None
+
+
+def _tenant_budget_allows(tenant: str | None, cost: float, snapshot: Snapshot, policy: Policy) -> bool:
+    if tenant is None:
+        return True
+    quota = policy.quotas.get(tenant, policy.default_quota)
+    state = snapshot.tenants.get(tenant, TenantState())
+    return _within(state.spent_hour_usd + cost, quota.hourly_usd) and _within(
+        state.spent_day_usd + cost, quota.daily_usd
+    )
+
+
+def _within(spend: float, limit: float | None) -> bool:
+    return limit is None or spend <= limit
+
+
+def _pick_target(
+    chain: tuple[str, ...], snapshot: Snapshot, policy: Policy, tenant: str | None, local_wait_ms: float
+) -> tuple[str, str, float] | None:
+    """The first eligible target of the chain, preferring one with a free warm instance."""
+    eligible: list[tuple[str, bool, float]] = []
+    for name in chain:
+        spec = policy.targets.get(name)
+        if spec is None:
+            continue
+        state = snapshot.targets.get(name, TargetState())
+        if state.breaker == "open" or (state.breaker == "half_open" and not state.probe_allowed):
+            continue
+        if state.in_flight >= spec.concurrency_cap:
+            continue
+        warm = state.warm_instances > state.in_flight
+        if not warm and local_wait_ms < spec.cold_start_ms:
+            continue
+        cost = spec.cost_usd if warm else spec.cold_cost_usd
+        if not (
+            _within(state.spent_hour_usd + cost, spec.hourly_usd)
+            and _within(state.spent_day_usd + cost, spec.daily_usd)
+        ):
+            continue
+        if not _tenant_budget_allows(tenant, cost, snapshot, policy):
+            continue
+        eligible.append((name, warm, cost))
+    if not eligible:
+        return None
+    name, warm, cost = next((e for e in eligible if e[1]), eligible[0])
+    return name, "overflow_warm" if warm else "overflow_cold", cost

@@ -1,0 +1,69 @@
+"""The runner's Prometheus families (``spillway_*``), served on their own port."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class RunnerMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.decisions = Counter(
+            "spillway_decisions", "Routing decisions, by target and reason.", ["target", "reason"], registry=r
+        )
+        self.residency_kept = Counter(
+            "spillway_residency_kept",
+            "Requests a rule would have sent out but residency kept on premises.",
+            registry=r,
+        )
+        self.local_wait = Gauge(
+            "spillway_local_wait_seconds",
+            "Estimated wait of a new request on the cluster.",
+            ["model"],
+            registry=r,
+        )
+        self.overflowing = Gauge(
+            "spillway_overflowing", "1 while a model spills to the cloud.", ["model"], registry=r
+        )
+        self.signals_fresh = Gauge(
+            "spillway_signals_fresh",
+            "1 while Triton's metrics are fresh; 0 keeps everything local.",
+            registry=r,
+        )
+        self.scrape_errors = Counter(
+            "spillway_signal_scrape_errors", "Failed rounds of metrics scraping.", registry=r
+        )
+        self.spend = Counter("spillway_cloud_spend_usd", "Estimated cloud spend.", ["target"], registry=r)
+        self.breaker_open = Gauge(
+            "spillway_breaker_open",
+            "1 while a target's breaker is open or half-open.",
+            ["target"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "spillway_target_in_flight", "Requests in flight per target.", ["target"], registry=r
+        )
+        self.warm = Gauge(
+            "spillway_warm_instances", "Instances seen warm within the idle TTL.", ["target"], registry=r
+        )
+        self.cold_hits = Counter(
+            "spillway_cold_hits", "Requests answered by a cold instance.", ["target"], registry=r
+        )
+        self.target_latency = Histogram(
+            "spillway_target_latency_seconds", "Invoke-mode latency per target.", ["target"], registry=r
+        )
+        self.invoke_failures = Counter(
+            "spillway_invoke_failures", "Failed invocations per target.", ["target"], registry=r
+        )
+
+    def serve(self, listen: str) -> bool:
+        """Start ``/metrics``; a taken port is logged, not fatal: routing matters more than metrics."""
+        host, _, port = listen.rpartition(":")
+        try:
+            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        except OSError as exc:
+            logging.getLogger("spillway.metrics").error("cannot serve metrics on %s: %s", listen, exc)
+            return False
+        return True

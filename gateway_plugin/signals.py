@@ -1,0 +1,183 @@
+"""Load signals from the on-prem Tritons' Prometheus endpoints, turned into ``LocalLoad`` snapshots.
+
+Triton's cumulative counters move on every scrape, so service and queue times per request come
+from deltas between two scrapes; the pending count is an instantaneous sample. Between scrapes
+the gateway counts what it sent local itself. A scrape that fails leaves the last sample in place
+until it is older than ``stale_after_s``: then the snapshot says the signals are missing and the
+policy keeps requests local.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from functions.upstream import UpstreamPool
+from gateway_plugin.policy import LocalLoad
+
+log = logging.getLogger("spillway.signals")
+
+ALL_MODELS = ""
+_COMPUTE = (
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One model's cumulative counters (summed over versions and endpoints) and its pending sample."""
+
+    success: float = 0.0
+    queue_us: float = 0.0
+    compute_us: float = 0.0
+    pending: float = 0.0
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(
+            self.success + other.success,
+            self.queue_us + other.queue_us,
+            self.compute_us + other.compute_us,
+            self.pending + other.pending,
+        )
+
+
+def parse_triton_metrics(text: str) -> dict[str, Counters]:
+    """Per-model counters from Triton's Prometheus text, read with the Prometheus parser."""
+    fields: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            model = sample.labels.get("model")
+            if model is None:
+                continue
+            name = sample.name.removesuffix("_total")
+            if name == "nv_inference_request_success":
+                fields[model]["success"] += sample.value
+            elif name == "nv_inference_queue_duration_us":
+                fields[model]["queue_us"] += sample.value
+            elif name in _COMPUTE:
+                fields[model]["compute_us"] += sample.value
+            elif name == "nv_inference_pending_request_count":
+                fields[model]["pending"] += sample.value
+    return {model: Counters(**values) for model, values in fields.items()}
+
+
+@dataclass
+class _ModelLoad:
+    counters: Counters = field(default_factory=Counters)
+    load: LocalLoad = field(default_factory=LocalLoad)
+
+
+@dataclass
+class LoadTracker:
+    """Owned by the runner's loop: scrapes update it, requests read and count into it."""
+
+    stale_after_s: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    last_ok: float = float("-inf")
+    _models: dict[str, _ModelLoad] = field(default_factory=dict)
+
+    def observe(self, per_endpoint: Iterable[dict[str, Counters]]) -> None:
+        """One complete scrape of every endpoint."""
+        merged: dict[str, Counters] = defaultdict(Counters)
+        for sample in per_endpoint:
+            for model, counters in sample.items():
+                merged[model] = merged[model] + counters
+                merged[ALL_MODELS] = merged[ALL_MODELS] + counters
+        first = self.last_ok == float("-inf")
+        for model, now in merged.items():
+            entry = self._models.setdefault(model, _ModelLoad())
+            entry.load = _next_load(entry.counters, now, entry.load, first)
+            entry.counters = now
+        self.last_ok = self.clock()
+
+    def sent_local(self, model: str | None) -> None:
+        for key in {model or ALL_MODELS, ALL_MODELS}:
+            entry = self._models.setdefault(key, _ModelLoad())
+            entry.load = replace(entry.load, sent_since_scrape=entry.load.sent_since_scrape + 1)
+
+    def set_overflowing(self, model: str | None, hot: bool) -> None:
+        entry = self._models.get(model or ALL_MODELS)
+        if entry is not None and entry.load.overflowing != hot:
+            entry.load = replace(entry.load, overflowing=hot)
+
+    @property
+    def fresh(self) -> bool:
+        return self.clock() - self.last_ok <= self.stale_after_s
+
+    def snapshot(self) -> dict[str, LocalLoad]:
+        fresh = self.fresh
+        return {model: replace(entry.load, fresh=fresh) for model, entry in self._models.items()}
+
+
+def _next_load(before: Counters, now: Counters, load: LocalLoad, first: bool) -> LocalLoad:
+    done = now.success - before.success
+    if first or done < 0:
+        return replace(load, pending=int(now.pending), sent_since_scrape=0)
+    if done > 0:
+        queue_ms = (now.queue_us - before.queue_us) / done / 1000
+        compute_ms = (now.compute_us - before.compute_us) / done / 1000
+    else:
+        queue_ms = load.queue_ms if now.pending else 0.0
+        compute_ms = load.compute_ms
+    return replace(
+        load,
+        queue_ms=max(0.0, queue_ms),
+        compute_ms=max(0.0, compute_ms),
+        pending=int(now.pending),
+        sent_since_scrape=0,
+    )
+
+
+class Scraper:
+    """Scrapes every endpoint each period; a failed round leaves the tracker to go stale."""
+
+    def __init__(
+        self, tracker: LoadTracker, urls: list[str], period_s: float, timeout_s: float = 1.0
+    ) -> None:
+        self.tracker = tracker
+        self.period_s = period_s
+        self.timeout_s = timeout_s
+        self.errors = 0
+        self._targets = []
+        for url in urls:
+            parts = urlsplit(url)
+            self._targets.append(
+                (
+                    UpstreamPool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=2),
+                    parts.path or "/metrics",
+                )
+            )
+
+    async def scrape_once(self) -> bool:
+        try:
+            texts = await asyncio.gather(*(self._fetch(pool, path) for pool, path in self._targets))
+        except (OSError, TimeoutError, ValueError) as exc:
+            self.errors += 1
+            log.warning("metrics scrape failed: %s", exc)
+            return False
+        self.tracker.observe(parse_triton_metrics(text) for text in texts)
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await self.scrape_once()
+            await asyncio.sleep(self.period_s)
+
+    async def _fetch(self, pool: UpstreamPool, path: str) -> str:
+        response = await pool.request("GET", path, [], b"", self.timeout_s)
+        if response.status != 200:
+            raise ValueError(f"metrics endpoint answered {response.status}")
+        return response.body.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        for pool, _ in self._targets:
+            pool.close()

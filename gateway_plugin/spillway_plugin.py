@@ -1,0 +1,194 @@
+"""``spillway``: the routing plugin. Turns each APISIX call into a decision and acts on it.
+
+Request filter: features from the call → snapshot from the live state → ``policy.decide`` →
+``X-Spillway-Target`` (and a signature) for APISIX's traffic-split, a Stop carrying the function's
+answer in invoke mode, or a Stop with 429/503 and Retry-After when shedding. The client's own
+``X-Spillway-Target`` never survives: every request leaves with the gateway's decision.
+Response filter: learn warm instances and target health from the function's answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from typing import Any
+from urllib.parse import urlencode
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
+from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
+from gateway_plugin.policy import LOCAL, SHED, Decision, Policy, RequestFeatures, decide
+from gateway_plugin.state import GatewayState
+from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
+
+log = logging.getLogger("spillway.plugin")
+residency_log = logging.getLogger("spillway.residency")
+
+_MODEL = re.compile(r"^/v2/models/([^/]+)")
+
+
+class RouteOverrides(BaseModel):
+    """A route's ``{"name": "spillway", "value": ...}``: narrows or tunes the global policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    latency_target_ms: float | None = Field(default=None, gt=0)
+    targets: list[str] | None = Field(default=None, description="this route's overflow chain")
+    rules: list[str] | None = Field(default=None, description="names of the global rules that apply here")
+    on_prem_only: bool = Field(default=False, description="nothing on this route may leave the premises")
+
+
+def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
+    changes: dict[str, Any] = {}
+    if route.latency_target_ms is not None:
+        changes["latency_target_ms"] = route.latency_target_ms
+    if route.targets is not None:
+        changes["default_chain"] = tuple(t for t in route.targets if t in base.targets)
+    if route.rules is not None:
+        changes["rules"] = tuple(r for r in base.rules if r.name in route.rules)
+    if route.on_prem_only:
+        changes["cloud_allowed"] = frozenset()
+        changes["unclassified_may_leave"] = False
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+class SpillwayPlugin(Plugin[RouteOverrides]):
+    name = "spillway"
+    config_model = RouteOverrides
+
+    def __init__(
+        self, state: GatewayState, invokers: dict[str, Invoker] | None = None, pool: InvokePool | None = None
+    ) -> None:
+        self.state = state
+        self.invokers = invokers or {}
+        self.pool = pool
+        self._policies: dict[tuple[int, RouteOverrides], Policy] = {}
+
+    def policy_for(self, route: RouteOverrides) -> Policy:
+        key = (self.state.version, route)
+        policy = self._policies.get(key)
+        if policy is None:
+            if len(self._policies) > 1024:
+                self._policies.clear()
+            policy = self._policies[key] = _route_policy(self.state.policy, route)
+        return policy
+
+    async def request_filter(self, conf: RouteOverrides, request: HttpRequest, action: RequestAction) -> None:
+        headers = request.headers
+        match = _MODEL.match(request.path)
+        model = match.group(1) if match else None
+        features = RequestFeatures(request.path, headers, {k: v or "" for k, v in request.args}, model)
+        policy = self.policy_for(conf)
+        decision = decide(features, self.state.snapshot(headers.get(policy.tenant_header) or None), policy)
+        self.state.commit(decision, model)
+        if decision.residency_kept:
+            residency_log.info(
+                json.dumps(
+                    {
+                        "event": "residency_kept",
+                        "request_id": request.id,
+                        "path": request.path,
+                        "model": model,
+                        "classification": headers.get(policy.classification_header),
+                        "decision": decision.target,
+                        "reason": decision.reason,
+                    }
+                )
+            )
+            self.state.metrics.residency_kept.inc()
+        if self.state.config.metrics.decision_header:
+            action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.reason}")
+        if decision.target == SHED:
+            self._shed(decision, action)
+        elif decision.target == LOCAL:
+            action.set_header(HEADER_TARGET, LOCAL)
+            action.delete_header(HEADER_SIGNATURE)
+        elif self.state.targets[decision.target].mode == "invoke":
+            await self._invoke(decision, request, action)
+        else:
+            await self._upstream(decision.target, request, action)
+
+    async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
+        action.set_header(HEADER_TARGET, name)
+        signer = self.state.signers[name]
+        if signer.key is None:
+            action.delete_header(HEADER_SIGNATURE)
+            return
+        target = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
+        body = await request.body() if signer.sign_body else None
+        signature = signer.header(request.method, target, body)
+        if signature is not None:
+            action.set_header(HEADER_SIGNATURE, signature)
+
+    async def _invoke(self, decision: Decision, request: HttpRequest, action: RequestAction) -> None:
+        """Call the function; on failure, fall back to local (the request may stay, it may not leave)."""
+        name = decision.target
+        invoker = self.invokers.get(name)
+        target_uri = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
+        path, _, query = target_uri.partition("?")
+        body = await request.body()
+        headers = dict(request.headers)
+        signature = self.state.signers[name].header(request.method, target_uri, body)
+        if signature is not None:
+            headers[HEADER_SIGNATURE] = signature
+        headers.pop(HEADER_TARGET, None)
+        try:
+            if invoker is None or self.pool is None:
+                raise InvokeFailed(f"no invoker configured for target {name!r}")
+            with self.state.metrics.target_latency.labels(name).time():
+                answer = await self.pool.call(
+                    invoker,
+                    http_event(request.method, path, query, headers, body),
+                    self.state.targets[name].timeout_s,
+                )
+        except InvokeFailed as exc:
+            log.warning("invoke of %s failed: %s; serving locally", name, exc)
+            self.state.metrics.invoke_failures.labels(name).inc()
+            self.state.answered(name, None, ok=False)
+            action.set_header(HEADER_TARGET, LOCAL)
+            action.add_response_header(HEADER_DECISION, f"{LOCAL};invoke_failed")
+            return
+        answer_headers = {k.lower(): v for k, v in answer.headers}
+        self.state.answered(
+            name,
+            decision.tenant,
+            ok=answer.status < 500,
+            instance=answer_headers.get(HEADER_INSTANCE),
+            cold=answer_headers.get(HEADER_COLD) == "1",
+        )
+        action.stop(answer.status, answer.body, answer.headers)
+
+    @staticmethod
+    def _shed(decision: Decision, action: RequestAction) -> None:
+        body = json.dumps(
+            {"error": f"overloaded ({decision.reason}); retry after {decision.retry_after_s} s"}
+        )
+        action.stop(
+            decision.status,
+            body.encode(),
+            [("content-type", "application/json"), ("retry-after", str(decision.retry_after_s))],
+        )
+
+    async def response_filter(
+        self, conf: RouteOverrides, response: HttpResponse, action: ResponseAction
+    ) -> None:
+        target = (await response.var("http_x_spillway_target") or b"").decode("latin-1") or None
+        tenant_var = "http_" + self.state.policy.tenant_header.replace("-", "_")
+        tenant = (await response.var(tenant_var) or b"").decode("latin-1") or None
+        if target == LOCAL:
+            target = None
+        self.state.answered(
+            target,
+            tenant,
+            ok=response.status < 500,
+            instance=response.headers.get(HEADER_INSTANCE),
+            cold=response.headers.get(HEADER_COLD) == "1",
+        )
+
+
+def _target_of(request: HttpRequest) -> str:
+    args = [(k, v or "") for k, v in request.args]
+    return f"{request.path}?{urlencode(args)}" if args else request.path

@@ -1,0 +1,150 @@
+"""The gateway's live state, owned by the runner's event loop, and the snapshots taken from it.
+
+Everything the policy reads is gathered here into one immutable ``Snapshot`` per request; every
+consequence of a decision (in-flight counts, spend, probes, warm instances) is written back here,
+by the loop alone, so no counter is read and written across tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from gateway_plugin.breakers import Breaker, RetryBudget
+from gateway_plugin.config import SpillwayConfig, Target
+from gateway_plugin.ledger import Ledger, Outstanding
+from gateway_plugin.policy import LOCAL, SHED, Decision, Policy, Snapshot, TargetState, TenantState
+from gateway_plugin.policy_build import build_policy
+from gateway_plugin.runner_metrics import RunnerMetrics
+from gateway_plugin.signals import LoadTracker
+from gateway_plugin.targets.signing import TargetSigner
+from gateway_plugin.warm_pool import WarmPool
+
+log = logging.getLogger("spillway.state")
+
+
+class GatewayState:
+    def __init__(
+        self,
+        config: SpillwayConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        metrics: RunnerMetrics | None = None,
+    ) -> None:
+        self.clock = clock
+        self.wall = wall
+        self.metrics = metrics or RunnerMetrics()
+        self.load = LoadTracker(config.local.stale_after_s, clock)
+        self.ledger = Ledger()
+        self.version = 0
+        self.apply(config)
+
+    def apply(self, config: SpillwayConfig) -> None:
+        """Take a new config; per-target state of targets that remain is kept."""
+        old = getattr(self, "targets", {})
+        self.config = config
+        self.policy: Policy = build_policy(config)
+        self.targets: dict[str, Target] = {t.name: t for t in config.targets}
+        self.breakers = {
+            n: getattr(self, "breakers", {}).get(n) or Breaker(config.breaker) for n in self.targets
+        }
+        self.pools = {
+            n: getattr(self, "pools", {}).get(n) or WarmPool(t.idle_ttl_s) for n, t in self.targets.items()
+        }
+        self.outstanding = {
+            n: getattr(self, "outstanding", {}).get(n) or Outstanding(t.timeout_s)
+            for n, t in self.targets.items()
+        }
+        self.signers = {n: TargetSigner(t) for n, t in self.targets.items()}
+        self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
+        self.load.stale_after_s = config.local.stale_after_s
+        self.version += 1
+        if old:
+            log.info("config applied: targets %s", sorted(self.targets))
+
+    def snapshot(self, tenant: str | None) -> Snapshot:
+        now, wall = self.clock(), self.wall()
+        targets = {}
+        for name in self.targets:
+            breaker = self.breakers[name]
+            hour, day = self.ledger.spent(f"target:{name}", wall)
+            targets[name] = TargetState(
+                breaker=breaker.current(now),
+                probe_allowed=breaker.probe_allowed(now),
+                in_flight=self.outstanding[name].count(now),
+                warm_instances=self.pools[name].warm(now),
+                spent_hour_usd=hour,
+                spent_day_usd=day,
+            )
+        tenants = {}
+        if tenant is not None:
+            hour, day = self.ledger.spent(f"tenant:{tenant}", wall)
+            tenants[tenant] = TenantState(
+                requests_last_minute=self.ledger.last_minute(tenant, wall),
+                in_flight=self.ledger.in_flight(tenant, now),
+                spent_hour_usd=hour,
+                spent_day_usd=day,
+            )
+        return Snapshot(self.load.snapshot(), targets, tenants)
+
+    def commit(self, decision: Decision, model: str | None) -> None:
+        """Account for a decision before the request leaves."""
+        now, wall = self.clock(), self.wall()
+        self.metrics.decisions.labels(decision.target, decision.reason).inc()
+        self.load.set_overflowing(model, decision.overflowing)
+        if decision.tenant is not None and decision.target != SHED:
+            self.ledger.arrived(decision.tenant, wall)
+            self.ledger.started(decision.tenant, now)
+        if decision.target == LOCAL:
+            self.load.sent_local(model)
+        elif decision.is_cloud:
+            name = decision.target
+            self.outstanding[name].add(now)
+            self.breakers[name].dispatched(now)
+            self.ledger.spend(f"target:{name}", decision.cost_usd, wall)
+            if decision.tenant is not None:
+                self.ledger.spend(f"tenant:{decision.tenant}", decision.cost_usd, wall)
+            self.metrics.spend.labels(name).inc(decision.cost_usd)
+
+    def answered(
+        self,
+        target: str | None,
+        tenant: str | None,
+        ok: bool,
+        instance: str | None = None,
+        cold: bool = False,
+    ) -> None:
+        """The answer to a request the gateway sent: close its books."""
+        now = self.clock()
+        if tenant:
+            self.ledger.finished(tenant)
+        if target is None or target not in self.targets:
+            return
+        self.outstanding[target].done()
+        self.breakers[target].record(ok, now)
+        if instance:
+            self.pools[target].seen(instance, now, cold)
+            if cold:
+                self.metrics.cold_hits.labels(target).inc()
+
+    def warm_report(self, target: str, instances: list[str]) -> None:
+        """Instances a warm-up ping reached count as warm from now."""
+        now = self.clock()
+        pool = self.pools.get(target)
+        if pool is not None:
+            for instance in instances:
+                pool.seen(instance, now)
+
+    def refresh_gauges(self) -> None:
+        now = self.clock()
+        m = self.metrics
+        m.signals_fresh.set(1 if self.load.fresh else 0)
+        for model, load in self.load.snapshot().items():
+            label = model or "*"
+            m.overflowing.labels(label).set(1 if load.overflowing else 0)
+            m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
+        for name in self.targets:
+            m.breaker_open.labels(name).set(0 if self.breakers[name].current(now) == "closed" else 1)
+            m.in_flight.labels(name).set(self.outstanding[name].count(now))
+            m.warm.labels(name).set(self.pools[name].warm(now))
