@@ -93,6 +93,5 @@ class RetryBudget:
         self._requests.append(is_retry)
 
     def allows_retry(self) -> bool:
-        if not self._requests:
-            return self.ratio > 0
-        return sum(self._requests) < self.ratio * len(self._requests) + 1e-9 and self.ratio > 0
+        """Only if, with this retry, retries stay within ``ratio`` of the recent requests."""
+        return (sum(self._requests) + 1) <= self.ratio * (len(self._requests) + 1)

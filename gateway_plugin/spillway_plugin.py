@@ -127,6 +127,7 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
         """Call the function; on failure, fall back to local (the request may stay, it may not leave)."""
         name = decision.target
         invoker = self.invokers.get(name)
+        self.state.retry_budget.request(is_retry=False)
         target_uri = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
         path, _, query = target_uri.partition("?")
         body = await request.body()
@@ -145,9 +146,15 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
                     self.state.targets[name].timeout_s,
                 )
         except InvokeFailed as exc:
-            log.warning("invoke of %s failed: %s; serving locally", name, exc)
             self.state.metrics.invoke_failures.labels(name).inc()
             self.state.answered(name, None, ok=False)
+            if not self.state.retry_budget.allows_retry():
+                log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
+                self._shed(dataclasses.replace(decision, target=SHED, reason="invoke_failed", status=503,
+                                               retry_after_s=self.state.policy.retry_after_s), action)
+                return
+            log.warning("invoke of %s failed: %s; retrying locally", name, exc)
+            self.state.retry_budget.request(is_retry=True)
             action.set_header(HEADER_TARGET, LOCAL)
             action.add_response_header(HEADER_DECISION, f"{LOCAL};invoke_failed")
             return

@@ -1,0 +1,97 @@
+"""Breakers, retry budget, spend ledger and warm pools: the state the policy's snapshots come from."""
+
+from __future__ import annotations
+
+from gateway_plugin.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, RetryBudget
+from gateway_plugin.config import BreakerSettings
+from gateway_plugin.ledger import Ledger, Outstanding
+from gateway_plugin.warm_pool import WarmPool
+
+SETTINGS = BreakerSettings(consecutive_failures=3, failure_rate=0.5, window=4, cooldown_s=5, max_cooldown_s=18)
+
+
+def test_consecutive_failures_open_then_cooldown_then_probe_closes() -> None:
+    b = Breaker(SETTINGS)
+    for t in range(3):
+        b.record(False, t)
+    assert b.current(3) == OPEN
+    assert b.current(6.9) == OPEN, "opened at the third failure (t=2) for 5 s"
+    assert b.current(7) == HALF_OPEN
+    assert b.probe_allowed(8)
+    b.dispatched(8)
+    assert not b.probe_allowed(8), "one probe at a time"
+    b.record(True, 9)
+    assert b.current(9) == CLOSED
+
+
+def test_failed_probe_reopens_with_a_doubled_cooldown_up_to_the_ceiling() -> None:
+    b = Breaker(SETTINGS)
+    for t in range(3):
+        b.record(False, t)
+    now, cooldowns = 2.0, []
+    for _ in range(4):
+        cooldowns.append(b.cooldown_s)
+        now += b.cooldown_s
+        assert b.current(now) == HALF_OPEN
+        b.dispatched(now)
+        b.record(False, now)
+    assert cooldowns == [5, 10, 18, 18]
+
+
+def test_failure_rate_over_the_window_opens() -> None:
+    b = Breaker(SETTINGS)
+    for t, ok in enumerate([True, False, True, False]):
+        b.record(ok, t)
+    assert b.current(4) == OPEN
+
+
+def test_successes_keep_it_closed() -> None:
+    b = Breaker(SETTINGS)
+    for t in range(50):
+        b.record(t % 5 != 0, t)
+    assert b.current(50) == CLOSED
+
+
+def test_retry_budget_is_a_share_of_requests() -> None:
+    budget = RetryBudget(0.2, window=10)
+    for _ in range(10):
+        budget.request(False)
+    assert budget.allows_retry()
+    budget.request(True)
+    budget.request(True)
+    assert not budget.allows_retry()
+    assert not RetryBudget(0.0).allows_retry()
+
+
+def test_spend_rolls_over_by_the_hour_and_day() -> None:
+    ledger = Ledger()
+    ledger.spend("target:aws", 1.0, 3600 * 5 + 10)
+    ledger.spend("target:aws", 2.0, 3600 * 5 + 20)
+    assert ledger.spent("target:aws", 3600 * 5 + 30) == (3.0, 3.0)
+    assert ledger.spent("target:aws", 3600 * 6 + 1) == (0.0, 3.0)
+    assert ledger.spent("target:aws", 86400 * 2) == (0.0, 0.0)
+
+
+def test_rate_window_and_expiring_in_flight() -> None:
+    ledger = Ledger(in_flight_ttl_s=10)
+    for t in (0, 30, 59):
+        ledger.arrived("t", t)
+    assert ledger.last_minute("t", 59.5) == 3 and ledger.last_minute("t", 60.5) == 2
+    ledger.started("t", 0)
+    ledger.started("t", 5)
+    assert ledger.in_flight("t", 6) == 2
+    ledger.finished("t")
+    assert ledger.in_flight("t", 6) == 1
+    assert ledger.in_flight("t", 16) == 0, "an answer never seen does not leak forever"
+    out = Outstanding(1.0)
+    out.done()
+    assert out.count(0) == 0
+
+
+def test_warm_pool_forgets_idle_instances_and_counts_cold_hits() -> None:
+    pool = WarmPool(idle_ttl_s=300)
+    pool.seen("a", 0, cold=True)
+    pool.seen("b", 100)
+    pool.seen("a", 200)
+    assert pool.warm(250) == 2 and pool.cold_hits == 1
+    assert pool.warm(450) == 1

@@ -1,0 +1,182 @@
+"""The routing policy as a pure function: tables of cases, and residency as a property."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.policy import (
+    LOCAL,
+    SHED,
+    LocalLoad,
+    Policy,
+    RequestFeatures,
+    Snapshot,
+    TargetState,
+    TenantState,
+    decide,
+    may_leave,
+    overflowing,
+)
+from gateway_plugin.policy_build import build_policy
+
+CONFIG = SpillwayConfig.model_validate({
+    "local": {"latency_target_ms": 100, "parallelism": 2, "max_queue_ms": 2000},
+    "targets": [
+        {"name": "aws", "kind": "aws_lambda", "url": "https://a.example", "concurrency_cap": 5, "cold_start_ms": 500},
+        {"name": "ali", "kind": "aliyun_fc", "url": "https://b.example", "concurrency_cap": 5, "cold_start_ms": 800},
+    ],
+    "rules": [
+        {"name": "batch", "priority": 10, "match": {"headers": {"x-priority": "batch"}}, "action": "target",
+         "targets": ["ali"]},
+        {"name": "admin", "priority": 20, "match": {"uri": "^/v2/repository"}, "action": "local"},
+        {"name": "blocked", "priority": 5, "match": {"models": ["forbidden"]}, "action": "shed"},
+    ],
+    "tenants": {"quotas": {"small": {"requests_per_minute": 2, "concurrency": 1}}},
+    "budgets": {"per_target_hourly_usd": {"aws": 0.001}},
+})
+POLICY = build_policy(CONFIG)
+
+CALM = LocalLoad(fresh=True, queue_ms=1, compute_ms=10)
+BUSY = LocalLoad(fresh=True, queue_ms=300, compute_ms=10, pending=40)
+SATURATED = LocalLoad(fresh=True, queue_ms=3000, compute_ms=10, pending=600)
+WARM = TargetState(warm_instances=3)
+
+
+def req(classification: str | None = "public", model: str = "m", **headers: str) -> RequestFeatures:
+    h = dict(headers)
+    if classification is not None:
+        h["x-data-classification"] = classification
+    return RequestFeatures(f"/v2/models/{model}/infer", h, {}, model)
+
+
+def snap(load: LocalLoad = CALM, **targets: TargetState) -> Snapshot:
+    return Snapshot({"m": load, "forbidden": load}, targets)
+
+
+CASES = [
+    ("calm cluster stays local", req(), snap(CALM), LOCAL, "local_ok"),
+    ("busy cluster spills to a warm target", req(), snap(BUSY, aws=WARM), "aws", "overflow_warm"),
+    ("warm target preferred over the first cold one", req(), snap(BUSY, ali=WARM), "ali", "overflow_warm"),
+    ("cold target worth it when the local queue is longer than its start", req(), snap(SATURATED), "aws",
+     "overflow_cold"),
+    ("cold target not worth it when the local queue is shorter", req(), snap(BUSY), LOCAL, "no_target"),
+    ("sensitive data stays home even when busy", req("confidential"), snap(BUSY, aws=WARM), LOCAL, "residency"),
+    ("unclassified is on-prem-only by default", req(None), snap(BUSY, aws=WARM), LOCAL, "residency"),
+    ("missing signals keep it local", req(), snap(dataclasses.replace(BUSY, fresh=False), aws=WARM), LOCAL,
+     "signals_missing"),
+    ("open breaker falls down the chain", req(), snap(BUSY, aws=TargetState(breaker="open", warm_instances=3),
+                                                     ali=WARM), "ali", "overflow_warm"),
+    ("half-open breaker lets its probe through", req(), snap(BUSY, aws=TargetState(breaker="half_open",
+                                                                                   probe_allowed=True,
+                                                                                   warm_instances=3)),
+     "aws", "overflow_warm"),
+    ("capped target is skipped", req(), snap(BUSY, aws=TargetState(in_flight=5, warm_instances=9), ali=WARM), "ali",
+     "overflow_warm"),
+    ("budget exhausted keeps it off that target", req(), snap(BUSY, aws=TargetState(warm_instances=3,
+                                                                                    spent_hour_usd=0.001),
+                                                             ali=WARM), "ali", "overflow_warm"),
+    ("a rule sends batch to its target whatever the load", req(**{"x-priority": "batch"}), snap(CALM), "ali",
+     "overflow_cold"),
+    ("a batch rule never moves sensitive data", req("secret", **{"x-priority": "batch"}), snap(CALM), LOCAL,
+     "residency"),
+    ("admin paths stay local", RequestFeatures("/v2/repository/index", {"x-data-classification": "public"}),
+     snap(BUSY, aws=WARM), LOCAL, "rule:admin"),
+    ("a shed rule sheds", req(model="forbidden"), snap(CALM), SHED, "rule:blocked"),
+]
+
+
+@pytest.mark.parametrize(("features", "snapshot", "target", "reason"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_decision_table(features: RequestFeatures, snapshot: Snapshot, target: str, reason: str | None) -> None:
+    decision = decide(features, snapshot, POLICY)
+    assert decision.target == target
+    if reason is not None:
+        assert decision.reason == reason
+
+
+def test_residency_kept_is_flagged_only_when_a_rule_wanted_out() -> None:
+    assert decide(req("confidential"), snap(BUSY, aws=WARM), POLICY).residency_kept
+    assert not decide(req("confidential"), snap(CALM, aws=WARM), POLICY).residency_kept
+
+
+def test_saturated_local_with_nowhere_to_go_sheds_with_retry_after() -> None:
+    everything_open = {n: TargetState(breaker="open") for n in ("aws", "ali")}
+    for features in (req(), req("confidential")):
+        decision = decide(features, snap(SATURATED, **everything_open), POLICY)
+        assert (decision.target, decision.status, decision.retry_after_s) == (SHED, 503, 1)
+
+
+def test_tenant_over_quota_gets_429() -> None:
+    over_rate = Snapshot({"m": CALM}, {}, {"small": TenantState(requests_last_minute=2)})
+    assert decide(req(**{"x-tenant": "small"}), over_rate, POLICY).status == 429
+    over_conc = Snapshot({"m": CALM}, {}, {"small": TenantState(in_flight=1)})
+    assert decide(req(**{"x-tenant": "small"}), over_conc, POLICY).reason == "tenant_concurrency"
+    assert decide(req(**{"x-tenant": "big"}), over_rate, POLICY).target == LOCAL
+
+
+def test_hysteresis_does_not_flap_between_thresholds() -> None:
+    between = LocalLoad(fresh=True, queue_ms=80, compute_ms=5)
+    assert overflowing(dataclasses.replace(between, overflowing=True), 100, POLICY) is True
+    assert overflowing(dataclasses.replace(between, overflowing=False), 100, POLICY) is False
+    assert overflowing(LocalLoad(fresh=True, queue_ms=200, compute_ms=5), 100, POLICY) is True
+    assert overflowing(LocalLoad(fresh=True, queue_ms=10, compute_ms=5, overflowing=True), 100, POLICY) is False
+
+
+def test_gateway_accounting_counts_before_the_next_scrape() -> None:
+    quiet = LocalLoad(fresh=True, queue_ms=0, compute_ms=10)
+    assert not overflowing(quiet, 100, POLICY)
+    assert overflowing(dataclasses.replace(quiet, sent_since_scrape=30), 100, POLICY)
+
+
+# Residency as a property: random configs, requests, loads, breakers, budgets and faults.
+
+names = st.sampled_from(["aws", "ali", "gcp"])
+classes = st.sampled_from(["public", "internal", "confidential", "PUBLIC", " public ", "", "secret"])
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Policy:
+    targets = draw(st.lists(names, unique=True, max_size=3))
+    rules = [{"name": f"r{i}", "priority": draw(st.integers(-5, 5)),
+              "match": draw(st.sampled_from([{}, {"headers": {"x-p": "batch"}}, {"models": ["m"]}, {"uri": "infer"}])),
+              "action": draw(st.sampled_from(["local", "overflow", "target", "shed"])),
+              "targets": draw(st.lists(st.sampled_from(targets), max_size=3)) if targets else []}
+             for i in range(draw(st.integers(0, 4)))]
+    config = SpillwayConfig.model_validate({
+        "targets": [{"name": n, "kind": "http", "url": "https://x", "concurrency_cap": draw(st.integers(1, 5)),
+                     "cold_start_ms": draw(st.floats(0, 5000))} for n in targets],
+        "rules": rules,
+        "residency": {"cloud_allowed": draw(st.lists(st.sampled_from(["public", "internal"]), max_size=2)),
+                      "unclassified_may_leave": draw(st.booleans())},
+        "overflow": {"enter_ratio": 1.0, "exit_ratio": draw(st.floats(0.1, 1.0))},
+    })
+    return build_policy(config)
+
+
+loads = st.builds(LocalLoad, fresh=st.booleans(), queue_ms=st.floats(0, 1e5), compute_ms=st.floats(0, 1e3),
+                  pending=st.integers(0, 10_000), sent_since_scrape=st.integers(0, 1000), overflowing=st.booleans())
+target_states = st.builds(TargetState, breaker=st.sampled_from(["closed", "open", "half_open"]),
+                          probe_allowed=st.booleans(), in_flight=st.integers(0, 10),
+                          warm_instances=st.integers(0, 10), spent_hour_usd=st.floats(0, 10))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(policies(), classes | st.none(), st.booleans(), loads, st.dictionaries(names, target_states))
+def test_no_on_prem_only_request_is_ever_sent_to_a_cloud_target(
+    policy: Policy, label: str | None, batch: bool, load: LocalLoad, targets: dict[str, TargetState]
+) -> None:
+    headers = {"x-p": "batch"} if batch else {}
+    if label is not None:
+        headers["x-data-classification"] = label
+    features = RequestFeatures("/v2/models/m/infer", headers, {}, "m")
+    decision = decide(features, Snapshot({"m": load}, targets), policy)
+    if not may_leave(features, policy):
+        assert decision.target in (LOCAL, SHED), decision
+    if decision.is_cloud:
+        assert decision.target in policy.targets
+        assert targets.get(decision.target, TargetState()).breaker != "open"
