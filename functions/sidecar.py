@@ -49,6 +49,7 @@ class SidecarOptions:
     max_backoff_s: float = 30.0
     extra_args: tuple[str, ...] = ()
     log_prefix: str = "[tritonserver] "
+    metrics_port: int | None = None
 
 
 def free_port() -> int:
@@ -145,9 +146,13 @@ class Sidecar:
             "--http-address=127.0.0.1",
             f"--http-port={self.http_port}",
             "--allow-grpc=false",
-            "--allow-metrics=false",
             "--exit-timeout-secs=5",
         ]
+        if opts.metrics_port is None:
+            args.append("--allow-metrics=false")
+        else:
+            args += ["--allow-metrics=true", "--allow-gpu-metrics=false", f"--metrics-port={opts.metrics_port}",
+                     "--metrics-address=127.0.0.1", "--metrics-interval-ms=100"]
         if opts.models:
             args.append("--model-control-mode=explicit")
             args.extend(f"--load-model={m}" for m in opts.models)

@@ -44,6 +44,7 @@ class LocalLoad:
     compute_ms: float = 0.0
     pending: int = 0
     sent_since_scrape: int = 0
+    age_ms: float = 0.0
     overflowing: bool = False
 
 
@@ -159,9 +160,16 @@ def may_leave(features: RequestFeatures, policy: Policy) -> bool:
 
 
 def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
-    """Wait behind the queue (measured, or pending work over the cluster's parallelism) plus service."""
-    backlog = (load.pending + load.sent_since_scrape) * load.compute_ms / policy.parallelism
-    return max(load.queue_ms, backlog) + load.compute_ms
+    """Wait behind the queue plus service time.
+
+    The wait is the larger of what Triton measured and the backlog: requests pending at the
+    scrape plus those the gateway sent since, less what the cluster finished in the meantime,
+    spread over its parallelism.
+    """
+    backlog = load.pending + load.sent_since_scrape
+    if load.compute_ms > 0:
+        backlog = max(0.0, backlog - load.age_ms * policy.parallelism / load.compute_ms)
+    return max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms
 
 
 def overflowing(load: LocalLoad, target_ms: float, policy: Policy) -> bool:

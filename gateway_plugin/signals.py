@@ -114,8 +114,10 @@ class LoadTracker:
         return self.clock() - self.last_ok <= self.stale_after_s
 
     def snapshot(self) -> dict[str, LocalLoad]:
-        fresh = self.fresh
-        return {model: replace(entry.load, fresh=fresh) for model, entry in self._models.items()}
+        age_s = self.clock() - self.last_ok
+        fresh = age_s <= self.stale_after_s
+        age_ms = age_s * 1000 if fresh else 0.0
+        return {model: replace(entry.load, fresh=fresh, age_ms=age_ms) for model, entry in self._models.items()}
 
 
 def _next_load(before: Counters, now: Counters, load: LocalLoad, first: bool) -> LocalLoad:

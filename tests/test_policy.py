@@ -180,3 +180,9 @@ def test_no_on_prem_only_request_is_ever_sent_to_a_cloud_target(
     if decision.is_cloud:
         assert decision.target in policy.targets
         assert targets.get(decision.target, TargetState()).breaker != "open"
+
+
+def test_work_finished_since_the_scrape_is_taken_off_the_backlog() -> None:
+    sent = LocalLoad(fresh=True, queue_ms=0, compute_ms=10, sent_since_scrape=30)
+    assert overflowing(sent, 100, POLICY)
+    assert not overflowing(dataclasses.replace(sent, age_ms=150), 100, POLICY), "2 x 150 ms / 10 ms = 30 done"

@@ -1,0 +1,121 @@
+"""Overflow routing against a real Triton: load rises, public requests spill, sensitive ones stay.
+
+A real tritonserver runs the ``slow`` model (one instance, 60 ms per request); concurrent
+tritonclient requests build its queue. The runner scrapes Triton's real metrics endpoint and is
+driven over its Unix socket by the APISIX-side peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from functions.sidecar import Sidecar, SidecarOptions, free_port
+from gateway_plugin.apisix_peer import ApisixPeer, PeerRequest, RouteConf
+from gateway_plugin.app import RunnerApp
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.server import Runner, serve
+from tests.support import TEST_MODELS
+
+pytestmark = pytest.mark.integration
+
+ROUTE = RouteConf("route#spillway", [("spillway", "{}")])
+
+
+def features(classification: str) -> PeerRequest:
+    return PeerRequest("POST", "/v2/models/slow/infer", headers=[("x-data-classification", classification)])
+
+
+def load(url: str, stop: threading.Event, delay_ms: float = 60) -> None:
+    client = httpclient.InferenceServerClient(url, connection_timeout=30, network_timeout=30)
+    tensor = httpclient.InferInput("DELAY_MS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([delay_ms], dtype=np.float32))
+    while not stop.is_set():
+        client.infer("slow", [tensor])
+
+
+def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -> None:
+    shutil.copytree(TEST_MODELS / "slow", tmp_path / "slow")
+    metrics_port = free_port()
+    triton = Sidecar(SidecarOptions(tmp_path, ("slow",), 30, metrics_port=metrics_port, log_prefix="[triton] "))
+    triton.start()
+    triton.wait_ready(30)
+    config = SpillwayConfig.model_validate({
+        "local": {"endpoints": [{"url": f"http://127.0.0.1:{triton.http_port}",
+                                 "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}],
+                  "latency_target_ms": 150, "scrape_period_s": 0.1, "stale_after_s": 1.0},
+        "targets": [{"name": "aws", "kind": "http", "url": "https://fn.example", "cold_start_ms": 50,
+                     "signing_key_env": None}],
+        "overflow": {"saturation_ratio": 20},
+        "metrics": {"listen": None},
+    })
+    stop = threading.Event()
+    timeline: list[tuple[str, str, str]] = []
+
+    async def drive() -> None:
+        app = RunnerApp(config)
+        sock = tmp_path / "runner.sock"
+        server = await serve(Runner(app.plugins), sock)
+        app.start()
+        peer = ApisixPeer(sock)
+
+        async def decide(phase: str, classification: str) -> str:
+            outcome = await peer.request(ROUTE, features(classification))
+            assert outcome.status is None, outcome
+            target = dict(outcome.rewrite.headers)["x-spillway-target"] if outcome.rewrite else "shed"
+            timeline.append((phase, classification, target))
+            # APISIX's ext-plugin-post-resp: the answer closes the request's books in the runner.
+            await peer.response(ROUTE, 200, [("x-spillway-instance", "fn-1")], b"{}",
+                                {"http_x_spillway_target": target.encode()})
+            return target
+
+        async def sample(phase: str, seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                await decide(phase, "public")
+                await decide(phase, "confidential")
+                await asyncio.sleep(0.2)
+
+        try:
+            await asyncio.sleep(0.5)
+            await sample("idle", 1.0)
+            workers = [threading.Thread(target=load, args=(f"127.0.0.1:{triton.http_port}", stop)) for _ in range(8)]
+            for w in workers:
+                w.start()
+            await asyncio.sleep(1.5)
+            await sample("loaded", 3.0)
+            stop.set()
+            await asyncio.to_thread(lambda: [w.join(30) for w in workers])
+            await asyncio.sleep(1.0)
+            await sample("after", 2.0)
+        finally:
+            stop.set()
+            await peer.close()
+            app.close()
+            server.close()
+
+    try:
+        asyncio.run(drive())
+    finally:
+        triton.stop()
+
+    def targets(phase: str, classification: str) -> list[str]:
+        return [t for p, c, t in timeline if p == phase and c == classification]
+
+    assert set(targets("idle", "public")) == {"local"}
+    assert set(targets("loaded", "confidential")) == {"local"}, "sensitive data left the premises"
+    loaded = targets("loaded", "public")
+    assert loaded.count("aws") > 0.8 * len(loaded), f"public requests did not spill: {loaded}"
+    after = targets("after", "public")
+    assert set(after) == {"local"}, f"did not come back local: {after}"
+    flips = sum(1 for a, b in zip(loaded, loaded[1:], strict=False) if a != b)
+    assert flips <= 2, f"overflow flapped under steady load: {loaded}"
+    print(json.dumps({"idle": len(targets("idle", "public")), "loaded_public": loaded}))
