@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from functions.upstream import UpstreamPool
+from functions.upstream import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.policy import LocalLoad
 
 log = logging.getLogger("spillway.signals")
@@ -117,7 +117,9 @@ class LoadTracker:
         age_s = self.clock() - self.last_ok
         fresh = age_s <= self.stale_after_s
         age_ms = age_s * 1000 if fresh else 0.0
-        return {model: replace(entry.load, fresh=fresh, age_ms=age_ms) for model, entry in self._models.items()}
+        return {
+            model: replace(entry.load, fresh=fresh, age_ms=age_ms) for model, entry in self._models.items()
+        }
 
 
 def _next_load(before: Counters, now: Counters, load: LocalLoad, first: bool) -> LocalLoad:
@@ -162,7 +164,7 @@ class Scraper:
     async def scrape_once(self) -> bool:
         try:
             texts = await asyncio.gather(*(self._fetch(pool, path) for pool, path in self._targets))
-        except (OSError, TimeoutError, ValueError) as exc:
+        except (OSError, TimeoutError, ValueError, UpstreamUnavailable) as exc:
             self.errors += 1
             log.warning("metrics scrape failed: %s", exc)
             return False
@@ -171,7 +173,11 @@ class Scraper:
 
     async def run(self) -> None:
         while True:
-            await self.scrape_once()
+            try:
+                await self.scrape_once()
+            except Exception:  # the loop must outlive any one bad round; the signals then go stale
+                self.errors += 1
+                log.exception("metrics scrape failed unexpectedly")
             await asyncio.sleep(self.period_s)
 
     async def _fetch(self, pool: UpstreamPool, path: str) -> str:

@@ -150,8 +150,16 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
             self.state.answered(name, None, ok=False)
             if not self.state.retry_budget.allows_retry():
                 log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
-                self._shed(dataclasses.replace(decision, target=SHED, reason="invoke_failed", status=503,
-                                               retry_after_s=self.state.policy.retry_after_s), action)
+                self._shed(
+                    dataclasses.replace(
+                        decision,
+                        target=SHED,
+                        reason="invoke_failed",
+                        status=503,
+                        retry_after_s=self.state.policy.retry_after_s,
+                    ),
+                    action,
+                )
                 return
             log.warning("invoke of %s failed: %s; retrying locally", name, exc)
             self.state.retry_budget.request(is_retry=True)

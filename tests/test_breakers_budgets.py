@@ -7,7 +7,9 @@ from gateway_plugin.config import BreakerSettings
 from gateway_plugin.ledger import Ledger, Outstanding
 from gateway_plugin.warm_pool import WarmPool
 
-SETTINGS = BreakerSettings(consecutive_failures=3, failure_rate=0.5, window=4, cooldown_s=5, max_cooldown_s=18)
+SETTINGS = BreakerSettings(
+    consecutive_failures=3, failure_rate=0.5, window=4, cooldown_s=5, max_cooldown_s=18
+)
 
 
 def test_consecutive_failures_open_then_cooldown_then_probe_closes() -> None:

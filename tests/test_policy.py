@@ -24,21 +24,40 @@ from gateway_plugin.policy import (
 )
 from gateway_plugin.policy_build import build_policy
 
-CONFIG = SpillwayConfig.model_validate({
-    "local": {"latency_target_ms": 100, "parallelism": 2, "max_queue_ms": 2000},
-    "targets": [
-        {"name": "aws", "kind": "aws_lambda", "url": "https://a.example", "concurrency_cap": 5, "cold_start_ms": 500},
-        {"name": "ali", "kind": "aliyun_fc", "url": "https://b.example", "concurrency_cap": 5, "cold_start_ms": 800},
-    ],
-    "rules": [
-        {"name": "batch", "priority": 10, "match": {"headers": {"x-priority": "batch"}}, "action": "target",
-         "targets": ["ali"]},
-        {"name": "admin", "priority": 20, "match": {"uri": "^/v2/repository"}, "action": "local"},
-        {"name": "blocked", "priority": 5, "match": {"models": ["forbidden"]}, "action": "shed"},
-    ],
-    "tenants": {"quotas": {"small": {"requests_per_minute": 2, "concurrency": 1}}},
-    "budgets": {"per_target_hourly_usd": {"aws": 0.001}},
-})
+CONFIG = SpillwayConfig.model_validate(
+    {
+        "local": {"latency_target_ms": 100, "parallelism": 2, "max_queue_ms": 2000},
+        "targets": [
+            {
+                "name": "aws",
+                "kind": "aws_lambda",
+                "url": "https://a.example",
+                "concurrency_cap": 5,
+                "cold_start_ms": 500,
+            },
+            {
+                "name": "ali",
+                "kind": "aliyun_fc",
+                "url": "https://b.example",
+                "concurrency_cap": 5,
+                "cold_start_ms": 800,
+            },
+        ],
+        "rules": [
+            {
+                "name": "batch",
+                "priority": 10,
+                "match": {"headers": {"x-priority": "batch"}},
+                "action": "target",
+                "targets": ["ali"],
+            },
+            {"name": "admin", "priority": 20, "match": {"uri": "^/v2/repository"}, "action": "local"},
+            {"name": "blocked", "priority": 5, "match": {"models": ["forbidden"]}, "action": "shed"},
+        ],
+        "tenants": {"quotas": {"small": {"requests_per_minute": 2, "concurrency": 1}}},
+        "budgets": {"per_target_hourly_usd": {"aws": 0.001}},
+    }
+)
 POLICY = build_policy(CONFIG)
 
 CALM = LocalLoad(fresh=True, queue_ms=1, compute_ms=10)
@@ -62,37 +81,88 @@ CASES = [
     ("calm cluster stays local", req(), snap(CALM), LOCAL, "local_ok"),
     ("busy cluster spills to a warm target", req(), snap(BUSY, aws=WARM), "aws", "overflow_warm"),
     ("warm target preferred over the first cold one", req(), snap(BUSY, ali=WARM), "ali", "overflow_warm"),
-    ("cold target worth it when the local queue is longer than its start", req(), snap(SATURATED), "aws",
-     "overflow_cold"),
+    (
+        "cold target worth it when the local queue is longer than its start",
+        req(),
+        snap(SATURATED),
+        "aws",
+        "overflow_cold",
+    ),
     ("cold target not worth it when the local queue is shorter", req(), snap(BUSY), LOCAL, "no_target"),
-    ("sensitive data stays home even when busy", req("confidential"), snap(BUSY, aws=WARM), LOCAL, "residency"),
+    (
+        "sensitive data stays home even when busy",
+        req("confidential"),
+        snap(BUSY, aws=WARM),
+        LOCAL,
+        "residency",
+    ),
     ("unclassified is on-prem-only by default", req(None), snap(BUSY, aws=WARM), LOCAL, "residency"),
-    ("missing signals keep it local", req(), snap(dataclasses.replace(BUSY, fresh=False), aws=WARM), LOCAL,
-     "signals_missing"),
-    ("open breaker falls down the chain", req(), snap(BUSY, aws=TargetState(breaker="open", warm_instances=3),
-                                                     ali=WARM), "ali", "overflow_warm"),
-    ("half-open breaker lets its probe through", req(), snap(BUSY, aws=TargetState(breaker="half_open",
-                                                                                   probe_allowed=True,
-                                                                                   warm_instances=3)),
-     "aws", "overflow_warm"),
-    ("capped target is skipped", req(), snap(BUSY, aws=TargetState(in_flight=5, warm_instances=9), ali=WARM), "ali",
-     "overflow_warm"),
-    ("budget exhausted keeps it off that target", req(), snap(BUSY, aws=TargetState(warm_instances=3,
-                                                                                    spent_hour_usd=0.001),
-                                                             ali=WARM), "ali", "overflow_warm"),
-    ("a rule sends batch to its target whatever the load", req(**{"x-priority": "batch"}), snap(CALM), "ali",
-     "overflow_cold"),
-    ("a batch rule never moves sensitive data", req("secret", **{"x-priority": "batch"}), snap(CALM), LOCAL,
-     "residency"),
-    ("admin paths stay local", RequestFeatures("/v2/repository/index", {"x-data-classification": "public"}),
-     snap(BUSY, aws=WARM), LOCAL, "rule:admin"),
+    (
+        "missing signals keep it local",
+        req(),
+        snap(dataclasses.replace(BUSY, fresh=False), aws=WARM),
+        LOCAL,
+        "signals_missing",
+    ),
+    (
+        "open breaker falls down the chain",
+        req(),
+        snap(BUSY, aws=TargetState(breaker="open", warm_instances=3), ali=WARM),
+        "ali",
+        "overflow_warm",
+    ),
+    (
+        "half-open breaker lets its probe through",
+        req(),
+        snap(BUSY, aws=TargetState(breaker="half_open", probe_allowed=True, warm_instances=3)),
+        "aws",
+        "overflow_warm",
+    ),
+    (
+        "capped target is skipped",
+        req(),
+        snap(BUSY, aws=TargetState(in_flight=5, warm_instances=9), ali=WARM),
+        "ali",
+        "overflow_warm",
+    ),
+    (
+        "budget exhausted keeps it off that target",
+        req(),
+        snap(BUSY, aws=TargetState(warm_instances=3, spent_hour_usd=0.001), ali=WARM),
+        "ali",
+        "overflow_warm",
+    ),
+    (
+        "a rule sends batch to its target whatever the load",
+        req(**{"x-priority": "batch"}),
+        snap(CALM),
+        "ali",
+        "overflow_cold",
+    ),
+    (
+        "a batch rule never moves sensitive data",
+        req("secret", **{"x-priority": "batch"}),
+        snap(CALM),
+        LOCAL,
+        "residency",
+    ),
+    (
+        "admin paths stay local",
+        RequestFeatures("/v2/repository/index", {"x-data-classification": "public"}),
+        snap(BUSY, aws=WARM),
+        LOCAL,
+        "rule:admin",
+    ),
     ("a shed rule sheds", req(model="forbidden"), snap(CALM), SHED, "rule:blocked"),
 ]
 
 
-@pytest.mark.parametrize(("features", "snapshot", "target", "reason"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
-def test_decision_table(features: RequestFeatures, snapshot: Snapshot, target: str, reason: str | None) -> None:
+@pytest.mark.parametrize(
+    ("features", "snapshot", "target", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_decision_table(
+    features: RequestFeatures, snapshot: Snapshot, target: str, reason: str | None
+) -> None:
     decision = decide(features, snapshot, POLICY)
     assert decision.target == target
     if reason is not None:
@@ -124,7 +194,9 @@ def test_hysteresis_does_not_flap_between_thresholds() -> None:
     assert overflowing(dataclasses.replace(between, overflowing=True), 100, POLICY) is True
     assert overflowing(dataclasses.replace(between, overflowing=False), 100, POLICY) is False
     assert overflowing(LocalLoad(fresh=True, queue_ms=200, compute_ms=5), 100, POLICY) is True
-    assert overflowing(LocalLoad(fresh=True, queue_ms=10, compute_ms=5, overflowing=True), 100, POLICY) is False
+    assert (
+        overflowing(LocalLoad(fresh=True, queue_ms=10, compute_ms=5, overflowing=True), 100, POLICY) is False
+    )
 
 
 def test_gateway_accounting_counts_before_the_next_scrape() -> None:
@@ -142,27 +214,58 @@ classes = st.sampled_from(["public", "internal", "confidential", "PUBLIC", " pub
 @st.composite
 def policies(draw: st.DrawFn) -> Policy:
     targets = draw(st.lists(names, unique=True, max_size=3))
-    rules = [{"name": f"r{i}", "priority": draw(st.integers(-5, 5)),
-              "match": draw(st.sampled_from([{}, {"headers": {"x-p": "batch"}}, {"models": ["m"]}, {"uri": "infer"}])),
-              "action": draw(st.sampled_from(["local", "overflow", "target", "shed"])),
-              "targets": draw(st.lists(st.sampled_from(targets), max_size=3)) if targets else []}
-             for i in range(draw(st.integers(0, 4)))]
-    config = SpillwayConfig.model_validate({
-        "targets": [{"name": n, "kind": "http", "url": "https://x", "concurrency_cap": draw(st.integers(1, 5)),
-                     "cold_start_ms": draw(st.floats(0, 5000))} for n in targets],
-        "rules": rules,
-        "residency": {"cloud_allowed": draw(st.lists(st.sampled_from(["public", "internal"]), max_size=2)),
-                      "unclassified_may_leave": draw(st.booleans())},
-        "overflow": {"enter_ratio": 1.0, "exit_ratio": draw(st.floats(0.1, 1.0))},
-    })
+    rules = [
+        {
+            "name": f"r{i}",
+            "priority": draw(st.integers(-5, 5)),
+            "match": draw(
+                st.sampled_from([{}, {"headers": {"x-p": "batch"}}, {"models": ["m"]}, {"uri": "infer"}])
+            ),
+            "action": draw(st.sampled_from(["local", "overflow", "target", "shed"])),
+            "targets": draw(st.lists(st.sampled_from(targets), max_size=3)) if targets else [],
+        }
+        for i in range(draw(st.integers(0, 4)))
+    ]
+    config = SpillwayConfig.model_validate(
+        {
+            "targets": [
+                {
+                    "name": n,
+                    "kind": "http",
+                    "url": "https://x",
+                    "concurrency_cap": draw(st.integers(1, 5)),
+                    "cold_start_ms": draw(st.floats(0, 5000)),
+                }
+                for n in targets
+            ],
+            "rules": rules,
+            "residency": {
+                "cloud_allowed": draw(st.lists(st.sampled_from(["public", "internal"]), max_size=2)),
+                "unclassified_may_leave": draw(st.booleans()),
+            },
+            "overflow": {"enter_ratio": 1.0, "exit_ratio": draw(st.floats(0.1, 1.0))},
+        }
+    )
     return build_policy(config)
 
 
-loads = st.builds(LocalLoad, fresh=st.booleans(), queue_ms=st.floats(0, 1e5), compute_ms=st.floats(0, 1e3),
-                  pending=st.integers(0, 10_000), sent_since_scrape=st.integers(0, 1000), overflowing=st.booleans())
-target_states = st.builds(TargetState, breaker=st.sampled_from(["closed", "open", "half_open"]),
-                          probe_allowed=st.booleans(), in_flight=st.integers(0, 10),
-                          warm_instances=st.integers(0, 10), spent_hour_usd=st.floats(0, 10))
+loads = st.builds(
+    LocalLoad,
+    fresh=st.booleans(),
+    queue_ms=st.floats(0, 1e5),
+    compute_ms=st.floats(0, 1e3),
+    pending=st.integers(0, 10_000),
+    sent_since_scrape=st.integers(0, 1000),
+    overflowing=st.booleans(),
+)
+target_states = st.builds(
+    TargetState,
+    breaker=st.sampled_from(["closed", "open", "half_open"]),
+    probe_allowed=st.booleans(),
+    in_flight=st.integers(0, 10),
+    warm_instances=st.integers(0, 10),
+    spent_hour_usd=st.floats(0, 10),
+)
 
 
 @settings(max_examples=3000, deadline=None)

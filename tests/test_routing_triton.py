@@ -45,18 +45,37 @@ def load(url: str, stop: threading.Event, delay_ms: float = 60) -> None:
 def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -> None:
     shutil.copytree(TEST_MODELS / "slow", tmp_path / "slow")
     metrics_port = free_port()
-    triton = Sidecar(SidecarOptions(tmp_path, ("slow",), 30, metrics_port=metrics_port, log_prefix="[triton] "))
+    triton = Sidecar(
+        SidecarOptions(tmp_path, ("slow",), 30, metrics_port=metrics_port, log_prefix="[triton] ")
+    )
     triton.start()
     triton.wait_ready(30)
-    config = SpillwayConfig.model_validate({
-        "local": {"endpoints": [{"url": f"http://127.0.0.1:{triton.http_port}",
-                                 "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}],
-                  "latency_target_ms": 150, "scrape_period_s": 0.1, "stale_after_s": 1.0},
-        "targets": [{"name": "aws", "kind": "http", "url": "https://fn.example", "cold_start_ms": 50,
-                     "signing_key_env": None}],
-        "overflow": {"saturation_ratio": 20},
-        "metrics": {"listen": None},
-    })
+    config = SpillwayConfig.model_validate(
+        {
+            "local": {
+                "endpoints": [
+                    {
+                        "url": f"http://127.0.0.1:{triton.http_port}",
+                        "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
+                    }
+                ],
+                "latency_target_ms": 150,
+                "scrape_period_s": 0.1,
+                "stale_after_s": 1.0,
+            },
+            "targets": [
+                {
+                    "name": "aws",
+                    "kind": "http",
+                    "url": "https://fn.example",
+                    "cold_start_ms": 50,
+                    "signing_key_env": None,
+                }
+            ],
+            "overflow": {"saturation_ratio": 20},
+            "metrics": {"listen": None},
+        }
+    )
     stop = threading.Event()
     timeline: list[tuple[str, str, str]] = []
 
@@ -73,8 +92,13 @@ def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -
             target = dict(outcome.rewrite.headers)["x-spillway-target"] if outcome.rewrite else "shed"
             timeline.append((phase, classification, target))
             # APISIX's ext-plugin-post-resp: the answer closes the request's books in the runner.
-            await peer.response(ROUTE, 200, [("x-spillway-instance", "fn-1")], b"{}",
-                                {"http_x_spillway_target": target.encode()})
+            await peer.response(
+                ROUTE,
+                200,
+                [("x-spillway-instance", "fn-1")],
+                b"{}",
+                {"http_x_spillway_target": target.encode()},
+            )
             return target
 
         async def sample(phase: str, seconds: float) -> None:
@@ -87,7 +111,9 @@ def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -
         try:
             await asyncio.sleep(0.5)
             await sample("idle", 1.0)
-            workers = [threading.Thread(target=load, args=(f"127.0.0.1:{triton.http_port}", stop)) for _ in range(8)]
+            workers = [
+                threading.Thread(target=load, args=(f"127.0.0.1:{triton.http_port}", stop)) for _ in range(8)
+            ]
             for w in workers:
                 w.start()
             await asyncio.sleep(1.5)

@@ -172,7 +172,13 @@ def test_fast_reader_reads_what_the_generated_builder_writes() -> None:
     Req.AddMethod(b, 3)
     b.Finish(Req.End(b))
     call = messages.HttpReqCall(bytes(b.Output()))
-    assert (call.id, call.conf_token, call.method, call.path, call.src_ip) == (42, 7, "PUT", "/v2/x", "127.0.0.1")
+    assert (call.id, call.conf_token, call.method, call.path, call.src_ip) == (
+        42,
+        7,
+        "PUT",
+        "/v2/x",
+        "127.0.0.1",
+    )
     assert call.headers == [("x-a", "1"), ("host", "h")] and call.args == []
 
 

@@ -40,8 +40,11 @@ def route(*plugins: tuple[str, object], allow_degradation: bool = False) -> Rout
 def test_prepare_then_rewrite_sends_only_what_the_plugins_asked_for() -> None:
     async def go() -> None:
         async with running_runner() as (_, peer, _):
-            conf = {"set": {"x-spillway-target": "aws"}, "delete": ["content-type"],
-                    "response": {"x-decision": "aws;overflow"}}
+            conf = {
+                "set": {"x-spillway-target": "aws"},
+                "delete": ["content-type"],
+                "response": {"x-decision": "aws;overflow"},
+            }
             outcome = await peer.request(route(("headers", conf)), REQUEST)
             rewrite = outcome.rewrite
             assert rewrite is not None and outcome.status is None
