@@ -65,34 +65,47 @@ _RIE_INVOKE = re.compile(r"INVOKE RTDONE\(status: success.*?duration: ([\d.]+)ms
 
 
 def _infer_ok(port: int) -> bool:
-    status, body = http_call(port, "POST", INFER_PATH, ADD_SUB_JSON_REQUEST,
-                             {"content-type": "application/json"}, timeout=DEADLINE_S)
+    status, body = http_call(
+        port,
+        "POST",
+        INFER_PATH,
+        ADD_SUB_JSON_REQUEST,
+        {"content-type": "application/json"},
+        timeout=DEADLINE_S,
+    )
     return status == 200 and b"OUTPUT0" in body
 
 
 def function_url_event() -> bytes:
     """The payload-2.0 event a Function URL would send for one JSON inference."""
-    return json.dumps({
-        "version": "2.0",
-        "routeKey": "$default",
-        "rawPath": INFER_PATH,
-        "rawQueryString": "",
-        "headers": {"content-type": "application/json", "host": "bench.lambda-url.localhost"},
-        "requestContext": {
-            "accountId": "anonymous",
-            "apiId": "bench",
-            "domainName": "bench.lambda-url.localhost",
-            "http": {"method": "POST", "path": INFER_PATH, "protocol": "HTTP/1.1",
-                     "sourceIp": LOOPBACK, "userAgent": "spillway-bench"},
-            "requestId": "bench",
+    return json.dumps(
+        {
+            "version": "2.0",
             "routeKey": "$default",
-            "stage": "$default",
-            "time": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime()),
-            "timeEpoch": int(time.time() * 1000),
-        },
-        "body": base64.b64encode(ADD_SUB_JSON_REQUEST).decode(),
-        "isBase64Encoded": True,
-    }).encode()
+            "rawPath": INFER_PATH,
+            "rawQueryString": "",
+            "headers": {"content-type": "application/json", "host": "bench.lambda-url.localhost"},
+            "requestContext": {
+                "accountId": "anonymous",
+                "apiId": "bench",
+                "domainName": "bench.lambda-url.localhost",
+                "http": {
+                    "method": "POST",
+                    "path": INFER_PATH,
+                    "protocol": "HTTP/1.1",
+                    "sourceIp": LOOPBACK,
+                    "userAgent": "spillway-bench",
+                },
+                "requestId": "bench",
+                "routeKey": "$default",
+                "stage": "$default",
+                "time": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime()),
+                "timeEpoch": int(time.time() * 1000),
+            },
+            "body": base64.b64encode(ADD_SUB_JSON_REQUEST).decode(),
+            "isBase64Encoded": True,
+        }
+    ).encode()
 
 
 class ColdStarts:
@@ -103,8 +116,12 @@ class ColdStarts:
         self.install = locate()
         self.event = function_url_event()
 
-    def _once(self, name: str, launch_it: Callable[[list[Launched]], Launched],
-              measure: Callable[[Launched], dict[str, float]]) -> dict[str, float]:
+    def _once(
+        self,
+        name: str,
+        launch_it: Callable[[list[Launched]], Launched],
+        measure: Callable[[Launched], dict[str, float]],
+    ) -> dict[str, float]:
         with running([]) as launched:
             proc = launch_it(launched)
             try:
@@ -116,9 +133,17 @@ class ColdStarts:
     def triton(self, rep: int) -> dict[str, float]:
         """The sidecar's own command line, flags as the sidecar passes them."""
         port = free_port()
-        args = [*self.install.args(), f"--model-repository={self.repository}", f"--http-address={LOOPBACK}",
-                f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false", "--exit-timeout-secs=5",
-                "--model-control-mode=explicit", f"--load-model={MODEL}"]
+        args = [
+            *self.install.args(),
+            f"--model-repository={self.repository}",
+            f"--http-address={LOOPBACK}",
+            f"--http-port={port}",
+            "--allow-grpc=false",
+            "--allow-metrics=false",
+            "--exit-timeout-secs=5",
+            "--model-control-mode=explicit",
+            f"--load-model={MODEL}",
+        ]
         env = {**os.environ, **self.install.env}
 
         def start(launched: list[Launched]) -> Launched:
@@ -129,18 +154,33 @@ class ColdStarts:
             def alive() -> bool:
                 return not proc.exited()
 
-            ready = poll(lambda: http_call(port, "GET", "/v2/health/ready")[0] == 200,
-                         DEADLINE_S, POLL_S, alive)
+            ready = poll(
+                lambda: http_call(port, "GET", "/v2/health/ready")[0] == 200, DEADLINE_S, POLL_S, alive
+            )
             inferred = poll(lambda: _infer_ok(port), DEADLINE_S, POLL_S, alive)
-            return {"ready_ms": (ready - proc.started) * 1000,
-                    "first_infer_ms": (inferred - proc.started) * 1000}
+            return {
+                "ready_ms": (ready - proc.started) * 1000,
+                "first_infer_ms": (inferred - proc.started) * 1000,
+            }
 
         return self._once("tritonserver", start, measure)
 
     def fc_server(self, rep: int) -> dict[str, float]:
         port = free_port()
-        cmd = [sys.executable, "-m", "functions", "serve", "--platform", "aliyun-fc", "--host", LOOPBACK,
-               "--port", str(port), "--model-repository", str(self.repository)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "functions",
+            "serve",
+            "--platform",
+            "aliyun-fc",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--model-repository",
+            str(self.repository),
+        ]
         env = {**os.environ, "SPILLWAY_MODELS": MODEL}
 
         def start(launched: list[Launched]) -> Launched:
@@ -151,11 +191,14 @@ class ColdStarts:
             def alive() -> bool:
                 return not proc.exited()
 
-            listening = poll(lambda: http_call(port, "GET", "/v2/health/live")[0] > 0,
-                             DEADLINE_S, POLL_S, alive)
+            listening = poll(
+                lambda: http_call(port, "GET", "/v2/health/live")[0] > 0, DEADLINE_S, POLL_S, alive
+            )
             inferred = poll(lambda: _infer_ok(port), DEADLINE_S, POLL_S, alive)
-            out = {"listening_ms": (listening - proc.started) * 1000,
-                   "first_infer_ms": (inferred - proc.started) * 1000}
+            out = {
+                "listening_ms": (listening - proc.started) * 1000,
+                "first_infer_ms": (inferred - proc.started) * 1000,
+            }
             found = _READY_LOG.search(proc.log_text())
             if found:
                 out["sidecar_ready_log_ms"] = float(found.group(1))
@@ -177,20 +220,44 @@ class ColdStarts:
 
     def lambda_rie(self, rep: int) -> dict[str, float]:
         port, runtime_port = free_port(), free_port()
-        cmd = [str(self.rie), "--runtime-interface-emulator-address", f"{LOOPBACK}:{port}",
-               "--runtime-api-address", f"{LOOPBACK}:{runtime_port}",
-               sys.executable, "-m", "awslambdaric", "functions.aws_lambda.handler"]
-        env = {**os.environ, "SPILLWAY_MODEL_REPOSITORY": str(self.repository), "SPILLWAY_MODELS": MODEL,
-               "AWS_LAMBDA_FUNCTION_TIMEOUT": "60"}
+        cmd = [
+            str(self.rie),
+            "--runtime-interface-emulator-address",
+            f"{LOOPBACK}:{port}",
+            "--runtime-api-address",
+            f"{LOOPBACK}:{runtime_port}",
+            sys.executable,
+            "-m",
+            "awslambdaric",
+            "functions.aws_lambda.handler",
+        ]
+        env = {
+            **os.environ,
+            "SPILLWAY_MODEL_REPOSITORY": str(self.repository),
+            "SPILLWAY_MODELS": MODEL,
+            "AWS_LAMBDA_FUNCTION_TIMEOUT": "60",
+        }
 
         def start(launched: list[Launched]) -> Launched:
-            launched.append(launch(cmd, env, self.work / f"rie-{rep}.log",
-                                   before_stop=lambda rie: self._stop_runtime(rie, port)))
+            launched.append(
+                launch(
+                    cmd,
+                    env,
+                    self.work / f"rie-{rep}.log",
+                    before_stop=lambda rie: self._stop_runtime(rie, port),
+                )
+            )
             return launched[-1]
 
         def invoke_ok() -> bool:
-            status, body = http_call(port, "POST", INVOKE_PATH, self.event,
-                                     {"content-type": "application/json"}, timeout=DEADLINE_S)
+            status, body = http_call(
+                port,
+                "POST",
+                INVOKE_PATH,
+                self.event,
+                {"content-type": "application/json"},
+                timeout=DEADLINE_S,
+            )
             if status != 200:
                 return False
             result: dict[str, Any] = json.loads(body)
@@ -232,15 +299,24 @@ COLUMNS = {
 }
 
 
-def print_table(meta: dict[str, Any], end_load: float, med: dict[str, dict[str, float]],
-                added: dict[str, float], goals: list[dict[str, Any]]) -> None:
-    print(f"cold start, {meta['date']}, {meta['cpus']} CPUs, {meta['reps']} reps, medians in ms from "
-          f"process start, load avg {meta['loadavg_1m']} -> {end_load}")
+def print_table(
+    meta: dict[str, Any],
+    end_load: float,
+    med: dict[str, dict[str, float]],
+    added: dict[str, float],
+    goals: list[dict[str, Any]],
+) -> None:
+    print(
+        f"cold start, {meta['date']}, {meta['cpus']} CPUs, {meta['reps']} reps, medians in ms from "
+        f"process start, load avg {meta['loadavg_1m']} -> {end_load}"
+    )
     rows = [[name, *(figures.get(k, float("nan")) for k in COLUMNS)] for name, figures in med.items()]
     print(render_table(["case", *COLUMNS.values()], rows))
-    print(f"\nb - a = {added['b_minus_a_ms']:.0f} ms, c - a = {added['c_minus_a_ms']:.0f} ms; "
-          f"against Triton's own first inference: b = +{added['b_minus_a_first_infer_ms']:.0f} ms, "
-          f"c = +{added['c_minus_a_first_infer_ms']:.0f} ms")
+    print(
+        f"\nb - a = {added['b_minus_a_ms']:.0f} ms, c - a = {added['c_minus_a_ms']:.0f} ms; "
+        f"against Triton's own first inference: b = +{added['b_minus_a_first_infer_ms']:.0f} ms, "
+        f"c = +{added['c_minus_a_first_infer_ms']:.0f} ms"
+    )
     for g in goals:
         print(f"{g['what']} = {g['value']} ms (target {g['target']}): {'met' if g['met'] else 'NOT met'}")
 
@@ -248,11 +324,16 @@ def print_table(meta: dict[str, Any], end_load: float, med: dict[str, dict[str, 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Cold start of Triton alone, of the FC custom-container server and of the Lambda "
-                    "handler under aws-lambda-rie, each to its first successful add_sub inference. "
-                    "Prints a table on a terminal, JSON lines otherwise.")
+        "handler under aws-lambda-rie, each to its first successful add_sub inference. "
+        "Prints a table on a terminal, JSON lines otherwise."
+    )
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each launch (default 5)")
-    parser.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY,
-                        help="repository holding add_sub (default: the example one)")
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=EXAMPLE_REPOSITORY,
+        help="repository holding add_sub (default: the example one)",
+    )
     add_output_options(parser)
     return parser.parse_args(argv)
 
@@ -264,17 +345,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="spillway-cold-"))
     runs = ColdStarts(args.model_repository.resolve(), work, tools)
     cases: dict[str, Callable[[int], dict[str, float]]] = {
-        "a_triton": runs.triton, "b_fc_server": runs.fc_server, "c_lambda_rie": runs.lambda_rie,
+        "a_triton": runs.triton,
+        "b_fc_server": runs.fc_server,
+        "c_lambda_rie": runs.lambda_rie,
     }
-    meta = {"kind": "meta", "bench": "cold_start", **machine_note(), "reps": args.reps, "model": MODEL,
-            "tritonserver": str(runs.install.binary)}
+    meta = {
+        "kind": "meta",
+        "bench": "cold_start",
+        **machine_note(),
+        "reps": args.reps,
+        "model": MODEL,
+        "tritonserver": str(runs.install.binary),
+    }
     out.record(meta)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     shm_before = shm_regions()
     order = list(cases)
     try:
         for rep in range(1, args.reps + 1):
-            for name in order[rep % 3:] + order[: rep % 3]:
+            for name in order[rep % 3 :] + order[: rep % 3]:
                 figures = cases[name](rep)
                 results[name].append(figures)
                 say(f"rep {rep} {name}: " + ", ".join(f"{k} {v:.0f}" for k, v in figures.items()))
@@ -292,9 +381,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     labels = {"b_minus_a_ms": "FC server (b - a)", "c_minus_a_ms": "Lambda handler under RIE (c - a)"}
     goals = [
-        {"kind": "target", "what": f"{label} adds to Triton's start",
-         "target": f"<= {TARGET_ADDED_MS:.0f} ms", "value": round(added[key], 1),
-         "met": bool(added[key] <= TARGET_ADDED_MS)}
+        {
+            "kind": "target",
+            "what": f"{label} adds to Triton's start",
+            "target": f"<= {TARGET_ADDED_MS:.0f} ms",
+            "value": round(added[key], 1),
+            "met": bool(added[key] <= TARGET_ADDED_MS),
+        }
         for key, label in labels.items()
     ]
     end_load = machine_note()["loadavg_1m"]

@@ -59,11 +59,15 @@ class Case:
 
 CASES = {
     "add_sub": Case(
-        "add_sub", EXAMPLE_REPOSITORY / "add_sub", "add_sub, 2x4 FP32 as JSON tensors",
+        "add_sub",
+        EXAMPLE_REPOSITORY / "add_sub",
+        "add_sub, 2x4 FP32 as JSON tensors",
         ("--input-tensor-format=json", "--output-tensor-format=json"),
     ),
     "sum_1mb": Case(
-        "sum_1mb", BENCH_REPOSITORY / "sum_1mb", "sum_1mb, 1 MiB FP32 binary tensor in, 4 bytes out",
+        "sum_1mb",
+        BENCH_REPOSITORY / "sum_1mb",
+        "sum_1mb, 1 MiB FP32 binary tensor in, 4 bytes out",
         ("--input-tensor-format=binary", "--output-tensor-format=binary"),
     ),
 }
@@ -91,18 +95,35 @@ class Bench:
     def __init__(self, args: argparse.Namespace, tools: Path, work: Path) -> None:
         self.args = args
         self.perf_analyzer = tools / "bin" / "perf_analyzer"
-        self.pa_env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(
-            p for p in (str(tools / "lib"), os.environ.get("LD_LIBRARY_PATH", "")) if p)}
+        self.pa_env = {
+            **os.environ,
+            "LD_LIBRARY_PATH": os.pathsep.join(
+                p for p in (str(tools / "lib"), os.environ.get("LD_LIBRARY_PATH", "")) if p
+            ),
+        }
         self.work = work
         self.triton_port = args.triton_port or free_port()
         self.function_port = free_port()
         self.function: Launched | None = None
 
     def start_function(self, launched: list[Launched], repository: Path, models: Sequence[str]) -> None:
-        env = {**os.environ, "SPILLWAY_TRITON_HTTP_PORT": str(self.triton_port),
-               "SPILLWAY_MODELS": ",".join(models)}
-        cmd = [sys.executable, "-m", "functions", "serve", "--platform", "local",
-               "--port", str(self.function_port), "--model-repository", str(repository)]
+        env = {
+            **os.environ,
+            "SPILLWAY_TRITON_HTTP_PORT": str(self.triton_port),
+            "SPILLWAY_MODELS": ",".join(models),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "functions",
+            "serve",
+            "--platform",
+            "local",
+            "--port",
+            str(self.function_port),
+            "--model-repository",
+            str(repository),
+        ]
         say(f"starting the function on {self.function_port}, its Triton sidecar on {self.triton_port}")
         self.function = launch(cmd, env, self.work / "function.log")
         launched.append(self.function)
@@ -126,14 +147,31 @@ class Bench:
         count: int = json.loads(body)["model_stats"][0]["inference_stats"]["success"]["count"]
         return count
 
-    def measure(self, case: Case, target: str, concurrency: int, rnd: int,
-                interval_ms: int | None = None) -> Measurement | None:
+    def measure(
+        self, case: Case, target: str, concurrency: int, rnd: int, interval_ms: int | None = None
+    ) -> Measurement | None:
         port = self.triton_port if target == "direct" else self.function_port
         report = self.work / f"pa-{case.model}-{target}-{concurrency}-{rnd}.csv"
-        cmd = [str(self.perf_analyzer), "-m", case.model, "-u", f"127.0.0.1:{port}", "-i", "http",
-               "--concurrency-range", f"{concurrency}:{concurrency}",
-               "-p", str(interval_ms or self.args.interval_ms), "-s", str(self.args.stability),
-               "-r", str(self.args.max_trials), "-f", str(report), *case.pa_args]
+        cmd = [
+            str(self.perf_analyzer),
+            "-m",
+            case.model,
+            "-u",
+            f"127.0.0.1:{port}",
+            "-i",
+            "http",
+            "--concurrency-range",
+            f"{concurrency}:{concurrency}",
+            "-p",
+            str(interval_ms or self.args.interval_ms),
+            "-s",
+            str(self.args.stability),
+            "-r",
+            str(self.args.max_trials),
+            "-f",
+            str(report),
+            *case.pa_args,
+        ]
         for attempt in (1, 2):
             proxy0, triton0 = self._cpu()
             served0 = self._served(case.model)
@@ -146,16 +184,22 @@ class Bench:
             proxy1, triton1 = self._cpu()
             if done.returncode == 0 and report.exists():
                 break
-            say(f"perf_analyzer failed ({case.model} {target} c={concurrency}, try {attempt}): "
-                f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}")
+            say(
+                f"perf_analyzer failed ({case.model} {target} c={concurrency}, try {attempt}): "
+                f"{(done.stdout + done.stderr).strip().splitlines()[-1:]}"
+            )
         else:
             return None
         with report.open() as f:
             row = next(csv.DictReader(f))
         return Measurement(
-            model=case.model, target=target, concurrency=concurrency, round=rnd,
+            model=case.model,
+            target=target,
+            concurrency=concurrency,
+            round=rnd,
             infer_per_s=float(row["Inferences/Second"]),
-            p50_us=float(row["p50 latency"]), p99_us=float(row["p99 latency"]),
+            p50_us=float(row["p50 latency"]),
+            p99_us=float(row["p99 latency"]),
             requests=served1 - served0,
             proxy_cpu_s=proxy1 - proxy0 if target == "function" else 0.0,
             triton_cpu_s=triton1 - triton0,
@@ -200,55 +244,117 @@ def targets(summaries: list[dict[str, Any]], max_concurrency: int) -> list[dict[
     out = []
     for s in summaries:
         if s["concurrency"] == 4 and max_concurrency >= 4:
-            out.append({"kind": "target", "model": s["model"], "what": "throughput ratio at concurrency 4",
-                        "target": f">= {TARGET_RATIO_AT_C4:.2f}", "value": round(s["ratio"], 3),
-                        "met": bool(s["ratio"] >= TARGET_RATIO_AT_C4)})
+            out.append(
+                {
+                    "kind": "target",
+                    "model": s["model"],
+                    "what": "throughput ratio at concurrency 4",
+                    "target": f">= {TARGET_RATIO_AT_C4:.2f}",
+                    "value": round(s["ratio"], 3),
+                    "met": bool(s["ratio"] >= TARGET_RATIO_AT_C4),
+                }
+            )
         if s["concurrency"] == 1:
-            out.append({"kind": "target", "model": s["model"], "what": "added p50 latency at concurrency 1",
-                        "target": f"<= {TARGET_ADDED_P50_AT_C1_US:.0f} us",
-                        "value": round(s["added_p50_us"], 1),
-                        "met": bool(s["added_p50_us"] <= TARGET_ADDED_P50_AT_C1_US)})
+            out.append(
+                {
+                    "kind": "target",
+                    "model": s["model"],
+                    "what": "added p50 latency at concurrency 1",
+                    "target": f"<= {TARGET_ADDED_P50_AT_C1_US:.0f} us",
+                    "value": round(s["added_p50_us"], 1),
+                    "met": bool(s["added_p50_us"] <= TARGET_ADDED_P50_AT_C1_US),
+                }
+            )
     return out
 
 
 def print_table(meta: dict[str, Any], summaries: list[dict[str, Any]], goals: list[dict[str, Any]]) -> None:
-    print(f"function overhead, {meta['date']}, {meta['cpus']} CPUs (client, proxy and Triton share them), "
-          f"{meta['rounds']} rounds x {meta['interval_ms']} ms windows, load avg {meta['loadavg_1m']}")
+    print(
+        f"function overhead, {meta['date']}, {meta['cpus']} CPUs (client, proxy and Triton share them), "
+        f"{meta['rounds']} rounds x {meta['interval_ms']} ms windows, load avg {meta['loadavg_1m']}"
+    )
     for model in dict.fromkeys(s["model"] for s in summaries):
         print(f"\n{CASES[model].description}")
-        rows = [[s["concurrency"], s["direct_infer_per_s"], s["function_infer_per_s"], s["ratio"],
-                 s["direct_p50_us"], s["function_p50_us"], s["added_p50_us"],
-                 s["direct_p99_us"], s["function_p99_us"], s["added_p99_us"], s["proxy_cpu_us_per_req"]]
-                for s in summaries if s["model"] == model]
-        print(render_table(["conc", "direct/s", "fn/s", "ratio", "d p50us", "fn p50us", "+p50us",
-                            "d p99us", "fn p99us", "+p99us", "proxy cpu us/req"], rows))
+        rows = [
+            [
+                s["concurrency"],
+                s["direct_infer_per_s"],
+                s["function_infer_per_s"],
+                s["ratio"],
+                s["direct_p50_us"],
+                s["function_p50_us"],
+                s["added_p50_us"],
+                s["direct_p99_us"],
+                s["function_p99_us"],
+                s["added_p99_us"],
+                s["proxy_cpu_us_per_req"],
+            ]
+            for s in summaries
+            if s["model"] == model
+        ]
+        print(
+            render_table(
+                [
+                    "conc",
+                    "direct/s",
+                    "fn/s",
+                    "ratio",
+                    "d p50us",
+                    "fn p50us",
+                    "+p50us",
+                    "d p99us",
+                    "fn p99us",
+                    "+p99us",
+                    "proxy cpu us/req",
+                ],
+                rows,
+            )
+        )
     print()
     for g in goals:
-        print(f"{g['model']}: {g['what']} = {g['value']} (target {g['target']}): "
-              f"{'met' if g['met'] else 'NOT met'}")
+        print(
+            f"{g['model']}: {g['what']} = {g['value']} (target {g['target']}): "
+            f"{'met' if g['met'] else 'NOT met'}"
+        )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Throughput and latency of the function (local platform) against its own Triton "
-                    "sidecar, measured with perf_analyzer in one run. Prints a table on a terminal, "
-                    "JSON lines otherwise.")
-    parser.add_argument("--models", default=",".join(CASES),
-                        help=f"comma list of cases (default: all of {', '.join(CASES)})")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating direct/function rounds (default 3)")
+        "sidecar, measured with perf_analyzer in one run. Prints a table on a terminal, "
+        "JSON lines otherwise."
+    )
+    parser.add_argument(
+        "--models", default=",".join(CASES), help=f"comma list of cases (default: all of {', '.join(CASES)})"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating direct/function rounds (default 3)"
+    )
     parser.add_argument("--max-concurrency", type=int, default=4, help="concurrency 1..N (default 4)")
-    parser.add_argument("--interval-ms", type=int, default=1000,
-                        help="perf_analyzer measurement window, -p (default 1000)")
-    parser.add_argument("--stability", type=int, default=50,
-                        help="perf_analyzer -s: windows agreeing within this %% are stable (default 50; "
-                             "the medians over rounds do the smoothing)")
+    parser.add_argument(
+        "--interval-ms", type=int, default=1000, help="perf_analyzer measurement window, -p (default 1000)"
+    )
+    parser.add_argument(
+        "--stability",
+        type=int,
+        default=50,
+        help="perf_analyzer -s: windows agreeing within this %% are stable (default 50; "
+        "the medians over rounds do the smoothing)",
+    )
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer -r (default 10)")
-    parser.add_argument("--triton-port", type=int, default=0,
-                        help="SPILLWAY_TRITON_HTTP_PORT for the sidecar (default: a free port)")
+    parser.add_argument(
+        "--triton-port",
+        type=int,
+        default=0,
+        help="SPILLWAY_TRITON_HTTP_PORT for the sidecar (default: a free port)",
+    )
     add_output_options(parser)
-    parser.add_argument("--keep-logs", type=Path, default=None,
-                        help="copy the function's log and perf_analyzer's reports to this folder")
+    parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        default=None,
+        help="copy the function's log and perf_analyzer's reports to this folder",
+    )
     args = parser.parse_args(argv)
     unknown = [m for m in args.models.split(",") if m not in CASES]
     if unknown:
@@ -267,10 +373,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in cases:
         (repository / case.model).symlink_to(case.source, target_is_directory=True)
     bench = Bench(args, tools, work)
-    meta = {"kind": "meta", "bench": "function_overhead", **machine_note(), "rounds": args.rounds,
-            "interval_ms": args.interval_ms, "stability_pct": args.stability,
-            "models": [c.model for c in cases], "triton_port": bench.triton_port,
-            "function_port": bench.function_port}
+    meta = {
+        "kind": "meta",
+        "bench": "function_overhead",
+        **machine_note(),
+        "rounds": args.rounds,
+        "interval_ms": args.interval_ms,
+        "stability_pct": args.stability,
+        "models": [c.model for c in cases],
+        "triton_port": bench.triton_port,
+        "function_port": bench.function_port,
+    }
     measurements: list[Measurement] = []
     shm_before = shm_regions()
     failed = False
@@ -290,8 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             m = bench.measure(case, target, c, rnd)
                             if m is None:
                                 continue
-                            say(f"round {rnd} {case.model} c={c} {target}: {m.infer_per_s:.0f}/s "
-                                f"p50 {m.p50_us:.0f} us p99 {m.p99_us:.0f} us")
+                            say(
+                                f"round {rnd} {case.model} c={c} {target}: {m.infer_per_s:.0f}/s "
+                                f"p50 {m.p50_us:.0f} us p99 {m.p99_us:.0f} us"
+                            )
                             measurements.append(m)
                             out.record({"kind": "run", **asdict(m)})
     except BaseException:
@@ -312,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say("stopped every process this run started")
     summaries = [
         summarise(case, c, [m for m in measurements if m.model == case.model and m.concurrency == c])
-        for case in cases for c in range(1, args.max_concurrency + 1)
+        for case in cases
+        for c in range(1, args.max_concurrency + 1)
     ]
     goals = targets(summaries, args.max_concurrency)
     meta["loadavg_1m_end"] = machine_note()["loadavg_1m"]

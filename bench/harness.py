@@ -58,7 +58,10 @@ def tools_dir() -> Path:
         return candidate
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "fetch-tools.sh")],
-        check=True, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable},
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
     )
     return Path(out.stdout.strip().splitlines()[-1])
 
@@ -164,7 +167,10 @@ class Launched:
 
 
 def launch(
-    args: Sequence[str], env: dict[str, str], log_path: Path, cwd: Path = ROOT,
+    args: Sequence[str],
+    env: dict[str, str],
+    log_path: Path,
+    cwd: Path = ROOT,
     before_stop: Callable[[Launched], None] | None = None,
 ) -> Launched:
     with log_path.open("wb") as log:
@@ -193,7 +199,11 @@ def running(launched: list[Launched]) -> Iterator[list[Launched]]:
 
 
 def http_call(
-    port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+    port: int,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
     timeout: float = 5.0,
 ) -> tuple[int, bytes]:
     """One request on a fresh loopback connection; raises ``OSError`` while nothing listens."""
@@ -272,10 +282,13 @@ class Output:
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=("auto", "table", "json"), default="auto",
-                        help="auto (default): a table on a terminal, JSON lines otherwise")
-    parser.add_argument("--json-out", type=Path, default=None,
-                        help="also write the JSON lines to this file")
+    parser.add_argument(
+        "--format",
+        choices=("auto", "table", "json"),
+        default="auto",
+        help="auto (default): a table on a terminal, JSON lines otherwise",
+    )
+    parser.add_argument("--json-out", type=Path, default=None, help="also write the JSON lines to this file")
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

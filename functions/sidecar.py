@@ -151,8 +151,13 @@ class Sidecar:
         if opts.metrics_port is None:
             args.append("--allow-metrics=false")
         else:
-            args += ["--allow-metrics=true", "--allow-gpu-metrics=false", f"--metrics-port={opts.metrics_port}",
-                     "--metrics-address=127.0.0.1", "--metrics-interval-ms=100"]
+            args += [
+                "--allow-metrics=true",
+                "--allow-gpu-metrics=false",
+                f"--metrics-port={opts.metrics_port}",
+                "--metrics-address=127.0.0.1",
+                "--metrics-interval-ms=100",
+            ]
         if opts.models:
             args.append("--model-control-mode=explicit")
             args.extend(f"--load-model={m}" for m in opts.models)

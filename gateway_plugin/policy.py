@@ -166,7 +166,7 @@ def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
     scrape plus those the gateway sent since, less what the cluster finished in the meantime,
     spread over its parallelism.
     """
-    backlog = load.pending + load.sent_since_scrape
+    backlog = float(load.pending + load.sent_since_scrape)
     if load.compute_ms > 0:
         backlog = max(0.0, backlog - load.age_ms * policy.parallelism / load.compute_ms)
     return max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms

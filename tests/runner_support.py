@@ -34,7 +34,15 @@ class StopPlugin(Plugin[StopConf]):
     config_model = StopConf
 
     async def request_filter(self, conf: StopConf, request: HttpRequest, action: RequestAction) -> None:
-        seen = f"{request.method} {request.path} {request.arg('q')} {request.headers.get('x-a')} {request.src_ip}"
+        seen = " ".join(
+            [
+                request.method,
+                request.path,
+                str(request.arg("q")),
+                str(request.headers.get("x-a")),
+                request.src_ip,
+            ]
+        )
         action.stop(conf.status, seen.encode(), [("x-stopped", "yes")])
 
 

@@ -8,6 +8,7 @@ driven over its Unix socket by the APISIX-side peer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import shutil
 import threading
@@ -142,6 +143,6 @@ def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -
     assert loaded.count("aws") > 0.8 * len(loaded), f"public requests did not spill: {loaded}"
     after = targets("after", "public")
     assert set(after) == {"local"}, f"did not come back local: {after}"
-    flips = sum(1 for a, b in zip(loaded, loaded[1:], strict=False) if a != b)
+    flips = sum(1 for a, b in itertools.pairwise(loaded) if a != b)
     assert flips <= 2, f"overflow flapped under steady load: {loaded}"
     print(json.dumps({"idle": len(targets("idle", "public")), "loaded_public": loaded}))
