@@ -40,7 +40,19 @@ class RunnerApp:
 
     @staticmethod
     def _invokers(config: SpillwayConfig) -> dict[str, Invoker]:
-        return {t.name: make_invoker(t) for t in config.targets if t.mode == "invoke"}
+        invokers = {}
+        for target in config.targets:
+            if target.mode != "invoke":
+                continue
+            try:
+                invokers[target.name] = make_invoker(target)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"target {target.name!r} cannot invoke ({str(exc).rstrip('.')}). Invoke mode needs "
+                    "the cloud's credentials in the runner's environment (AWS_* for Lambda; "
+                    "ALIBABA_CLOUD_ACCESS_KEY_ID/_SECRET for FC); pass them through nginx_config.envs"
+                ) from None
+        return invokers
 
     def start(self) -> None:
         """Background work on the running loop: metrics scraping, gauges, the /metrics endpoint."""

@@ -41,8 +41,20 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--config", type=Path, help="spillway.yaml; its devgateway section sets listen and upstreams"
     )
-    check = sub.add_parser("check-config", help="validate a spillway.yaml and explain what is wrong")
+    check = sub.add_parser(
+        "check-config",
+        help="validate a spillway.yaml and explain it",
+        description="Validate a spillway.yaml; a bad field is named by its path. A valid file is "
+        "summarised: targets, rules in the order they apply, and what may leave the premises.",
+    )
     check.add_argument("file", type=Path)
+    imp = sub.add_parser(
+        "import-targets",
+        help="turn Terraform's spillway_targets output into the targets section",
+        description="Read `terraform output -json spillway_targets` on standard input and print the "
+        "validated `targets:` section of spillway.yaml.",
+    )
+    imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
     return parser
 
 
@@ -50,21 +62,31 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = (
-            load(args.config if args.command != "check-config" else args.file)
-            if (getattr(args, "config", None) or args.command == "check-config")
-            else SpillwayConfig()
-        )
+        if args.command == "import-targets":
+            from gateway_plugin.targets_import import import_targets
+
+            raw = args.file.read_text() if args.file else sys.stdin.read()
+            print(import_targets(raw), end="")
+            return 0
+        source = args.file if args.command == "check-config" else args.config
+        config = load(source) if source else SpillwayConfig()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.command == "check-config":
+        from gateway_plugin.explain import explain
+
         print(f"{args.file}: valid")
+        print(explain(config))
         return 0
     loop = _new_loop(config.runner.uvloop)
     try:
         if args.command == "run":
-            return loop.run_until_complete(_run(config, args.config))
+            try:
+                return loop.run_until_complete(_run(config, args.config))
+            except ConfigError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         sock = Path(tempfile.mkdtemp(prefix="spillway-")) / "runner.sock"
         runner = _start_runner(sock, args.config)
         try:

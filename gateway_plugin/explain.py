@@ -1,0 +1,32 @@
+"""A readable summary of a valid config: what ``check-config`` prints after "valid"."""
+
+from __future__ import annotations
+
+from gateway_plugin.config import SpillwayConfig
+
+
+def explain(config: SpillwayConfig) -> str:
+    local = config.local
+    lines = [
+        f"local: {len(local.endpoints)} Triton endpoint(s), latency target {local.latency_target_ms:g} ms, "
+        f"scraped every {local.scrape_period_s:g} s (stale after {local.stale_after_s:g} s)",
+    ]
+    for t in config.targets:
+        where = t.url if t.mode == "upstream" else f"{t.function_name} in {t.region or 'default region'}"
+        lines.append(
+            f"target {t.name}: {t.kind}, {t.mode} mode → {where}; cap {t.concurrency_cap} in flight, "
+            f"cold start {t.cold_start_ms:g} ms"
+        )
+    if not config.targets:
+        lines.append("no cloud targets: every request stays local")
+    for rule in sorted(config.rules, key=lambda r: -r.priority):
+        chain = f" → {', '.join(rule.targets)}" if rule.targets else ""
+        lines.append(f"rule {rule.name} (priority {rule.priority}): {rule.action}{chain}")
+    lines.append("otherwise: overflow over " + (", ".join(t.name for t in config.targets) or "nothing"))
+    residency = config.residency
+    leaving = ", ".join(residency.cloud_allowed) or "nothing"
+    lines.append(
+        f"residency: {residency.header} in [{leaving}] may leave; unclassified "
+        f"{'may leave' if residency.unclassified_may_leave else 'stays on premises'}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+variable "create" {
+  description = "Whether to create any resource at all."
+  type        = bool
+  default     = true
+}
+
+variable "name" {
+  description = "Function name; also names the RAM role, policy, triggers and (lower-cased) the log project."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[A-Za-z_][A-Za-z0-9_-]{0,47}$", var.name))
+    error_message = "name must start with a letter or '_' and be at most 48 letters, digits, '-' or '_'."
+  }
+}
+
+variable "tags" {
+  description = "Tags added to the function and RAM role."
+  type        = map(string)
+  default     = {}
+}
+
+variable "image" {
+  description = "ACR image of images/aliyun-fc, with tag or digest, in the function's region (registry-vpc.<region>.aliyuncs.com/<ns>/<repo>:<tag>)."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[^/]+\\.aliyuncs\\.com/[^/]+/[^:@/]+[:@].+$", var.image))
+    error_message = "image must be an ACR image with namespace, repository and a tag or digest."
+  }
+}
+
+variable "acr_pull_resource_arns" {
+  description = "ACR resources the function role may pull from; null derives the Personal Edition repository ARN from image."
+  type        = list(string)
+  default     = null
+}
+
+variable "container_entrypoint" {
+  description = "Container entrypoint (wires CUDA forward compatibility, then runs the command)."
+  type        = list(string)
+  default     = ["/opt/spillway/entrypoint.sh"]
+}
+
+variable "container_command" {
+  description = "Container command: the FC custom-container server on port 9000."
+  type        = list(string)
+  default     = ["python", "-m", "functions", "serve", "--platform", "aliyun-fc"]
+}
+
+variable "cpu" {
+  description = "vCPUs per instance (multiple of 0.05; memory in GB must be 1 to 4 times this)."
+  type        = number
+  default     = 8
+}
+
+variable "memory_size" {
+  description = "Memory per instance in MB (multiple of 64)."
+  type        = number
+  default     = 32768
+
+  validation {
+    condition     = var.memory_size >= 128 && var.memory_size % 64 == 0
+    error_message = "memory_size must be a multiple of 64 MB, at least 128."
+  }
+}
+
+variable "disk_size" {
+  description = "Disk per instance in MB: 512 or 10240."
+  type        = number
+  default     = 10240
+
+  validation {
+    condition     = contains([512, 10240], var.disk_size)
+    error_message = "disk_size must be 512 or 10240."
+  }
+}
+
+variable "timeout" {
+  description = "Invocation timeout in seconds."
+  type        = number
+  default     = 60
+
+  validation {
+    condition     = var.timeout >= 1 && var.timeout <= 86400
+    error_message = "timeout must be between 1 and 86400 seconds."
+  }
+}
+
+variable "instance_concurrency" {
+  description = "Requests one instance serves at once (Triton batches them on the GPU)."
+  type        = number
+  default     = 4
+
+  validation {
+    condition     = var.instance_concurrency >= 1 && var.instance_concurrency <= 200
+    error_message = "instance_concurrency must be between 1 and 200."
+  }
+}
+
+variable "gpu_type" {
+  description = "FC GPU type (fc.gpu.tesla.1, fc.gpu.ampere.1, fc.gpu.ada.1, ...); null for a CPU-only function."
+  type        = string
+  default     = "fc.gpu.tesla.1"
+
+  validation {
+    condition     = var.gpu_type == null || can(regex("^fc\\.gpu\\.[a-z0-9]+\\.[0-9]+$", var.gpu_type))
+    error_message = "gpu_type must look like fc.gpu.<family>.<n>, or be null."
+  }
+}
+
+variable "gpu_memory_size" {
+  description = "GPU memory per instance in MB (multiple of 1024, within the card's memory)."
+  type        = number
+  default     = 16384
+
+  validation {
+    condition     = var.gpu_memory_size >= 1024 && var.gpu_memory_size % 1024 == 0
+    error_message = "gpu_memory_size must be a multiple of 1024 MB."
+  }
+}
+
+variable "internet_access" {
+  description = "Whether instances may reach the internet (needed to fetch a KMS secret without a VPC)."
+  type        = bool
+  default     = false
+}
+
+variable "qualifier" {
+  description = "Version or alias the triggers and provisioned instances target."
+  type        = string
+  default     = "LATEST"
+}
+
+variable "models" {
+  description = "Models the function loads (SPILLWAY_MODELS) and the warm-up pings name."
+  type        = list(string)
+  default     = ["add_sub"]
+
+  validation {
+    condition     = alltrue([for m in var.models : can(regex("^[A-Za-z0-9_.-]+$", m))])
+    error_message = "Each model name may contain only letters, digits, '_', '.' and '-'."
+  }
+}
+
+variable "environment_variables" {
+  description = "Extra environment variables. Never put the signing key here: use signing_key_secret_name."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = length(setintersection(keys(var.environment_variables), ["SPILLWAY_SIGNING_KEY", "SPILLWAY_SIGNING_KEY_FILE"])) == 0
+    error_message = "The signing key must come from KMS Secrets Manager (signing_key_secret_name), never from a literal variable."
+  }
+}
+
+variable "signing_key_secret_name" {
+  description = "KMS Secrets Manager secret holding the X-Spillway-Signature key, read by the function at init; null for none."
+  type        = string
+  default     = null
+}
+
+variable "allow_unsigned_payload" {
+  description = "Accept signatures whose body hash is UNSIGNED-PAYLOAD (needed when the gateway streams bodies in upstream mode)."
+  type        = bool
+  default     = false
+}
+
+variable "reserved_concurrency" {
+  description = "Hard cap on concurrent requests of the function (instances x instance_concurrency), and so on spend. Required."
+  type        = number
+
+  validation {
+    condition     = var.reserved_concurrency > 0 && floor(var.reserved_concurrency) == var.reserved_concurrency
+    error_message = "reserved_concurrency must be a whole number > 0."
+  }
+}
+
+variable "provisioned_instances" {
+  description = "Instances kept provisioned (billed while idle); 0 for none."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.provisioned_instances >= 0 && var.provisioned_instances <= 10000
+    error_message = "provisioned_instances must be between 0 and 10000."
+  }
+}
+
+variable "http_auth_type" {
+  description = "Auth of the HTTP trigger: function (FC-signed requests) or jwt. Anonymous is not allowed."
+  type        = string
+  default     = "function"
+
+  validation {
+    condition     = contains(["function", "jwt"], var.http_auth_type)
+    error_message = "http_auth_type must be function or jwt; an anonymous trigger would expose the function."
+  }
+}
+
+variable "http_auth_config" {
+  description = "JSON auth config of the HTTP trigger (JWKS, token lookup); required when http_auth_type is jwt."
+  type        = string
+  default     = null
+}
+
+variable "disable_url_internet" {
+  description = "Disable the public trigger URL (the gateway then uses the VPC URL)."
+  type        = bool
+  default     = false
+}
+
+variable "log_retention_in_days" {
+  description = "Retention of the function's log store in days."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.log_retention_in_days >= 1 && var.log_retention_in_days <= 3650
+    error_message = "log_retention_in_days must be between 1 and 3650."
+  }
+}
+
+variable "warmup_pings" {
+  description = "Overlapping warm-up pings per tick (one timer trigger each); an instance takes up to instance_concurrency of them. 0 disables warm-up."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.warmup_pings >= 0 && var.warmup_pings <= 10 && floor(var.warmup_pings) == var.warmup_pings
+    error_message = "warmup_pings must be a whole number between 0 and 10 (each ping is one timer trigger)."
+  }
+}
+
+variable "warmup_cron_expression" {
+  description = "Timer of the warm-up tick (FC cron with seconds, or @every); idle instances are released after 3-5 minutes."
+  type        = string
+  default     = "0 0/3 * * * *"
+}
+
+variable "warmup_dwell_ms" {
+  description = "How long each ping holds its instance, so that overlapping pings land on distinct instances."
+  type        = number
+  default     = 250
+
+  validation {
+    condition     = var.warmup_dwell_ms >= 0 && var.warmup_dwell_ms <= 60000 && floor(var.warmup_dwell_ms) == var.warmup_dwell_ms
+    error_message = "warmup_dwell_ms must be a whole number between 0 and 60000 (the function's limit)."
+  }
+}
+
+variable "warmup_probe" {
+  description = "Whether each ping runs one synthetic inference per model (inputs from model metadata, never user data)."
+  type        = bool
+  default     = false
+}
