@@ -109,6 +109,7 @@ class Bench:
     def start_function(self, launched: list[Launched], repository: Path, models: Sequence[str]) -> None:
         env = {
             **os.environ,
+            **dict(item.split("=", 1) for item in self.args.env),
             "SPILLWAY_TRITON_HTTP_PORT": str(self.triton_port),
             "SPILLWAY_MODELS": ",".join(models),
         }
@@ -348,6 +349,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0,
         help="SPILLWAY_TRITON_HTTP_PORT for the sidecar (default: a free port)",
     )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the function server and its sidecar (repeatable)",
+    )
     add_output_options(parser)
     parser.add_argument(
         "--keep-logs",
@@ -356,6 +364,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="copy the function's log and perf_analyzer's reports to this folder",
     )
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.env):
+        parser.error("--env takes NAME=VALUE")
     unknown = [m for m in args.models.split(",") if m not in CASES]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")

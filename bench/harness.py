@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -27,6 +28,7 @@ EXAMPLE_REPOSITORY = ROOT / "examples" / "model_repository"
 BENCH_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
 LOOPBACK = "127.0.0.1"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_SHM_IN_MAPS = re.compile(r"/dev/shm/triton_python_backend_shm_region_\S+")
 
 ADD_SUB_JSON_REQUEST = json.dumps(
     {
@@ -238,8 +240,20 @@ def shm_regions() -> set[str]:
     return set()
 
 
+def _mapped_regions() -> set[str]:
+    """Regions some live process (this run's or anyone else's) still has mapped."""
+    mapped: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                maps = Path(f"/proc/{entry}/maps").read_text()
+                mapped.update(m.rsplit("/", 1)[-1] for m in _SHM_IN_MAPS.findall(maps))
+    return mapped
+
+
 def warn_leaked(before: set[str]) -> None:
-    leaked = sorted(shm_regions() - before)
+    """New regions that no live process maps: what a Triton killed without a clean stop leaves."""
+    leaked = sorted(shm_regions() - before - _mapped_regions())
     if leaked:
         say(f"warning: {len(leaked)} new Triton shared-memory region(s) in /dev/shm: {', '.join(leaked)}")
 

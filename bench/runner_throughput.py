@@ -2,10 +2,12 @@
 
 The echo server reads ext-plugin frames and answers each with a fixed frame: the ceiling of what
 an asyncio Unix-socket server in Python does on this machine. The runner is measured with a no-op
-plugin and with a header-rewrite plugin, at concurrency 1, 4 and 16, with uvloop on and off.
-The load generator runs in its own process and shares the machine's cores with the server.
+plugin, a header-rewrite plugin and the spillway plugin (local decisions; cloud decisions signed
+over UNSIGNED-PAYLOAD; cloud decisions signed over the body, fetched over ExtraInfo), at
+concurrency 1, 4 and 16, with uvloop on and off. The load generator plays APISIX in its own
+process and shares the machine's cores with the server.
 
-    python bench/runner_throughput.py [--seconds 3] [--json]
+    python bench/runner_throughput.py [--seconds 3] [--concurrency 1 4 16] [--json]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -24,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import FrameReader, FrameType, frame
@@ -40,6 +44,50 @@ HEADERS = [
     ("x-tenant", "search"),
     ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
 ]
+BODY = (
+    b'{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]},'
+    b'{"name":"INPUT1","shape":[1,4],"datatype":"FP32","data":[1,1,1,1]}]}'
+)
+
+Case = tuple[str, str, list[tuple[str, str]]]
+
+# case → (plugin, its route conf, extra request headers)
+CASES: dict[str, Case] = {
+    "noop": ("noop", "{}", []),
+    "header-rewrite": (
+        "headers",
+        '{"set": {"x-spillway-target": "aws"}, "response": {"x-spillway-decision": "aws;overflow"}}',
+        [],
+    ),
+    "spillway-local": ("spillway", "{}", []),
+    "spillway-cloud-unsigned-payload": ("spillway", "{}", [("x-want", "aws")]),
+    "spillway-cloud-body-hash": ("spillway", "{}", [("x-want", "aws-hashed")]),
+}
+
+# A calm cluster keeps requests local; a rule sends x-want requests to an upstream-mode target
+# whose signature covers UNSIGNED-PAYLOAD or the body.
+SPILLWAY_CONFIG: dict[str, Any] = {
+    "targets": [
+        {"name": "aws", "kind": "aws_lambda", "url": "https://fn.example", "concurrency_cap": 1_000_000},
+        {
+            "name": "aws-hashed",
+            "kind": "aws_lambda",
+            "url": "https://fn.example",
+            "sign_body": True,
+            "concurrency_cap": 1_000_000,
+        },
+    ],
+    "rules": [
+        {"name": "a", "match": {"headers": {"x-want": "aws"}}, "action": "target", "targets": ["aws"]},
+        {
+            "name": "b",
+            "match": {"headers": {"x-want": "aws-hashed"}},
+            "action": "target",
+            "targets": ["aws-hashed"],
+        },
+    ],
+    "metrics": {"listen": None},
+}
 
 
 class Nothing(BaseModel):
@@ -52,15 +100,6 @@ class NoopPlugin(Plugin[Nothing]):
 
     async def request_filter(self, conf: Nothing, request: HttpRequest, action: RequestAction) -> None:
         return None
-
-
-PLUGINS: dict[str, tuple[str, str]] = {
-    "noop": ("noop", "{}"),
-    "header-rewrite": (
-        "headers",
-        '{"set": {"x-spillway-target": "aws"}, "response": {"x-spillway-decision": "aws;overflow"}}',
-    ),
-}
 
 
 def _echo_server(sock: Path, use_uvloop: bool, ready: Any) -> None:
@@ -84,7 +123,11 @@ def _echo_server(sock: Path, use_uvloop: bool, ready: Any) -> None:
 
 
 def _runner_server(sock: Path, use_uvloop: bool, ready: Any) -> None:
-    plugins: dict[str, Plugin[Any]] = {**default_plugins(), "noop": NoopPlugin()}
+    os.environ["SPILLWAY_SIGNING_KEY"] = "bench-signing-key"
+    plugins: dict[str, Plugin[Any]] = {
+        **default_plugins(SpillwayConfig.model_validate(SPILLWAY_CONFIG)),
+        "noop": NoopPlugin(),
+    }
 
     async def main() -> None:
         await serve(Runner(plugins), sock)
@@ -103,25 +146,34 @@ def _run(coro: Any, use_uvloop: bool) -> None:
         asyncio.run(coro)
 
 
-async def _client(sock: Path, conf: tuple[str, str], concurrency: int, seconds: float) -> list[float]:
+async def _client(sock: Path, case: Case, concurrency: int, seconds: float) -> list[float]:
+    """Plays APISIX: one call at a time per connection, ExtraInfo questions answered in a loop."""
     latencies: list[float] = []
+    name, value, extra = case
+    answers = {
+        messages.INFO_VAR: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(b"/v2/models/add_sub/infer")),
+        messages.INFO_REQ_BODY: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(BODY)),
+    }
 
     async def worker() -> None:
         reader, writer = await asyncio.open_unix_connection(str(sock))
-        writer.write(frame(FrameType.PREPARE_CONF, encode.prepare_conf("bench", [conf])))
+        writer.write(frame(FrameType.PREPARE_CONF, encode.prepare_conf("bench", [(name, value)])))
         head = await reader.readexactly(4)
         token = messages.conf_token(await reader.readexactly(int.from_bytes(head[1:], "big")))
-        call = frame(
-            FrameType.HTTP_REQ_CALL,
-            encode.req_call(1, token, 2, "/v2/models/add_sub/infer", [], HEADERS, bytes([10, 1, 2, 3])),
+        payload = encode.req_call(
+            1, token, 2, "/v2/models/add_sub/infer", [], HEADERS + extra, bytes([10, 1, 2, 3])
         )
+        call = frame(FrameType.HTTP_REQ_CALL, payload)
         end = time.perf_counter() + seconds
         while (start := time.perf_counter()) < end:
             writer.write(call)
-            head = await reader.readexactly(4)
-            length = int.from_bytes(head[1:], "big")
-            if length:
-                await reader.readexactly(length)
+            while True:
+                head = await reader.readexactly(4)
+                length = int.from_bytes(head[1:], "big")
+                answer = await reader.readexactly(length) if length else b""
+                if head[0] != FrameType.EXTRA_INFO:
+                    break
+                writer.write(answers[messages.extra_info_request(answer)[0]])
             if head[0] != FrameType.HTTP_REQ_CALL:
                 raise RuntimeError(f"error frame {head[0]}")
             latencies.append(time.perf_counter() - start)
@@ -131,14 +183,14 @@ async def _client(sock: Path, conf: tuple[str, str], concurrency: int, seconds: 
     return latencies
 
 
-def _client_process(sock: Path, conf: tuple[str, str], concurrency: int, seconds: float, out: Any) -> None:
+def _client_process(sock: Path, case: Case, concurrency: int, seconds: float, out: Any) -> None:
     import uvloop
 
-    out.put(uvloop.run(_client(sock, conf, concurrency, seconds)))
+    out.put(uvloop.run(_client(sock, case, concurrency, seconds)))
 
 
 def measure(
-    server: Callable[..., None], use_uvloop: bool, conf: tuple[str, str], concurrency: int, seconds: float
+    server: Callable[..., None], use_uvloop: bool, case: Case, concurrency: int, seconds: float
 ) -> dict[str, float]:
     sock = Path(tempfile.mkdtemp(prefix="spillway-bench-")) / "s.sock"
     ctx = mp.get_context("spawn")
@@ -148,7 +200,7 @@ def measure(
     try:
         if not ready.wait(30):
             raise RuntimeError("server did not start")
-        cli = ctx.Process(target=_client_process, args=(sock, conf, concurrency, seconds, out))
+        cli = ctx.Process(target=_client_process, args=(sock, case, concurrency, seconds, out))
         cli.start()
         lat = sorted(out.get(timeout=seconds + 60))
         cli.join()
@@ -169,35 +221,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell (default 3)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--plugins", nargs="+", default=list(PLUGINS), choices=list(PLUGINS))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--uvloop", choices=["on", "off", "both"], default="both")
     parser.add_argument("--json", action="store_true", help="JSON lines (the default when not on a terminal)")
     args = parser.parse_args(argv)
     as_json = args.json or not sys.stdout.isatty()
-    rows = []
-    for use_uvloop in (True, False):
+    loops = {"on": [True], "off": [False], "both": [True, False]}[args.uvloop]
+    for use_uvloop in loops:
         for c in args.concurrency:
-            ceiling = measure(_echo_server, use_uvloop, ("noop", "{}"), c, args.seconds)
-            for name in args.plugins:
-                got = measure(_runner_server, use_uvloop, PLUGINS[name], c, args.seconds)
+            ceiling = measure(_echo_server, use_uvloop, CASES["noop"], c, args.seconds)
+            noop = None
+            for name in args.cases:
+                got = measure(_runner_server, use_uvloop, CASES[name], c, args.seconds)
+                noop = got if name == "noop" else noop
                 row = {
                     "uvloop": use_uvloop,
                     "concurrency": c,
-                    "plugin": name,
+                    "case": name,
                     "echo_calls_per_s": round(ceiling["calls_per_s"]),
                     "calls_per_s": round(got["calls_per_s"]),
-                    "ratio": round(got["calls_per_s"] / ceiling["calls_per_s"], 3),
+                    "of_echo": round(got["calls_per_s"] / ceiling["calls_per_s"], 3),
+                    "of_noop": round(got["calls_per_s"] / noop["calls_per_s"], 3) if noop else None,
                     "p50_us": round(got["p50_us"], 1),
                     "p99_us": round(got["p99_us"], 1),
                     "echo_p99_us": round(ceiling["p99_us"], 1),
                 }
-                rows.append(row)
                 if as_json:
                     print(json.dumps(row), flush=True)
                 else:
+                    loop = "on " if use_uvloop else "off"
                     print(
-                        f"uvloop={'on ' if use_uvloop else 'off'} c={c:<3} {name:<15} "
-                        f"{row['calls_per_s']:>8} calls/s  echo {row['echo_calls_per_s']:>8}  "
-                        f"ratio {row['ratio']:.2f}  p50 {row['p50_us']:>7} µs  p99 {row['p99_us']:>7} µs",
+                        f"uvloop={loop} c={c:<3} {name:<32} {row['calls_per_s']:>7}/s "
+                        f"echo {row['echo_calls_per_s']:>7}/s  of echo {row['of_echo']:.2f}  "
+                        f"of noop {row['of_noop'] or 0:.2f}  "
+                        f"p50 {row['p50_us']:>7} µs  p99 {row['p99_us']:>7} µs",
                         flush=True,
                     )
     return 0

@@ -83,10 +83,10 @@ class HttpRequest:
     def raw_headers(self) -> TextEntries:
         return self._call.headers
 
-    @cached_property
+    @property
     def headers(self) -> dict[str, str]:
         """Lower-cased names; repeated headers joined with ``", "``."""
-        return _as_dict(self._call.headers)
+        return self._call.header_map
 
     @property
     def args(self) -> TextEntries:

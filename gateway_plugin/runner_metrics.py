@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 class RunnerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self._decision_children: dict[tuple[str, str], Counter] = {}
         self.decisions = Counter(
             "spillway_decisions", "Routing decisions, by target and reason.", ["target", "reason"], registry=r
         )
@@ -57,6 +58,13 @@ class RunnerMetrics:
         self.invoke_failures = Counter(
             "spillway_invoke_failures", "Failed invocations per target.", ["target"], registry=r
         )
+
+    def decided(self, target: str, reason: str) -> None:
+        key = (target, reason)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.decisions.labels(target, reason)
+        child.inc()
 
     def serve(self, listen: str) -> bool:
         """Start ``/metrics``; a taken port is logged, not fatal: routing matters more than metrics."""

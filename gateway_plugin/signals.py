@@ -14,7 +14,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -72,8 +72,30 @@ def parse_triton_metrics(text: str) -> dict[str, Counters]:
 
 @dataclass
 class _ModelLoad:
+    """Mutable per-model state; requests read it through immutable ``LocalLoad`` snapshots."""
+
     counters: Counters = field(default_factory=Counters)
-    load: LocalLoad = field(default_factory=LocalLoad)
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    pending: int = 0
+    sent: int = 0
+    overflowing: bool = False
+
+    def scraped(self, now: Counters, first: bool) -> None:
+        done = now.success - self.counters.success
+        if not first and done > 0:
+            self.queue_ms = max(0.0, (now.queue_us - self.counters.queue_us) / done / 1000)
+            self.compute_ms = max(0.0, (now.compute_us - self.counters.compute_us) / done / 1000)
+        elif not first and done == 0 and not now.pending:
+            self.queue_ms = 0.0
+        self.pending = int(now.pending)
+        self.sent = 0
+        self.counters = now
+
+    def view(self, fresh: bool, age_ms: float) -> LocalLoad:
+        return LocalLoad(
+            fresh, self.queue_ms, self.compute_ms, self.pending, self.sent, age_ms, self.overflowing
+        )
 
 
 @dataclass
@@ -94,51 +116,40 @@ class LoadTracker:
                 merged[ALL_MODELS] = merged[ALL_MODELS] + counters
         first = self.last_ok == float("-inf")
         for model, now in merged.items():
-            entry = self._models.setdefault(model, _ModelLoad())
-            entry.load = _next_load(entry.counters, now, entry.load, first)
-            entry.counters = now
+            self._models.setdefault(model, _ModelLoad()).scraped(now, first)
         self.last_ok = self.clock()
 
     def sent_local(self, model: str | None) -> None:
-        for key in {model or ALL_MODELS, ALL_MODELS}:
-            entry = self._models.setdefault(key, _ModelLoad())
-            entry.load = replace(entry.load, sent_since_scrape=entry.load.sent_since_scrape + 1)
+        self._entry(model).sent += 1
+        if model:
+            self._entry(ALL_MODELS).sent += 1
 
     def set_overflowing(self, model: str | None, hot: bool) -> None:
+        self._entry(model).overflowing = hot
+
+    def _entry(self, model: str | None) -> _ModelLoad:
         entry = self._models.get(model or ALL_MODELS)
-        if entry is not None and entry.load.overflowing != hot:
-            entry.load = replace(entry.load, overflowing=hot)
+        if entry is None:
+            entry = self._models[model or ALL_MODELS] = _ModelLoad()
+        return entry
 
     @property
     def fresh(self) -> bool:
         return self.clock() - self.last_ok <= self.stale_after_s
 
-    def snapshot(self) -> dict[str, LocalLoad]:
+    def snapshot(self, model: str | None = None) -> dict[str, LocalLoad]:
+        """The named model's load and the all-models load (every model's when ``model`` is None)."""
         age_s = self.clock() - self.last_ok
         fresh = age_s <= self.stale_after_s
         age_ms = age_s * 1000 if fresh else 0.0
-        return {
-            model: replace(entry.load, fresh=fresh, age_ms=age_ms) for model, entry in self._models.items()
-        }
-
-
-def _next_load(before: Counters, now: Counters, load: LocalLoad, first: bool) -> LocalLoad:
-    done = now.success - before.success
-    if first or done < 0:
-        return replace(load, pending=int(now.pending), sent_since_scrape=0)
-    if done > 0:
-        queue_ms = (now.queue_us - before.queue_us) / done / 1000
-        compute_ms = (now.compute_us - before.compute_us) / done / 1000
-    else:
-        queue_ms = load.queue_ms if now.pending else 0.0
-        compute_ms = load.compute_ms
-    return replace(
-        load,
-        queue_ms=max(0.0, queue_ms),
-        compute_ms=max(0.0, compute_ms),
-        pending=int(now.pending),
-        sent_since_scrape=0,
-    )
+        if model is None:
+            return {name: entry.view(fresh, age_ms) for name, entry in self._models.items()}
+        out = {}
+        for name in (model, ALL_MODELS):
+            entry = self._models.get(name)
+            if entry is not None:
+                out[name] = entry.view(fresh, age_ms)
+        return out
 
 
 class Scraper:

@@ -82,7 +82,8 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
         model = match.group(1) if match else None
         features = RequestFeatures(request.path, headers, {k: v or "" for k, v in request.args}, model)
         policy = self.policy_for(conf)
-        decision = decide(features, self.state.snapshot(headers.get(policy.tenant_header) or None), policy)
+        snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
+        decision = decide(features, snapshot, policy)
         self.state.commit(decision, model)
         if decision.residency_kept:
             residency_log.info(

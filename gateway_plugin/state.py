@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from gateway_plugin.breakers import Breaker, RetryBudget
 from gateway_plugin.config import SpillwayConfig, Target
@@ -22,6 +22,32 @@ from gateway_plugin.targets.signing import TargetSigner
 from gateway_plugin.warm_pool import WarmPool
 
 log = logging.getLogger("spillway.state")
+
+
+class _TargetStates(Mapping[str, TargetState]):
+    """Per-target states for one snapshot, each taken once, on first read, at the snapshot's time.
+
+    Most requests never reach target selection (a calm cluster keeps them local), so states are
+    not gathered for them; a state once read does not change for the rest of the decision.
+    """
+
+    def __init__(self, state: GatewayState, now: float, wall: float) -> None:
+        self._state, self._now, self._wall = state, now, wall
+        self._taken: dict[str, TargetState] = {}
+
+    def __getitem__(self, name: str) -> TargetState:
+        taken = self._taken.get(name)
+        if taken is None:
+            if name not in self._state.targets:
+                raise KeyError(name)
+            taken = self._taken[name] = self._state.target_state(name, self._now, self._wall)
+        return taken
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state.targets)
+
+    def __len__(self) -> int:
+        return len(self._state.targets)
 
 
 class GatewayState:
@@ -63,20 +89,9 @@ class GatewayState:
         if old:
             log.info("config applied: targets %s", sorted(self.targets))
 
-    def snapshot(self, tenant: str | None) -> Snapshot:
+    def snapshot(self, tenant: str | None, model: str | None = None) -> Snapshot:
+        """What the policy may read for one request; target states are taken when first read."""
         now, wall = self.clock(), self.wall()
-        targets = {}
-        for name in self.targets:
-            breaker = self.breakers[name]
-            hour, day = self.ledger.spent(f"target:{name}", wall)
-            targets[name] = TargetState(
-                breaker=breaker.current(now),
-                probe_allowed=breaker.probe_allowed(now),
-                in_flight=self.outstanding[name].count(now),
-                warm_instances=self.pools[name].warm(now),
-                spent_hour_usd=hour,
-                spent_day_usd=day,
-            )
         tenants = {}
         if tenant is not None:
             hour, day = self.ledger.spent(f"tenant:{tenant}", wall)
@@ -86,12 +101,24 @@ class GatewayState:
                 spent_hour_usd=hour,
                 spent_day_usd=day,
             )
-        return Snapshot(self.load.snapshot(), targets, tenants)
+        return Snapshot(self.load.snapshot(model or ""), _TargetStates(self, now, wall), tenants)
+
+    def target_state(self, name: str, now: float, wall: float) -> TargetState:
+        breaker = self.breakers[name]
+        hour, day = self.ledger.spent(f"target:{name}", wall)
+        return TargetState(
+            breaker=breaker.current(now),
+            probe_allowed=breaker.probe_allowed(now),
+            in_flight=self.outstanding[name].count(now),
+            warm_instances=self.pools[name].warm(now),
+            spent_hour_usd=hour,
+            spent_day_usd=day,
+        )
 
     def commit(self, decision: Decision, model: str | None) -> None:
         """Account for a decision before the request leaves."""
         now, wall = self.clock(), self.wall()
-        self.metrics.decisions.labels(decision.target, decision.reason).inc()
+        self.metrics.decided(decision.target, decision.reason)
         self.load.set_overflowing(model, decision.overflowing)
         if decision.tenant is not None and decision.target != SHED:
             self.ledger.arrived(decision.tenant, wall)
@@ -140,7 +167,7 @@ class GatewayState:
         now = self.clock()
         m = self.metrics
         m.signals_fresh.set(1 if self.load.fresh else 0)
-        for model, load in self.load.snapshot().items():
+        for model, load in self.load.snapshot(None).items():
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)

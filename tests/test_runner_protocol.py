@@ -185,3 +185,14 @@ def test_generated_reader_reads_what_the_fast_writer_writes() -> None:
     assert (req.Id(), req.ConfToken(), req.Method(), req.Path()) == (42, 7, 3, b"/v2/x")
     assert (req.Headers(0).Name(), req.Headers(0).Value()) == (b"x-a", b"1")
     assert (req.Args(0).Name(), req.Args(0).Value()) == (b"a", None)
+
+
+@given(st.lists(st.tuples(st.text(max_size=12), st.text(max_size=12) | st.none()), max_size=8))
+def test_header_map_agrees_with_the_entry_list(headers: list[tuple[str, str | None]]) -> None:
+    call = messages.HttpReqCall(encode.req_call(1, 1, 0, "/", [], headers, bytes(4)))
+    expected: dict[str, str] = {}
+    for name, value in call.headers:
+        if value is not None:
+            key = name.lower()
+            expected[key] = f"{expected[key]}, {value}" if key in expected else value
+    assert call.header_map == expected

@@ -5,9 +5,11 @@ Slots follow ``ext-plugin.fbs`` field order; a TextEntry with no value means "de
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Sequence
 
-from gateway_plugin.protocol.flat import Entries, Writer
+from gateway_plugin.protocol.flat import Entries, Table, Writer
 from gateway_plugin.protocol.messages import (
     ACTION_REWRITE,
     ACTION_STOP,
@@ -70,6 +72,27 @@ def rewrite(
     args: Entries = (),
     resp_headers: Entries = (),
     body: bytes | None = None,
+) -> bytes:
+    """Most rewrites repeat (the same target header, the same decision header): those are encoded
+    once and only the request id is patched in."""
+    if body is not None and len(body) > 256:
+        return _rewrite(req_id, path, headers, args, resp_headers, body)
+    template, id_at = _rewrite_template(path, tuple(headers), tuple(args), tuple(resp_headers), body)
+    out = bytearray(template)
+    struct.pack_into("<I", out, id_at, req_id)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rewrite_template(
+    path: str | None, headers: Entries, args: Entries, resp_headers: Entries, body: bytes | None
+) -> tuple[bytes, int]:
+    data = _rewrite(0, path, headers, args, resp_headers, body)
+    return data, Table.root(data).field_at(0)
+
+
+def _rewrite(
+    req_id: int, path: str | None, headers: Entries, args: Entries, resp_headers: Entries, body: bytes | None
 ) -> bytes:
     w = Writer()
     at = _action(w, req_id, ACTION_REWRITE)

@@ -42,6 +42,10 @@ class Table:
             raise Malformed(f"message of {len(buf)} bytes is too short to be a FlatBuffers table")
         return cls(buf, _U32(buf, 0)[0])
 
+    def field_at(self, slot: int) -> int:
+        """Where a field's value sits in the buffer (0 when absent)."""
+        return self._field(slot)
+
     def _field(self, slot: int) -> int:
         at = 4 + 2 * slot
         if at >= self._vlen:
@@ -89,18 +93,51 @@ class Table:
         at = self._ref(slot)
         if not at:
             return []
-        count = _U32(self._buf, at)[0]
-        if at + 4 + 4 * count > len(self._buf):
-            raise Malformed(f"vector at {at} runs past the end of the buffer")
         buf, out = self._buf, []
-        for item in range(at + 4, at + 4 + 4 * count, 4):
+        for item in _vector(buf, at):
             pos = item + _U32(buf, item)[0]
-            vt = pos - _I32(buf, pos)[0]
-            vlen = _U16(buf, vt)[0]
-            name = _string(buf, pos, _U16(buf, vt + 4)[0]) if vlen > 4 else None
-            value = _string(buf, pos, _U16(buf, vt + 6)[0]) if vlen > 6 else None
-            out.append((name or "", value))
+            name_off, value_off = _entry_fields(buf, pos)
+            out.append((_string(buf, pos, name_off) or "", _string(buf, pos, value_off)))
         return out
+
+    def entry_dict(self, slot: int) -> dict[str, str]:
+        """The same vector as a dict of lower-cased names; repeated names joined with ", "."""
+        at = self._ref(slot)
+        if not at:
+            return {}
+        buf = self._buf
+        out: dict[str, str] = {}
+        for item in _vector(buf, at):
+            pos = item + _U32(buf, item)[0]
+            name_off, value_off = _entry_fields(buf, pos)
+            value = _string(buf, pos, value_off)
+            if value is None:
+                continue
+            key = (_string(buf, pos, name_off) or "").lower()
+            out[key] = f"{out[key]}, {value}" if key in out else value
+        return out
+
+
+_VTABLE_2 = struct.Struct("<HHHH").unpack_from
+
+
+def _entry_fields(buf: bytes, pos: int) -> tuple[int, int]:
+    """A TextEntry's field offsets (name, value) from its vtable, 0 where absent."""
+    vt = pos - _I32(buf, pos)[0]
+    if vt < 0:
+        raise Malformed(f"table at {pos} has no vtable inside the buffer")
+    if vt + 8 > len(buf):
+        vlen = _U16(buf, vt)[0]
+        return (_U16(buf, vt + 4)[0] if vlen > 4 else 0), 0
+    vlen, _, name, value = _VTABLE_2(buf, vt)
+    return (name if vlen > 4 else 0), (value if vlen > 6 else 0)
+
+
+def _vector(buf: bytes, at: int) -> range:
+    count = _U32(buf, at)[0]
+    if at + 4 + 4 * count > len(buf):
+        raise Malformed(f"vector at {at} runs past the end of the buffer")
+    return range(at + 4, at + 4 + 4 * count, 4)
 
 
 def _string(buf: bytes, table: int, field: int) -> str | None:

@@ -118,6 +118,12 @@ class HttpReqCall:
 
     @cached_property
     @_guard
+    def header_map(self) -> dict[str, str]:
+        """Lower-cased names; repeated headers joined with ``", "``."""
+        return self._t.entry_dict(5)
+
+    @cached_property
+    @_guard
     def args(self) -> TextEntries:
         return self._t.entries(4)
 

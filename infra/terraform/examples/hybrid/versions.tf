@@ -1,0 +1,22 @@
+terraform {
+  required_version = ">= 1.5"
+
+  required_providers {
+    aws = {
+      source  = "hashicorp/aws"
+      version = "~> 5.40"
+    }
+    alicloud = {
+      source  = "aliyun/alicloud"
+      version = "~> 1.252"
+    }
+  }
+}
+
+provider "aws" {
+  region = var.aws_region
+}
+
+provider "alicloud" {
+  region = var.aliyun_region
+}
