@@ -210,6 +210,51 @@ class MetricsSettings(_Model):
     decision_header: bool = Field(default=True, description="add X-Spillway-Decision to answers")
 
 
+class Window(_Model):
+    """A time-of-day window (``HH:MM``, in ``warmup.timezone``) with its own instance count."""
+
+    start: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
+    end: str = Field(pattern=r"^([01]\d|2[0-4]):[0-5]\d$")
+    instances: int = Field(ge=0)
+
+
+class Adaptive(_Model):
+    """Size from the overflow the gateway reports: rate x cloud latency x headroom (Little's law)."""
+
+    metrics_url: str = Field(description="the runner's /metrics, e.g. http://127.0.0.1:9091/metrics")
+    sample_s: float = Field(default=10.0, gt=0, description="the overflow rate is measured over this")
+    headroom: float = Field(default=1.5, ge=1.0)
+    floor: int = Field(default=0, ge=0)
+    ceiling: int = Field(default=20, ge=1)
+
+
+class WarmTarget(_Model):
+    instances: int = Field(
+        default=1, ge=0, description="fixed count, when neither windows nor adaptive apply"
+    )
+    windows: list[Window] = Field(default_factory=list)
+    adaptive: Adaptive | None = None
+    dwell_ms: int = Field(default=1000, ge=0, le=60_000, description="how long each ping holds its instance")
+    probe: bool = Field(default=False, description="run one synthetic inference per model")
+    models: list[str] = Field(default_factory=list, description="models to check (default: all)")
+
+
+class WarmupSettings(_Model):
+    targets: dict[str, WarmTarget] = Field(
+        default_factory=dict, description="target name → how many to keep warm"
+    )
+    interval_s: float = Field(
+        default=240.0, gt=0, description="between rounds (idle instances go after 3-10 min)"
+    )
+    waves: int = Field(default=3, ge=1, description="ping waves per round before giving up on a count")
+    ping_timeout_s: float = Field(default=30.0, gt=0)
+    timezone: str = Field(default="UTC", description="for windows")
+    report_file: str | None = Field(
+        default=None,
+        description="Prometheus text file the pinger writes and the runner reads warm pools from",
+    )
+
+
 class SpillwayConfig(_Model):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     devgateway: DevGatewaySettings = Field(default_factory=DevGatewaySettings)
@@ -222,6 +267,7 @@ class SpillwayConfig(_Model):
     budgets: Budgets = Field(default_factory=Budgets)
     tenants: Tenants = Field(default_factory=Tenants)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    warmup: WarmupSettings = Field(default_factory=WarmupSettings)
 
     @model_validator(mode="after")
     def _names(self) -> SpillwayConfig:
@@ -232,6 +278,8 @@ class SpillwayConfig(_Model):
             unknown = set(rule.targets) - set(names)
             if unknown:
                 raise ValueError(f"rule {rule.name!r} names unknown targets {sorted(unknown)}")
+        if set(self.warmup.targets) - set(names):
+            raise ValueError(f"warmup names unknown targets {sorted(set(self.warmup.targets) - set(names))}")
         for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
             if set(budget) - set(names):
                 raise ValueError(f"budgets name unknown targets {sorted(set(budget) - set(names))}")

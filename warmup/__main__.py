@@ -1,0 +1,5 @@
+import sys
+
+from warmup.cli import main
+
+sys.exit(main())

@@ -1,0 +1,107 @@
+"""One warm-up round over every configured target, and the plan that sizes it."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+import requests
+
+from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
+from gateway_plugin.costs import monthly_warm_cost_usd
+from warmup import schedules
+from warmup.demand import overflow_rates
+from warmup.pinger import TargetResult, failed_target, warm_target
+from warmup.sizing import wanted
+from warmup.transports import PingFailed, transport_for
+
+log = logging.getLogger("spillway.warmup")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    target: str
+    instances: int
+    how: str
+    schedule: str
+    monthly_usd: float
+
+
+def _how(spec: WarmTarget) -> str:
+    if spec.adaptive is not None:
+        a = spec.adaptive
+        return f"adaptive (Little's law, headroom {a.headroom:g}, {a.floor}-{a.ceiling})"
+    if spec.windows:
+        return "windows " + ", ".join(f"{w.start}-{w.end}:{w.instances}" for w in spec.windows)
+    return "fixed"
+
+
+def measured_rates(config: SpillwayConfig) -> dict[str, float | None]:
+    rates: dict[str, float | None] = {}
+    for name, spec in config.warmup.targets.items():
+        if spec.adaptive is None:
+            continue
+        try:
+            rates[name] = overflow_rates(spec.adaptive.metrics_url, spec.adaptive.sample_s).get(name, 0.0)
+        except requests.RequestException as exc:
+            log.warning("cannot read the gateway's metrics for %s (%s); sizing from the schedule", name, exc)
+            rates[name] = None
+    return rates
+
+
+def plan(config: SpillwayConfig, now: datetime.datetime, rates: dict[str, float | None]) -> list[PlanRow]:
+    local = now.astimezone(ZoneInfo(config.warmup.timezone)).time()
+    targets = {t.name: t for t in config.targets}
+    pings_per_hour = 3600 / config.warmup.interval_s
+    rows = []
+    for name, spec in config.warmup.targets.items():
+        target = targets[name]
+        n = wanted(spec, local, rates.get(name), target.cost.expected_duration_ms / 1000)
+        every = config.warmup.interval_s
+        cloud = (
+            f"EventBridge {schedules.eventbridge_schedule(spec, every)['schedule_expression']}, "
+            f"FC {schedules.fc_timer_trigger(spec, every)['cronExpression']}"
+        )
+        cost = monthly_warm_cost_usd(target.cost, n, pings_per_hour, spec.dwell_ms)
+        rows.append(PlanRow(name, n, _how(spec), f"every {every:g} s ({cloud})", round(cost, 4)))
+    return rows
+
+
+def run_round(
+    config: SpillwayConfig,
+    rows: list[PlanRow],
+    on_wave: Callable[[TargetResult], None] | None = None,
+) -> list[TargetResult]:
+    """Every target at once, each on its own thread: one slow target does not delay the others."""
+    targets: dict[str, Target] = {t.name: t for t in config.targets}
+    results: dict[str, TargetResult] = {}
+
+    def one(row: PlanRow) -> None:
+        spec = config.warmup.targets[row.target]
+        try:
+            transport = transport_for(targets[row.target], max(1, row.instances))
+        except PingFailed as exc:
+            results[row.target] = failed_target(row.target, row.instances, str(exc))
+            return
+        results[row.target] = warm_target(
+            row.target,
+            transport,
+            row.instances,
+            schedules.ping_payload(spec),
+            models=spec.models,
+            probe=spec.probe,
+            waves=config.warmup.waves,
+            timeout_s=config.warmup.ping_timeout_s,
+            on_wave=on_wave,
+        )
+
+    threads = [threading.Thread(target=one, args=(row,), name=f"warmup-{row.target}") for row in rows]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [results[row.target] for row in rows]
