@@ -19,6 +19,10 @@ METRICS_PATH = "/spillway/metrics"
 
 MAX_DWELL_MS = 60_000
 
+# The warm-up report file (Prometheus text) names each warm instance in this family, with labels
+# ``target`` and ``instance``; the gateway reads its warm pools from it.
+WARM_INSTANCE_METRIC = "spillway_warmup_instance"
+
 
 class WarmupPing(BaseModel):
     """Body of ``{"spillway_warmup": {...}}``: hold the instance, optionally probe the models."""

@@ -14,6 +14,7 @@ from gateway_plugin.signals import Scraper
 from gateway_plugin.spillway_plugin import SpillwayPlugin
 from gateway_plugin.state import GatewayState
 from gateway_plugin.targets.invoke import InvokePool, Invoker
+from gateway_plugin.warm_pool import read_warm_report
 
 log = logging.getLogger("spillway.app")
 
@@ -64,11 +65,27 @@ class RunnerApp:
             self._scraper = Scraper(self.state.load, urls, config.local.scrape_period_s)
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
+        if config.warmup.report_file:
+            self._tasks.append(asyncio.ensure_future(self._warm_reports(Path(config.warmup.report_file))))
 
     async def _gauges(self) -> None:
         while True:
             self.state.refresh_gauges()
             await asyncio.sleep(1.0)
+
+    async def _warm_reports(self, path: Path, period_s: float = 2.0) -> None:
+        """Instances the warm-up pinger reached count as warm: read its report when it changes."""
+        seen = 0.0
+        while True:
+            try:
+                mtime = path.stat().st_mtime
+                if mtime != seen:
+                    seen = mtime
+                    for target, instances in read_warm_report(path.read_text()).items():
+                        self.state.warm_report(target, instances)
+            except (OSError, ValueError) as exc:
+                log.debug("warm-up report %s unreadable: %s", path, exc)
+            await asyncio.sleep(period_s)
 
     def reload(self) -> bool:
         """Re-read the config file; an invalid one is refused and the old config keeps serving."""

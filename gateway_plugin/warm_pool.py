@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from functions.contract import WARM_INSTANCE_METRIC
+
 
 @dataclass
 class WarmPool:
@@ -26,3 +30,15 @@ class WarmPool:
         for instance in stale:
             del self._last_seen[instance]
         return len(self._last_seen)
+
+
+def read_warm_report(text: str) -> dict[str, list[str]]:
+    """Target → warm instance ids, from the warm-up pinger's Prometheus text report."""
+    found: dict[str, list[str]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != WARM_INSTANCE_METRIC:
+            continue
+        for sample in family.samples:
+            if sample.value >= 1:
+                found.setdefault(sample.labels["target"], []).append(sample.labels["instance"])
+    return found

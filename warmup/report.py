@@ -12,11 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from warmup.pinger import TargetResult
-
-INSTANCE_METRIC = "spillway_warmup_instance"
 
 
 def summary(result: TargetResult) -> dict[str, Any]:
@@ -99,18 +96,6 @@ def write_atomically(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as out:
         out.write(data)
     os.replace(tmp, path)
-
-
-def warm_instances(text: str) -> dict[str, list[str]]:
-    """Target → warm instance ids, read back from a report file (the gateway's side)."""
-    found: dict[str, list[str]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != INSTANCE_METRIC:
-            continue
-        for sample in family.samples:
-            if sample.value >= 1:
-                found.setdefault(sample.labels["target"], []).append(sample.labels["instance"])
-    return found
 
 
 def to_json(results: Iterable[TargetResult]) -> str:
