@@ -70,7 +70,7 @@ def prometheus_text(results: Iterable[TargetResult], now: float | None = None) -
         registry=registry,
     )
     instance = Gauge(
-        INSTANCE_METRIC,
+        WARM_INSTANCE_METRIC,
         "1 for each instance the last round found warm.",
         ["target", "instance"],
         registry=registry,
