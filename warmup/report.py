@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from functions.contract import WARM_INSTANCE_METRIC
 from warmup.pinger import TargetResult
 
 
