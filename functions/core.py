@@ -81,7 +81,7 @@ class FunctionCore:
         cold = self.take_cold()
         kind = "infer" if request.path.endswith("/infer") else "control"
         try:
-            response = await self._route(request, self._timeout(time_left_s))
+            response = await self._route(request, self._timeout(time_left_s), cold)
         except Exception as exc:  # the one answer every request is owed
             response = error_response(500, f"internal error in the function handler: {exc!r}")
         self.identify(response, cold)
@@ -91,9 +91,13 @@ class FunctionCore:
     async def warmup(
         self, ping: contract.WarmupPing, time_left_s: float | None = None
     ) -> contract.WarmupReport:
+        """A warm-up event (not over HTTP): it is this instance's request, cold or not."""
+        return await self._warmup(ping, self._timeout(time_left_s), self.take_cold())
+
+    async def _warmup(
+        self, ping: contract.WarmupPing, timeout: float | None, cold: bool
+    ) -> contract.WarmupReport:
         """Hold this instance for ``dwell_ms`` so overlapping pings land on distinct instances."""
-        cold = self.take_cold()
-        timeout = self._timeout(time_left_s)
         dwell = ping.dwell_ms / 1000
         if timeout is not None:
             dwell = min(dwell, max(0.0, timeout - MIN_TIMEOUT_S))
@@ -124,7 +128,7 @@ class FunctionCore:
             return self.settings.request_timeout_s
         return time_left_s - self.settings.deadline_margin_s
 
-    async def _route(self, request: Request, timeout: float | None) -> Response:
+    async def _route(self, request: Request, timeout: float | None, cold: bool) -> Response:
         if timeout is not None and timeout < MIN_TIMEOUT_S:
             return error_response(
                 504,
@@ -148,7 +152,7 @@ class FunctionCore:
         if path.startswith("/v2/") or path == "/v2":
             return await self._forward(request, timeout)
         if path == contract.WARMUP_PATH and request.method == "POST":
-            return await self._warmup_over_http(request, timeout)
+            return await self._warmup_over_http(request, timeout, cold)
         if path == contract.METRICS_PATH and request.method == "GET":
             return self._metrics()
         return error_response(
@@ -185,7 +189,7 @@ class FunctionCore:
         ]
         return Response(status, kept, upstream.body)
 
-    async def _warmup_over_http(self, request: Request, timeout: float | None) -> Response:
+    async def _warmup_over_http(self, request: Request, timeout: float | None, cold: bool) -> Response:
         try:
             event = contract.WarmupEvent.model_validate_json(request.body)
         except ValidationError as exc:
@@ -194,7 +198,7 @@ class FunctionCore:
                 f"bad warm-up ping: {_first_error(exc)}; expected "
                 '{"spillway_warmup": {"dwell_ms": int, "models": [str], "probe": bool}}',
             )
-        report = await self.warmup(event.spillway_warmup, timeout)
+        report = await self._warmup(event.spillway_warmup, timeout, cold)
         return Response(200, [("content-type", "application/json")], report.model_dump_json().encode())
 
     def _metrics(self) -> Response:

