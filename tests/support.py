@@ -236,7 +236,6 @@ def http_event(
 @contextmanager
 def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
     """A ``LocalFunctionPool`` of real FC function instances behind an HTTP front, on its own loop thread."""
-    import asyncio
     import threading
 
     from functions import http_server

@@ -22,6 +22,7 @@ from functions.events import parse_event
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
 from gateway_plugin.runner_metrics import RunnerMetrics
 from gateway_plugin.warm_pool import read_warm_report
+from tests.support import ROOT, http, load_event, local_pool, model_repository, wait_until
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, warm_target
@@ -29,7 +30,6 @@ from warmup.report import prometheus_text
 from warmup.rounds import plan
 from warmup.sizing import littles_law, scheduled, wanted
 from warmup.transports import HttpTransport, PingFailed
-from tests.support import ROOT, http, load_event, local_pool, model_repository, wait_until
 
 SPEC = WarmTarget.model_validate(
     {
