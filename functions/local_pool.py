@@ -17,9 +17,11 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from functions.contract import WARMUP_PATH
 from functions.messages import Request, Response, error_response
 from functions.sidecar import free_port
 from functions.upstream import UpstreamPool, UpstreamUnavailable
@@ -59,6 +61,7 @@ class PoolStats:
     rejected: int = 0
     instance_seconds: float = 0.0
     busy_seconds: float = 0.0
+    warmup_busy_seconds: float = 0.0
 
 
 class LocalFunctionPool:
@@ -109,7 +112,11 @@ class LocalFunctionPool:
         except (UpstreamUnavailable, TimeoutError) as exc:
             response = error_response(502, f"function instance failed: {exc!r}")
         finally:
-            self.stats.busy_seconds += time.monotonic() - started
+            busy = time.monotonic() - started
+            if request.path == WARMUP_PATH:
+                self.stats.warmup_busy_seconds += busy
+            else:
+                self.stats.busy_seconds += busy
             self._release(instance)
         return response
 
@@ -217,3 +224,37 @@ class LocalFunctionPool:
         for instance in list(self._all):
             self._stop(instance)
         self._idle.clear()
+
+
+@contextlib.contextmanager
+def running_pool(settings: PoolSettings, host: str = "127.0.0.1") -> Iterator[tuple[str, LocalFunctionPool]]:
+    """A pool behind an HTTP front, on a loop thread of its own; yields its URL and the pool."""
+    import threading
+
+    from functions import http_server
+    from functions.loop import new_event_loop
+
+    pool = LocalFunctionPool(settings)
+    loop = new_event_loop()
+    ready = threading.Event()
+    port = free_port()
+
+    async def main() -> None:
+        pool.start()
+        await http_server.serve(pool.handle, host, port, 64 * 1024 * 1024)
+        ready.set()
+
+    def run() -> None:
+        loop.run_until_complete(main())
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name="local-pool", daemon=True)
+    thread.start()
+    if not ready.wait(30):
+        raise RuntimeError("the local pool did not start")
+    try:
+        yield f"http://{host}:{port}", pool
+    finally:
+        loop.call_soon_threadsafe(pool.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)

@@ -235,31 +235,8 @@ def http_event(
 
 @contextmanager
 def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
-    """A ``LocalFunctionPool`` of real FC function instances behind an HTTP front, on its own loop thread."""
-    import threading
+    """A ``LocalFunctionPool`` of real FC function instances behind an HTTP front."""
+    from functions.local_pool import PoolSettings, running_pool
 
-    from functions import http_server
-    from functions.local_pool import LocalFunctionPool, PoolSettings
-    from functions.loop import new_event_loop
-
-    pool = LocalFunctionPool(PoolSettings(repo, **settings))
-    loop = new_event_loop()
-    started = threading.Event()
-    port = free_port()
-
-    async def main() -> None:
-        pool.start()
-        await http_server.serve(pool.handle, "127.0.0.1", port, 64 * 1024 * 1024)
-        started.set()
-
-    thread = threading.Thread(
-        target=lambda: (loop.run_until_complete(main()), loop.run_forever()), daemon=True
-    )
-    thread.start()
-    started.wait(30)
-    try:
-        yield f"http://127.0.0.1:{port}", pool
-    finally:
-        loop.call_soon_threadsafe(pool.close)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
+    with running_pool(PoolSettings(repo, **settings)) as (url, pool):
+        yield url, pool
