@@ -7,6 +7,8 @@ into a ``Request`` and hands it here; the answer is one ``Response``, whatever w
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 
 from pydantic import ValidationError
@@ -85,8 +87,27 @@ class FunctionCore:
         except Exception as exc:  # the one answer every request is owed
             response = error_response(500, f"internal error in the function handler: {exc!r}")
         self.identify(response, cold)
-        self.metrics.observe(kind, response.status, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.metrics.observe(kind, response.status, elapsed)
+        if self.settings.access_log_headers is not None:
+            self._log_access(request, response, elapsed, cold)
         return response
+
+    def _log_access(self, request: Request, response: Response, elapsed: float, cold: bool) -> None:
+        """One JSON line per request on stdout, where the platforms collect logs."""
+        fields = self.settings.access_log_headers or ()
+        line = {
+            "event": "request",
+            "instance": self.instance.id,
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "ms": round(elapsed * 1000, 3),
+            "cold": cold,
+            "headers": {h: request.headers.get(h) for h in fields},
+        }
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
 
     async def warmup(
         self, ping: contract.WarmupPing, time_left_s: float | None = None

@@ -28,7 +28,19 @@ from functions.upstream import UpstreamPool, UpstreamUnavailable
 
 log = logging.getLogger("spillway.local_pool")
 
-_FORWARD = ("content-type", "inference-header-content-length", "x-spillway-signature", "accept-encoding")
+_HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "host",
+        "expect",
+        "te",
+        "upgrade",
+        "proxy-connection",
+    )
+)
 
 
 @dataclass
@@ -95,7 +107,9 @@ class LocalFunctionPool:
             self.stats.rejected += 1
             return error_response(502, f"a function instance failed to start: {exc}")
         started = time.monotonic()
-        headers = [(k.encode(), v.encode("latin-1")) for k, v in request.headers.items() if k in _FORWARD]
+        headers = [
+            (k.encode(), v.encode("latin-1")) for k, v in request.headers.items() if k not in _HOP_BY_HOP
+        ]
         try:
             up = await instance.pool.request(
                 request.method, request.target, headers, request.body, self.settings.request_timeout_s

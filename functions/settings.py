@@ -33,6 +33,7 @@ class FunctionSettings:
     signing_key: bytes | None = None
     allow_unsigned_payload: bool = False
     triton_http_port: int = 0
+    access_log_headers: tuple[str, ...] | None = None
 
     def sidecar_options(self) -> SidecarOptions:
         return SidecarOptions(self.model_repository, self.models, self.ready_timeout_s, self.triton_http_port)
@@ -63,6 +64,7 @@ class FunctionSettings:
             signing_key=_signing_key(env),
             allow_unsigned_payload=_flag(env, "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD"),
             triton_http_port=int(_number(env, "SPILLWAY_TRITON_HTTP_PORT", 0, allow_zero=True)),
+            access_log_headers=_access_log(env),
         )
 
 
@@ -106,3 +108,11 @@ def _signing_key(env: Mapping[str, str]) -> bytes | None:
         if not literal:
             raise SettingsError(f"SPILLWAY_SIGNING_KEY_FILE={path} is empty")
     return literal.encode() if literal else None
+
+
+def _access_log(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """``SPILLWAY_ACCESS_LOG=1`` logs every request; ``SPILLWAY_ACCESS_LOG_HEADERS`` adds headers to it."""
+    headers = tuple(
+        h.strip().lower() for h in env.get("SPILLWAY_ACCESS_LOG_HEADERS", "").split(",") if h.strip()
+    )
+    return headers if headers or _flag(env, "SPILLWAY_ACCESS_LOG") else None

@@ -50,6 +50,7 @@ class SidecarOptions:
     extra_args: tuple[str, ...] = ()
     log_prefix: str = "[tritonserver] "
     metrics_port: int | None = None
+    log_path: Path | None = None
 
 
 def free_port() -> int:
@@ -181,12 +182,18 @@ class Sidecar:
 
     def _forward_log(self, stream: IO[bytes]) -> None:
         prefix = self.options.log_prefix
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip()
-            if _is_error(line):
-                self._errors.append(line)
-            sys.stderr.write(f"{prefix}{line}\n")
-        stream.close()
+        sink = self.options.log_path.open("a") if self.options.log_path else sys.stderr
+        try:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip()
+                if _is_error(line):
+                    self._errors.append(line)
+                sink.write(f"{prefix}{line}\n")
+                sink.flush()
+        finally:
+            stream.close()
+            if sink is not sys.stderr:
+                sink.close()
 
     def _supervise(self) -> None:
         attempt = 0

@@ -55,12 +55,29 @@ def _parser() -> argparse.ArgumentParser:
         "validated `targets:` section of spillway.yaml.",
     )
     imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
+    demo = sub.add_parser(
+        "demo",
+        help="run the whole hybrid locally: on-prem Triton, runner, warm function pools, a burst",
+        description="Start, on loopback: an on-prem Triton with a small capacity, the runner behind the "
+        "development gateway, two cloud targets (local pools of function instances with their own Triton "
+        "sidecars), the warm-up pinger, and a load generator (steady, a burst, steady; a share labelled "
+        "confidential). Shows live progress, then writes results.json and report.html to --out.",
+    )
+    demo.add_argument(
+        "--out", type=Path, default=None, help="folder for the report (default: ./spillway-demo-<time>)"
+    )
+    demo.add_argument("--short", action="store_true", help="a shorter run (the end-to-end test's)")
+    demo.add_argument("--burst-rps", type=float, default=None, help="burst arrival rate (default 80/s)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        from gateway_plugin.demo_cli import run_demo
+
+        return run_demo(args.out, args.short, args.burst_rps)
     try:
         if args.command == "import-targets":
             from gateway_plugin.targets_import import import_targets

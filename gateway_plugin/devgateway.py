@@ -33,6 +33,8 @@ _HOP_BY_HOP = frozenset(
     )
 )
 UPSTREAM_TIMEOUT_S = 60.0
+# The upstream's own answer time, as APISIX logs $upstream_response_time.
+UPSTREAM_TIME_HEADER = "x-spillway-upstream-ms"
 
 
 def _pool(url: str) -> UpstreamPool:
@@ -72,7 +74,7 @@ class DevGateway:
         response = await self._proxy(request.method, path, query, headers, body)
         response.headers.extend(resp_headers)
         if self.settings.post_resp:
-            await self._post_response(response)
+            await self._post_response(response, headers, path)
         return response
 
     async def _proxy(
@@ -82,6 +84,7 @@ class DevGateway:
         pool = self.pools.get(name) or self.pools[self.settings.default_upstream]
         forward = [(k.encode(), v.encode("latin-1")) for k, v in headers.items() if k not in _HOP_BY_HOP]
         target = f"{path}?{query}" if query else path
+        started = time.perf_counter()
         try:
             up = await pool.request(method, target, forward, body, UPSTREAM_TIMEOUT_S)
         except UpstreamUnavailable as exc:
@@ -89,10 +92,19 @@ class DevGateway:
         except TimeoutError:
             return error_response(504, f"upstream {name!r} did not answer within {UPSTREAM_TIMEOUT_S:.0f} s")
         kept = [(k.decode(), v.decode("latin-1")) for k, v in up.headers if k.decode() not in _HOP_BY_HOP]
+        kept.append((UPSTREAM_TIME_HEADER, f"{(time.perf_counter() - started) * 1000:.3f}"))
         return Response(up.status, kept, up.body)
 
-    async def _post_response(self, response: Response) -> None:
-        answer = await self.peer.response(self.route, response.status, response.headers, response.body)
+    async def _post_response(self, response: Response, request_headers: dict[str, str], uri: str) -> None:
+        """``ext-plugin-post-resp``: the runner sees the answer, and request headers as ``http_*`` vars."""
+        variables = {"http_" + k.replace("-", "_"): v.encode("latin-1") for k, v in request_headers.items()}
+        upstream_ms = response.header(UPSTREAM_TIME_HEADER)
+        if upstream_ms is not None:
+            variables["upstream_response_time"] = f"{float(upstream_ms) / 1000:.3f}".encode()
+        variables["uri"] = uri.encode("latin-1")
+        answer = await self.peer.response(
+            self.route, response.status, response.headers, response.body, variables
+        )
         if answer is None:
             return
         if answer.status:

@@ -129,6 +129,11 @@ class HttpResponse:
     def headers(self) -> dict[str, str]:
         return _as_dict(self._call.headers)
 
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Ask for every variable at once: one round trip in all."""
+        for name in names:
+            self._fetches.var(name)
+
     async def var(self, name: str) -> bytes | None:
         return await self._fetches.var(name)
 
@@ -182,7 +187,7 @@ class RequestAction:
             self._args[name] = None
 
     def add_response_header(self, name: str, value: str) -> None:
-        """A header on the client's answer, whichever upstream gives it."""
+        """A header on the client's answer, whoever gives it: an upstream, or a stop."""
         self._resp_headers.append((name, value))
 
     def set_body(self, body: bytes) -> None:
@@ -191,7 +196,7 @@ class RequestAction:
     def encode(self, req_id: int) -> bytes:
         if self._stop is not None:
             status, headers, body = self._stop
-            return encode.stop(req_id, status, headers, body)
+            return encode.stop(req_id, status, [*headers, *self._resp_headers], body)
         if (
             self._path is None
             and not (self._headers or self._args or self._resp_headers)

@@ -46,6 +46,7 @@ class LocalLoad:
     sent_since_scrape: int = 0
     age_ms: float = 0.0
     overflowing: bool = False
+    observed_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -164,12 +165,15 @@ def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
 
     The wait is the larger of what Triton measured and the backlog: requests pending at the
     scrape plus those the gateway sent since, less what the cluster finished in the meantime,
-    spread over its parallelism.
+    spread over its parallelism. What the gateway itself recently saw the cluster take to answer
+    (``observed_ms``) is a floor: it includes what Triton's own metrics do not (its HTTP front, a
+    busy host).
     """
     backlog = float(load.pending + load.sent_since_scrape)
     if load.compute_ms > 0:
         backlog = max(0.0, backlog - load.age_ms * policy.parallelism / load.compute_ms)
-    return max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms
+    modelled = max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms
+    return max(modelled, load.observed_ms)
 
 
 def overflowing(load: LocalLoad, target_ms: float, policy: Policy) -> bool:

@@ -80,6 +80,8 @@ class _ModelLoad:
     pending: int = 0
     sent: int = 0
     overflowing: bool = False
+    observed_ms: float = 0.0
+    observed_at: float = float("-inf")
 
     def scraped(self, now: Counters, first: bool) -> None:
         done = now.success - self.counters.success
@@ -92,9 +94,10 @@ class _ModelLoad:
         self.sent = 0
         self.counters = now
 
-    def view(self, fresh: bool, age_ms: float) -> LocalLoad:
+    def view(self, fresh: bool, age_ms: float, now: float, stale_after_s: float) -> LocalLoad:
+        observed = self.observed_ms if now - self.observed_at <= stale_after_s else 0.0
         return LocalLoad(
-            fresh, self.queue_ms, self.compute_ms, self.pending, self.sent, age_ms, self.overflowing
+            fresh, self.queue_ms, self.compute_ms, self.pending, self.sent, age_ms, self.overflowing, observed
         )
 
 
@@ -124,6 +127,14 @@ class LoadTracker:
         if model:
             self._entry(ALL_MODELS).sent += 1
 
+    def answered_local(self, model: str | None, ms: float, weight: float = 0.2) -> None:
+        """The gateway saw the cluster answer in ``ms``: a moving average, per model and overall."""
+        now = self.clock()
+        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+            fresh = now - entry.observed_at <= self.stale_after_s
+            entry.observed_ms = entry.observed_ms + weight * (ms - entry.observed_ms) if fresh else ms
+            entry.observed_at = now
+
     def set_overflowing(self, model: str | None, hot: bool) -> None:
         self._entry(model).overflowing = hot
 
@@ -139,17 +150,16 @@ class LoadTracker:
 
     def snapshot(self, model: str | None = None) -> dict[str, LocalLoad]:
         """The named model's load and the all-models load (every model's when ``model`` is None)."""
-        age_s = self.clock() - self.last_ok
+        now = self.clock()
+        age_s = now - self.last_ok
         fresh = age_s <= self.stale_after_s
         age_ms = age_s * 1000 if fresh else 0.0
-        if model is None:
-            return {name: entry.view(fresh, age_ms) for name, entry in self._models.items()}
-        out = {}
-        for name in (model, ALL_MODELS):
-            entry = self._models.get(name)
-            if entry is not None:
-                out[name] = entry.view(fresh, age_ms)
-        return out
+        names = list(self._models) if model is None else [model, ALL_MODELS]
+        return {
+            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s)
+            for name in names
+            if name in self._models
+        }
 
 
 class Scraper:

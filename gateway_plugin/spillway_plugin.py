@@ -9,6 +9,7 @@ Response filter: learn warm instances and target health from the function's answ
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -191,10 +192,18 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
     async def response_filter(
         self, conf: RouteOverrides, response: HttpResponse, action: ResponseAction
     ) -> None:
-        target = (await response.var("http_x_spillway_target") or b"").decode("latin-1") or None
+        """Close the request's books: in-flight counts, breaker, warm instances, local answer time."""
         tenant_var = "http_" + self.state.policy.tenant_header.replace("-", "_")
-        tenant = (await response.var(tenant_var) or b"").decode("latin-1") or None
-        if target == LOCAL:
+        response.prefetch(("http_x_spillway_target", tenant_var, "upstream_response_time", "uri"))
+        target = _text(await response.var("http_x_spillway_target"))
+        tenant = _text(await response.var(tenant_var))
+        if target == LOCAL or target is None:
+            seconds = _text(await response.var("upstream_response_time"))
+            match = _MODEL.match(_text(await response.var("uri")) or "")
+            if seconds:
+                with contextlib.suppress(ValueError):
+                    last = float(seconds.split(",")[-1])
+                    self.state.load.answered_local(match.group(1) if match else None, last * 1000)
             target = None
         self.state.answered(
             target,
@@ -203,6 +212,10 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
             instance=response.headers.get(HEADER_INSTANCE),
             cold=response.headers.get(HEADER_COLD) == "1",
         )
+
+
+def _text(raw: bytes | None) -> str | None:
+    return raw.decode("latin-1") if raw else None
 
 
 def _target_of(request: HttpRequest) -> str:

@@ -141,7 +141,7 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
             continue
         m = _TOKEN.match(text, pos)
         if not m:
-            raise Unsupported(f"cannot tokenize {text[pos:pos + 20]!r}")
+            raise Unsupported(f"cannot tokenize {text[pos : pos + 20]!r}")
         kind = m.lastgroup or ""
         tokens.append((kind, m.group(kind)))
         pos = m.end()
@@ -211,7 +211,7 @@ class Evaluator:
     def local(self, name: str) -> Any:
         if name not in self.local_values:
             sub = Evaluator(self.variables, self.local_exprs)
-            sub.local_values = self.local_values
+            sub.local_values, sub.scope = self.local_values, self.scope
             self.local_values[name] = sub.value(self.local_exprs[name])
         return self.local_values[name]
 
@@ -340,7 +340,7 @@ class Evaluator:
         sub._tokens, sub._pos = tokens, 0
         value = sub._ternary()
         if sub._pos != len(tokens):
-            raise Unsupported(f"trailing tokens {tokens[sub._pos:]}")
+            raise Unsupported(f"trailing tokens {tokens[sub._pos :]}")
         return value
 
     def _skip(self, stops: tuple[str, ...]) -> list[tuple[str, str]]:

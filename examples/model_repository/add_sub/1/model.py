@@ -1,4 +1,11 @@
-"""Element-wise sum and difference of two FP32 vectors: the example every part of Spillway serves."""
+"""Element-wise sum and difference of two FP32 vectors: the example every part of Spillway serves.
+
+The optional model parameter ``delay_ms`` makes each request take that long (batched or not), so
+the demo can stand the example in for a heavier model and give a cluster a small, known capacity.
+"""
+
+import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -6,9 +13,12 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        pass
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.delay_s = float(parameters.get("delay_ms", {}).get("string_value", "0")) / 1000
 
     def execute(self, requests):
+        if self.delay_s:
+            time.sleep(self.delay_s * len(requests))
         responses = []
         for request in requests:
             in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()

@@ -12,9 +12,9 @@ locals {
   log_project = substr("spillway-${local.slug}-${local.account_id}", 0, 63)
   log_store   = "function"
   image_repo  = regex("^[^/]+/([^/]+)/([^:@/]+)", var.image)
-  acr_pull_resources = coalesce(var.acr_pull_resource_arns, [
+  acr_pull_resources = var.acr_pull_resource_arns != null ? var.acr_pull_resource_arns : [
     "acs:cr:${local.region}:${local.account_id}:repository/${local.image_repo[0]}/${local.image_repo[1]}",
-  ])
+  ]
 
   # Exactly functions.contract.warmup_payload(dwell_ms, models, probe): jsonencode sorts keys.
   warmup_payload = jsonencode({ spillway_warmup = { dwell_ms = var.warmup_dwell_ms, models = var.models, probe = var.warmup_probe } })
@@ -25,7 +25,6 @@ locals {
       SPILLWAY_MODELS                 = join(",", var.models)
       SPILLWAY_MODEL_REPOSITORY       = "/opt/spillway/models"
       SPILLWAY_ALLOW_UNSIGNED_PAYLOAD = var.allow_unsigned_payload ? "1" : "0"
-      FC_SERVER_PORT                  = "9000"
     },
     var.signing_key_secret_name == null ? {} : { SPILLWAY_SIGNING_KEY_SECRET_NAME = var.signing_key_secret_name },
   )

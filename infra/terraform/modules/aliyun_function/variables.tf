@@ -66,9 +66,9 @@ variable "memory_size" {
 }
 
 variable "disk_size" {
-  description = "Disk per instance in MB: 512 or 10240."
+  description = "Writable disk per instance in MB: 512 or 10240 (the image itself does not count)."
   type        = number
-  default     = 10240
+  default     = 512
 
   validation {
     condition     = contains([512, 10240], var.disk_size)

@@ -1,0 +1,314 @@
+"""``python -m gateway_plugin demo``: the whole hybrid on one machine, a burst, and what happened.
+
+All real and all on loopback: an "on-prem" Triton with a small, known capacity; the Spillway
+runner (started as APISIX starts it) behind the development gateway; two "cloud" targets, each a
+local pool of function instances with their own Triton sidecars, a start-up delay standing for
+image pull and model load, and idle instances reaped; the warm-up pinger on a schedule; and an
+open-loop load generator sending a steady stream, then a burst several times the local capacity,
+a share of it labelled sensitive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from functions.local_pool import PoolSettings, running_pool
+from functions.sidecar import Sidecar, SidecarOptions, free_port
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.loadgen import LoadRun, Phase, generate
+
+EXAMPLE_MODELS = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
+SIGNING_KEY = "spillway-demo-signing-key"
+CLOUD = ("aws", "aliyun")
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    out_dir: Path
+    steady_rps: float = 10.0
+    burst_rps: float = 30.0
+    steady_s: float = 8.0
+    burst_s: float = 12.0
+    cooldown_s: float = 8.0
+    sensitive_share: float = 0.2
+    local_delay_ms: float = 50.0
+    latency_target_ms: float = 500.0
+    cloud_start_delay_s: tuple[float, float] = (1.0, 2.0)
+    pool_max: int = 2
+    warm_instances: int = 2
+    warmup_every_s: float = 10.0
+    idle_ttl_s: float = 30.0
+
+    @property
+    def phases(self) -> list[Phase]:
+        return [
+            Phase("steady", self.steady_s, self.steady_rps),
+            Phase("burst", self.burst_s, self.burst_rps),
+            Phase("after", self.cooldown_s, self.steady_rps),
+        ]
+
+
+def _model_repository(root: Path, delay_ms: float) -> Path:
+    """The example model with a per-execution delay: a cluster whose capacity is known."""
+    repo = root / "models"
+    shutil.copytree(EXAMPLE_MODELS / "add_sub", repo / "add_sub")
+    config = repo / "add_sub" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + f'\nparameters: {{ key: "delay_ms" value: {{ string_value: "{delay_ms:g}" }} }}\n'
+    )
+    return repo
+
+
+def demo_config(
+    s: DemoSettings,
+    triton_port: int,
+    metrics_port: int,
+    pools: dict[str, str],
+    runner_metrics: int,
+    gateway_port: int,
+) -> dict[str, Any]:
+    cost = {
+        "usd_per_request": 0.0000002,
+        "memory_gb": 4.0,
+        "usd_per_gb_second": 0.0000166667,
+        "expected_duration_ms": s.local_delay_ms + 5,
+    }
+    return {
+        "local": {
+            "endpoints": [
+                {
+                    "url": f"http://127.0.0.1:{triton_port}",
+                    "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
+                }
+            ],
+            "latency_target_ms": s.latency_target_ms,
+            "parallelism": 1,
+            "scrape_period_s": 0.2,
+        },
+        "targets": [
+            {
+                "name": name,
+                "kind": "http",
+                "url": url,
+                "concurrency_cap": s.warm_instances,
+                "cold_start_ms": 1000 * delay + 1500,
+                "idle_ttl_s": s.idle_ttl_s,
+                "cost": cost,
+            }
+            for (name, url), delay in zip(pools.items(), s.cloud_start_delay_s, strict=True)
+        ],
+        "overflow": {"enter_ratio": 0.35, "exit_ratio": 0.2, "saturation_ratio": 50},
+        "metrics": {"listen": f"127.0.0.1:{runner_metrics}"},
+        "warmup": {
+            "interval_s": s.warmup_every_s,
+            "waves": 2,
+            "ping_timeout_s": 30,
+            "report_file": str(s.out_dir / "warm.prom"),
+            "targets": {name: {"instances": s.warm_instances, "dwell_ms": 300} for name in pools},
+        },
+        "devgateway": {
+            "listen": f"127.0.0.1:{gateway_port}",
+            "upstreams": {"local": f"http://127.0.0.1:{triton_port}", **pools},
+            "plugins": [["spillway", {}]],
+        },
+    }
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+class _Warmer:
+    """The warm-up pinger on its schedule, in a thread, as cron would run it."""
+
+    def __init__(self, config: SpillwayConfig) -> None:
+        self.config = config
+        self.rounds: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="warmup", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import datetime
+
+        from warmup.report import prometheus_text, summary, write_atomically
+        from warmup.rounds import plan, run_round
+
+        while not self._stop.is_set():
+            rows = plan(self.config, datetime.datetime.now(datetime.UTC), {})
+            results = run_round(self.config, rows)
+            write_atomically(Path(self.config.warmup.report_file or ""), prometheus_text(results))
+            self.rounds.append({"at": time.monotonic(), "targets": [summary(r) for r in results]})
+            self._stop.wait(self.config.warmup.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def run(settings: DemoSettings, progress: Any = None) -> dict[str, Any]:
+    """Start everything, play the load, stop everything; returns what happened."""
+    from gateway_plugin.demo_report import runner_metrics
+
+    s = settings
+    s.out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="spillway-demo-"))
+    repo = _model_repository(work, s.local_delay_ms)
+    os.environ.setdefault("SPILLWAY_SIGNING_KEY", SIGNING_KEY)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    metrics_port = free_port()
+    triton = Sidecar(
+        SidecarOptions(repo, ("add_sub",), 60, metrics_port=metrics_port, log_prefix="[onprem] ")
+    )
+    with contextlib.ExitStack() as stack:
+        _say(
+            progress,
+            "starting the on-prem Triton (one instance, "
+            f"{s.local_delay_ms:g} ms per request: about {1000 / s.local_delay_ms:.0f} requests/s)",
+        )
+        triton.start()
+        stack.callback(triton.stop)
+        pools: dict[str, str] = {}
+        pool_objects = {}
+        for name, delay in zip(CLOUD, s.cloud_start_delay_s, strict=True):
+            log_dir = s.out_dir / f"instances-{name}"
+            log_dir.mkdir(exist_ok=True)
+            pool_settings = PoolSettings(
+                repo,
+                ("add_sub",),
+                s.pool_max,
+                s.idle_ttl_s,
+                delay,
+                log_dir=log_dir,
+                env={
+                    "SPILLWAY_SIGNING_KEY": os.environ["SPILLWAY_SIGNING_KEY"],
+                    "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD": "1",
+                    "SPILLWAY_ACCESS_LOG_HEADERS": "x-data-classification",
+                },
+            )
+            url, pool = stack.enter_context(running_pool(pool_settings))
+            pools[name], pool_objects[name] = url, pool
+        triton.wait_ready(60)
+        runner_port, gateway_port = free_port(), free_port()
+        config_data = demo_config(s, triton.http_port, metrics_port, pools, runner_port, gateway_port)
+        config_path = s.out_dir / "spillway.yaml"
+        config_path.write_text(yaml.safe_dump(config_data, sort_keys=False))
+        config = SpillwayConfig.model_validate(config_data)
+        _say(
+            progress, f"starting the Spillway runner and the development gateway on 127.0.0.1:{gateway_port}"
+        )
+        gateway = stack.enter_context(
+            _process(
+                [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(config_path)],
+                env,
+                s.out_dir / "gateway.log",
+            )
+        )
+        _wait_port(gateway_port, gateway, 60)
+        warmer = _Warmer(config)
+        _say(
+            progress, f"warming {s.warm_instances} instance(s) per cloud target every {s.warmup_every_s:g} s"
+        )
+        warmer.start()
+        stack.callback(warmer.stop)
+        _wait_for(lambda: len(warmer.rounds) >= 1, 120)
+        _say(
+            progress,
+            "sending load: "
+            + ", ".join(f"{p.name} {p.rate_per_s:g}/s for {p.seconds:g} s" for p in s.phases),
+        )
+        load = LoadRun()
+        started = time.monotonic()
+        reporter = threading.Thread(target=_live, args=(progress, load, started, s), daemon=True)
+        reporter.start()
+        asyncio.run(generate("127.0.0.1", gateway_port, s.phases, s.sensitive_share, load))
+        metrics = runner_metrics(f"http://127.0.0.1:{runner_port}/metrics")
+        stats = {name: vars(pool.stats).copy() for name, pool in pool_objects.items()}
+    return {
+        "settings": _settings_dict(s),
+        "samples": [vars(x) for x in load.samples],
+        "sent": load.sent,
+        "answered": load.answered,
+        "runner_metrics": metrics,
+        "pools": stats,
+        "warmup_rounds": warmer.rounds,
+        "instance_logs": {name: str(s.out_dir / f"instances-{name}") for name in CLOUD},
+    }
+
+
+def _settings_dict(s: DemoSettings) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(s).items()}
+
+
+def _say(progress: Any, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+def _live(progress: Any, load: LoadRun, started: float, s: DemoSettings) -> None:
+    if progress is None:
+        return
+    from gateway_plugin.demo_report import live_table
+
+    total = sum(p.seconds for p in s.phases)
+    while load.answered < load.sent or time.monotonic() - started < total:
+        time.sleep(1.0)
+        progress(live_table(load.samples, time.monotonic() - started), live=True)
+        if time.monotonic() - started > total + 120:
+            return
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    import socket
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"a demo process exited early (status {proc.returncode}); see its log")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+        return False
+
+    _wait_for(up, timeout_s)
+
+
+def _wait_for(check: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the demo did not get ready within {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def write_results(result: dict[str, Any], out_dir: Path) -> Path:
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
