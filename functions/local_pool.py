@@ -22,25 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from functions.contract import WARMUP_PATH
-from functions.messages import Request, Response, error_response
+from functions.messages import HOP_BY_HOP, Request, Response, error_response
 from functions.sidecar import free_port
 from functions.upstream import UpstreamPool, UpstreamUnavailable
 
 log = logging.getLogger("spillway.local_pool")
-
-_HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "content-length",
-        "host",
-        "expect",
-        "te",
-        "upgrade",
-        "proxy-connection",
-    )
-)
 
 
 @dataclass
@@ -108,7 +94,7 @@ class LocalFunctionPool:
             return error_response(502, f"a function instance failed to start: {exc}")
         started = time.monotonic()
         headers = [
-            (k.encode(), v.encode("latin-1")) for k, v in request.headers.items() if k not in _HOP_BY_HOP
+            (k.encode(), v.encode("latin-1")) for k, v in request.headers.items() if k not in HOP_BY_HOP
         ]
         try:
             up = await instance.pool.request(

@@ -6,6 +6,21 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# Headers that describe one connection, not the request: never forwarded by a proxy.
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "host",
+        "expect",
+        "te",
+        "upgrade",
+        "proxy-connection",
+    )
+)
+
 
 @dataclass(slots=True)
 class Request:

@@ -13,25 +13,12 @@ import time
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from functions.contract import HEADER_TARGET
-from functions.messages import Request, Response, error_response
+from functions.messages import HOP_BY_HOP, Request, Response, error_response
 from functions.upstream import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from gateway_plugin.config import DevGatewaySettings
 from gateway_plugin.protocol import messages
 
-_HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "content-length",
-        "host",
-        "expect",
-        "te",
-        "upgrade",
-        "proxy-connection",
-    )
-)
 UPSTREAM_TIMEOUT_S = 60.0
 # The upstream's own answer time, as APISIX logs $upstream_response_time.
 UPSTREAM_TIME_HEADER = "x-spillway-upstream-ms"
@@ -82,7 +69,7 @@ class DevGateway:
     ) -> Response:
         name = headers.get(HEADER_TARGET, self.settings.default_upstream)
         pool = self.pools.get(name) or self.pools[self.settings.default_upstream]
-        forward = [(k.encode(), v.encode("latin-1")) for k, v in headers.items() if k not in _HOP_BY_HOP]
+        forward = [(k.encode(), v.encode("latin-1")) for k, v in headers.items() if k not in HOP_BY_HOP]
         target = f"{path}?{query}" if query else path
         started = time.perf_counter()
         try:
@@ -91,7 +78,7 @@ class DevGateway:
             return error_response(502, f"upstream {name!r} unreachable: {exc}")
         except TimeoutError:
             return error_response(504, f"upstream {name!r} did not answer within {UPSTREAM_TIMEOUT_S:.0f} s")
-        kept = [(k.decode(), v.decode("latin-1")) for k, v in up.headers if k.decode() not in _HOP_BY_HOP]
+        kept = [(k.decode(), v.decode("latin-1")) for k, v in up.headers if k.decode() not in HOP_BY_HOP]
         kept.append((UPSTREAM_TIME_HEADER, f"{(time.perf_counter() - started) * 1000:.3f}"))
         return Response(up.status, kept, up.body)
 

@@ -249,14 +249,40 @@ class Evaluator:
         return token
 
     def _ternary(self) -> Any:
+        """``cond ? yes : no``, evaluating only the branch taken, as Terraform does: the other may
+        fail (``var.x == null ? null : var.x.attr``)."""
         cond = self._binary(0)
         if self._peek() != "?":
             return cond
         self._take("?")
-        yes = self._ternary()
+        yes = self._branch()
         self._take(":")
-        no = self._ternary()
-        return yes if cond else no
+        no = self._branch()
+        return self._sub(yes if cond else no)
+
+    def _branch(self) -> list[tuple[str, str]]:
+        """The tokens of one branch of a conditional, not consumed by evaluation: up to the ':',
+        ',' or closing bracket that ends it, nested conditionals included."""
+        start, depth, pending = self._pos, 0, 0
+        while self._pos < len(self._tokens):
+            kind, text = self._tokens[self._pos]
+            if kind == "op" and depth == 0:
+                if text in (")", "]", "}", ",", "=>"):
+                    break
+                if text == "?":
+                    pending += 1
+                elif text == ":":
+                    if pending == 0:
+                        break
+                    pending -= 1
+            if kind == "name" and depth == 0 and text == "if":
+                break
+            if kind == "op":
+                depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(text, 0)
+            self._pos += 1
+        if self._pos == start:
+            raise Unsupported("empty branch of a conditional")
+        return self._tokens[start : self._pos]
 
     _LEVELS = (("||",), ("&&",), ("==", "!="), ("<", ">", "<=", ">="), ("+", "-"), ("*", "/", "%"))
 

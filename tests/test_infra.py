@@ -41,6 +41,14 @@ TF = ROOT / "infra" / "terraform"
 IMAGES = ROOT / "images"
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:spillway-key-AbCdEf"
 ACR_IMAGE = "registry-vpc.cn-hangzhou.aliyuncs.com/spillway/aliyun-fc:0.1.0"
+# signing_key_oss as Terraform passes it: the optional endpoint is null when not given.
+KEY_OSS = {"bucket": "spillway-keys", "object_dir": "fn/add-sub", "file_name": "signing.key", "endpoint": None}
+SIGNING_KEY_ENV = (
+    "SPILLWAY_SIGNING_KEY",
+    "SPILLWAY_SIGNING_KEY_FILE",
+    "SPILLWAY_SIGNING_KEY_SECRET_ARN",
+    "SPILLWAY_SIGNING_KEY_SECRET_NAME",
+)
 
 
 @pytest.fixture(scope="module")
@@ -324,23 +332,82 @@ def test_fc_concurrency_cap_and_log_retention(aliyun: Module) -> None:
 
 
 def test_fc_role_policy_is_scoped(aliyun: Module) -> None:
-    policy = json.loads(
-        aliyun_eval(aliyun, signing_key_secret_name="spillway-key").value(
-            aliyun.resource("alicloud_ram_policy", "this")["policy_document"]
-        )
-    )
+    document = aliyun.resource("alicloud_ram_policy", "this")["policy_document"]
+    policy = json.loads(aliyun_eval(aliyun, signing_key_oss=KEY_OSS).value(document))
     by_action = {action: s["Resource"] for s in policy["Statement"] for action in s["Action"]}
     assert set(by_action) == {
         "log:PostLogStoreLogs",
         "cr:PullRepository",
         "cr:GetAuthorizationToken",
-        "kms:GetSecretValue",
+        "oss:GetObject",
+        "oss:ListObjects",
     }
     assert by_action["log:PostLogStoreLogs"][0].endswith("/logstore/function")
     assert by_action["cr:PullRepository"][0].endswith(":repository/spillway/aliyun-fc")
-    assert by_action["kms:GetSecretValue"][0].endswith(":secret/spillway-key")
     assert [a for a, r in by_action.items() if "*" in r] == ["cr:GetAuthorizationToken"]
-    assert not accepts(aliyun, "environment_variables", {"SPILLWAY_SIGNING_KEY": "hunter2"})
+    # The key's folder only: its objects, and a listing of the bucket under that prefix.
+    objects = by_action["oss:GetObject"]
+    assert all(r.startswith("acs:oss:*:") for r in objects)
+    assert [r.rsplit(":", 1)[1] for r in objects] == ["spillway-keys/fn/add-sub/", "spillway-keys/fn/add-sub/*"]
+    [listing] = [s for s in policy["Statement"] if s["Action"] == ["oss:ListObjects"]]
+    assert [r.rsplit(":", 1)[1] for r in listing["Resource"]] == ["spillway-keys"]
+    assert listing["Condition"] == {"StringLike": {"oss:Prefix": ["fn/add-sub/", "fn/add-sub/*"]}}
+    # Nothing on OSS (and nothing on KMS) without a key.
+    default = json.loads(aliyun_eval(aliyun).value(document))
+    assert not [a for s in default["Statement"] for a in s["Action"] if a.startswith(("oss:", "kms:"))]
+
+
+def test_fc_signing_key_comes_only_from_the_read_only_oss_mount(aliyun: Module) -> None:
+    assert "signing_key_secret_name" not in aliyun.variables
+    assert aliyun.defaults()["signing_key_oss"] is None
+    for name in SIGNING_KEY_ENV:
+        assert not accepts(aliyun, "environment_variables", {name: "hunter2"}), name
+    function = aliyun.resource("alicloud_fcv3_function", "this")
+    assert function["environment_variables"] == "${local.environment}"
+    [dyn] = [d["oss_mount_config"] for d in function["dynamic"] if "oss_mount_config" in d]
+    assert "oss_mount_config" not in {k for k in function if k != "dynamic"}
+
+    evaluator = aliyun_eval(aliyun)
+    assert not any(name in evaluator.local("environment") for name in SIGNING_KEY_ENV)
+    assert evaluator.value(dyn["for_each"]) == []
+
+    evaluator = aliyun_eval(aliyun, signing_key_oss=KEY_OSS)
+    env = evaluator.local("environment")
+    assert [name for name in SIGNING_KEY_ENV if name in env] == ["SPILLWAY_SIGNING_KEY_FILE"]
+    [item] = evaluator.value(dyn["for_each"])
+    evaluator.scope["oss_mount_config"] = {"value": item}
+    [content] = dyn["content"]
+    [mount] = evaluator.value(content["mount_points"])
+    assert mount["read_only"] is True
+    assert mount["bucket_name"] == "spillway-keys"
+    assert mount["bucket_path"] == "/fn/add-sub"
+    assert mount["mount_dir"] == "/mnt/spillway-key"
+    assert env["SPILLWAY_SIGNING_KEY_FILE"] == f"{mount['mount_dir']}/signing.key"
+    assert mount["endpoint"].startswith("https://oss-") and mount["endpoint"].endswith("-internal.aliyuncs.com")
+    custom = aliyun_eval(aliyun, signing_key_oss={**KEY_OSS, "endpoint": "https://oss-cn-beijing.aliyuncs.com"})
+    assert custom.local("signing_key_oss")["endpoint"] == "https://oss-cn-beijing.aliyuncs.com"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"bucket": "Spillway_Keys"},
+        {"bucket": "-keys"},
+        {"object_dir": ""},
+        {"object_dir": "/"},
+        {"object_dir": "/fn"},
+        {"object_dir": "fn/"},
+        {"object_dir": "fn/../other"},
+        {"file_name": "fn/signing.key"},
+        {"file_name": ".."},
+        {"file_name": ""},
+        {"endpoint": "http://oss-cn-hangzhou-internal.aliyuncs.com"},
+    ],
+)
+def test_fc_signing_key_oss_rejects_paths_outside_one_folder(aliyun: Module, change: dict[str, Any]) -> None:
+    assert accepts(aliyun, "signing_key_oss", KEY_OSS)
+    assert accepts(aliyun, "signing_key_oss", None)
+    assert not accepts(aliyun, "signing_key_oss", {**KEY_OSS, **change})
 
 
 # -- the example and the gateway's targets --

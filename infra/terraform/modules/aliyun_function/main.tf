@@ -16,6 +16,19 @@ locals {
     "acs:cr:${local.region}:${local.account_id}:repository/${local.image_repo[0]}/${local.image_repo[1]}",
   ]
 
+  # The signing key comes only from a file on a read-only OSS mount: the function reads
+  # SPILLWAY_SIGNING_KEY_FILE at init (it cannot read Alibaba KMS secrets, and refuses to start
+  # when SPILLWAY_SIGNING_KEY_SECRET_NAME is set).
+  signing_key_mount_dir = "/mnt/spillway-key"
+  signing_key_oss = var.signing_key_oss == null ? null : {
+    bucket      = var.signing_key_oss.bucket
+    bucket_path = "/${var.signing_key_oss.object_dir}"
+    endpoint    = coalesce(var.signing_key_oss.endpoint, "https://oss-${local.region}-internal.aliyuncs.com")
+    file        = "${local.signing_key_mount_dir}/${var.signing_key_oss.file_name}"
+    bucket_arn  = "acs:oss:*:${local.account_id}:${var.signing_key_oss.bucket}"
+    prefix      = "${var.signing_key_oss.object_dir}/"
+  }
+
   # Exactly functions.contract.warmup_payload(dwell_ms, models, probe): jsonencode sorts keys.
   warmup_payload = jsonencode({ spillway_warmup = { dwell_ms = var.warmup_dwell_ms, models = var.models, probe = var.warmup_probe } })
 
@@ -26,7 +39,7 @@ locals {
       SPILLWAY_MODEL_REPOSITORY       = "/opt/spillway/models"
       SPILLWAY_ALLOW_UNSIGNED_PAYLOAD = var.allow_unsigned_payload ? "1" : "0"
     },
-    var.signing_key_secret_name == null ? {} : { SPILLWAY_SIGNING_KEY_SECRET_NAME = var.signing_key_secret_name },
+    local.signing_key_oss == null ? {} : { SPILLWAY_SIGNING_KEY_FILE = local.signing_key_oss.file },
   )
 }
 
@@ -79,11 +92,20 @@ resource "alicloud_ram_policy" "this" {
         { Effect = "Allow", Action = ["cr:PullRepository"], Resource = local.acr_pull_resources },
         { Effect = "Allow", Action = ["cr:GetAuthorizationToken"], Resource = ["*"] },
       ],
-      var.signing_key_secret_name == null ? [] : [{
-        Effect   = "Allow"
-        Action   = ["kms:GetSecretValue"]
-        Resource = ["acs:kms:${local.region}:${local.account_id}:secret/${var.signing_key_secret_name}"]
-      }],
+      # Read-only mount of the key's folder: its objects, and listing under its prefix only.
+      local.signing_key_oss == null ? [] : [
+        {
+          Effect   = "Allow"
+          Action   = ["oss:GetObject"]
+          Resource = ["${local.signing_key_oss.bucket_arn}/${local.signing_key_oss.prefix}", "${local.signing_key_oss.bucket_arn}/${local.signing_key_oss.prefix}*"]
+        },
+        {
+          Effect    = "Allow"
+          Action    = ["oss:ListObjects"]
+          Resource  = [local.signing_key_oss.bucket_arn]
+          Condition = { StringLike = { "oss:Prefix" = [local.signing_key_oss.prefix, "${local.signing_key_oss.prefix}*"] } }
+        },
+      ],
     )
   })
 }
@@ -126,6 +148,20 @@ resource "alicloud_fcv3_function" "this" {
       timeout_seconds       = 2
       failure_threshold     = 60
       success_threshold     = 1
+    }
+  }
+
+  dynamic "oss_mount_config" {
+    for_each = local.signing_key_oss == null ? [] : [local.signing_key_oss]
+
+    content {
+      mount_points {
+        bucket_name = oss_mount_config.value.bucket
+        bucket_path = oss_mount_config.value.bucket_path
+        endpoint    = oss_mount_config.value.endpoint
+        mount_dir   = local.signing_key_mount_dir
+        read_only   = true
+      }
     }
   }
 

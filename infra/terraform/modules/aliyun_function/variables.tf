@@ -121,7 +121,7 @@ variable "gpu_memory_size" {
 }
 
 variable "internet_access" {
-  description = "Whether instances may reach the internet (needed to fetch a KMS secret without a VPC)."
+  description = "Whether instances may reach the internet (the signing key's OSS mount uses the region's internal endpoint and does not need it)."
   type        = bool
   default     = false
 }
@@ -144,20 +144,50 @@ variable "models" {
 }
 
 variable "environment_variables" {
-  description = "Extra environment variables. Never put the signing key here: use signing_key_secret_name."
+  description = "Extra environment variables. Never put the signing key here: use signing_key_oss."
   type        = map(string)
   default     = {}
 
   validation {
-    condition     = length(setintersection(keys(var.environment_variables), ["SPILLWAY_SIGNING_KEY", "SPILLWAY_SIGNING_KEY_FILE"])) == 0
-    error_message = "The signing key must come from KMS Secrets Manager (signing_key_secret_name), never from a literal variable."
+    condition = length(setintersection(keys(var.environment_variables), [
+      "SPILLWAY_SIGNING_KEY",
+      "SPILLWAY_SIGNING_KEY_FILE",
+      "SPILLWAY_SIGNING_KEY_SECRET_ARN",
+      "SPILLWAY_SIGNING_KEY_SECRET_NAME",
+    ])) == 0
+    error_message = "The signing key must come from the OSS key file (signing_key_oss), never from a literal variable; SPILLWAY_SIGNING_KEY_SECRET_NAME would stop the function from starting."
   }
 }
 
-variable "signing_key_secret_name" {
-  description = "KMS Secrets Manager secret holding the X-Spillway-Signature key, read by the function at init; null for none."
-  type        = string
-  default     = null
+variable "signing_key_oss" {
+  description = "OSS object holding the X-Spillway-Signature key: oss://<bucket>/<object_dir>/<file_name>, mounted read-only at /mnt/spillway-key and read by the function at init (SPILLWAY_SIGNING_KEY_FILE). The bucket must belong to the function's account; endpoint defaults to the region's internal HTTPS endpoint. null for none."
+  type = object({
+    bucket     = string
+    object_dir = string
+    file_name  = string
+    endpoint   = optional(string)
+  })
+  default = null
+
+  validation {
+    condition     = var.signing_key_oss == null || can(regex("^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$", var.signing_key_oss.bucket))
+    error_message = "signing_key_oss.bucket must be an OSS bucket name: 3-63 lower-case letters, digits or '-', not starting or ending with '-'."
+  }
+
+  validation {
+    condition     = var.signing_key_oss == null || can(regex("^[A-Za-z0-9_-][A-Za-z0-9_.-]*(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)*$", var.signing_key_oss.object_dir))
+    error_message = "signing_key_oss.object_dir must be a non-empty folder inside the bucket, without leading or trailing '/' and without '.' or '..' parts (the whole bucket is never mounted)."
+  }
+
+  validation {
+    condition     = var.signing_key_oss == null || can(regex("^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,254}$", var.signing_key_oss.file_name))
+    error_message = "signing_key_oss.file_name must be a plain file name (letters, digits, '_', '.', '-'), not a path."
+  }
+
+  validation {
+    condition     = var.signing_key_oss == null || try(var.signing_key_oss.endpoint, null) == null || can(regex("^https://[A-Za-z0-9.-]+$", var.signing_key_oss.endpoint))
+    error_message = "signing_key_oss.endpoint must be an https:// OSS endpoint (the key must not travel in clear), or null for the region's internal endpoint."
+  }
 }
 
 variable "allow_unsigned_payload" {
