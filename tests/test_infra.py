@@ -42,7 +42,12 @@ IMAGES = ROOT / "images"
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:spillway-key-AbCdEf"
 ACR_IMAGE = "registry-vpc.cn-hangzhou.aliyuncs.com/spillway/aliyun-fc:0.1.0"
 # signing_key_oss as Terraform passes it: the optional endpoint is null when not given.
-KEY_OSS = {"bucket": "spillway-keys", "object_dir": "fn/add-sub", "file_name": "signing.key", "endpoint": None}
+KEY_OSS = {
+    "bucket": "spillway-keys",
+    "object_dir": "fn/add-sub",
+    "file_name": "signing.key",
+    "endpoint": None,
+}
 SIGNING_KEY_ENV = (
     "SPILLWAY_SIGNING_KEY",
     "SPILLWAY_SIGNING_KEY_FILE",
@@ -141,6 +146,28 @@ def test_fc_timer_triggers_carry_the_payload_in_the_event_fc_sends(aliyun: Modul
     }
     ping = parse_event(json.dumps(timer_event).encode())
     assert isinstance(ping, WarmupPing) and ping.models == tuple(aliyun.defaults()["models"])
+
+
+def test_warmup_schedules_module_builds_what_the_modules_deploy(aws: Module, aliyun: Module) -> None:
+    """warmup/schedules.py describes the modules' schedules: same aligned tick, same ping."""
+    from gateway_plugin.config import WarmTarget
+    from warmup import schedules
+
+    for module in (aws, aliyun):
+        d = module.defaults()
+        spec = WarmTarget(dwell_ms=d["warmup_dwell_ms"], models=d["models"], probe=d["warmup_probe"])
+        evaluator = aws_eval(module) if module is aws else aliyun_eval(module)
+        assert schedules.ping_payload(spec) == evaluator.local("warmup_payload")
+    aws_tick = aws.defaults()["warmup_schedule_expression"]
+    assert aws_tick == "cron(0/5 * * * ? *)"
+    eventbridge = schedules.eventbridge_schedule(WarmTarget(), 300)
+    assert eventbridge["schedule_expression"] == aws_tick
+    schedule = aws.resource("aws_scheduler_schedule", "this")
+    assert eventbridge["schedule_expression_timezone"] == schedule["schedule_expression_timezone"]
+    assert eventbridge["flexible_time_window"] == schedule["flexible_time_window"][0]
+    fc_tick = aliyun.defaults()["warmup_cron_expression"]
+    assert fc_tick == "0 0/3 * * * *"
+    assert schedules.fc_timer_trigger(WarmTarget(), 180)["cronExpression"] == fc_tick
 
 
 # -- AWS module: security properties --
@@ -348,7 +375,10 @@ def test_fc_role_policy_is_scoped(aliyun: Module) -> None:
     # The key's folder only: its objects, and a listing of the bucket under that prefix.
     objects = by_action["oss:GetObject"]
     assert all(r.startswith("acs:oss:*:") for r in objects)
-    assert [r.rsplit(":", 1)[1] for r in objects] == ["spillway-keys/fn/add-sub/", "spillway-keys/fn/add-sub/*"]
+    assert [r.rsplit(":", 1)[1] for r in objects] == [
+        "spillway-keys/fn/add-sub/",
+        "spillway-keys/fn/add-sub/*",
+    ]
     [listing] = [s for s in policy["Statement"] if s["Action"] == ["oss:ListObjects"]]
     assert [r.rsplit(":", 1)[1] for r in listing["Resource"]] == ["spillway-keys"]
     assert listing["Condition"] == {"StringLike": {"oss:Prefix": ["fn/add-sub/", "fn/add-sub/*"]}}
@@ -383,9 +413,11 @@ def test_fc_signing_key_comes_only_from_the_read_only_oss_mount(aliyun: Module) 
     assert mount["bucket_path"] == "/fn/add-sub"
     assert mount["mount_dir"] == "/mnt/spillway-key"
     assert env["SPILLWAY_SIGNING_KEY_FILE"] == f"{mount['mount_dir']}/signing.key"
-    assert mount["endpoint"].startswith("https://oss-") and mount["endpoint"].endswith("-internal.aliyuncs.com")
-    custom = aliyun_eval(aliyun, signing_key_oss={**KEY_OSS, "endpoint": "https://oss-cn-beijing.aliyuncs.com"})
-    assert custom.local("signing_key_oss")["endpoint"] == "https://oss-cn-beijing.aliyuncs.com"
+    region = evaluator.local("region")
+    assert mount["endpoint"] == f"https://oss-{region}-internal.aliyuncs.com"
+    beijing = "https://oss-cn-beijing.aliyuncs.com"
+    custom = aliyun_eval(aliyun, signing_key_oss={**KEY_OSS, "endpoint": beijing})
+    assert custom.local("signing_key_oss")["endpoint"] == beijing
 
 
 @pytest.mark.parametrize(

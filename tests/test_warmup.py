@@ -64,13 +64,21 @@ def test_adaptive_sizing_is_littles_law_within_floor_and_ceiling() -> None:
 def test_cloud_schedule_payloads_are_the_contract_and_parse_as_pings() -> None:
     ping = WarmupPing(dwell_ms=500, models=("add_sub",))
     eventbridge = schedules.eventbridge_schedule(SPEC, 240)
-    assert eventbridge["schedule_expression"] == "rate(4 minutes)"
+    # One aligned cron tick for every schedule (as the modules deploy them), never rate()/@every.
+    assert eventbridge["schedule_expression"] == "cron(0/4 * * * ? *)"
+    assert eventbridge["schedule_expression_timezone"] == "UTC"
+    assert eventbridge["flexible_time_window"] == {"mode": "OFF"}
     assert parse_event(eventbridge["input"]) == ping
     timer = schedules.fc_timer_trigger(SPEC, 240)
-    assert timer["cronExpression"] == "@every 4m"
+    assert timer["cronExpression"] == "0 0/4 * * * *"
+    assert timer["enable"] is True
     event = {**load_event("fc_timer.json"), "payload": timer["payload"]}
     assert parse_event(event) == ping
-    assert "python -m warmup run --once" in schedules.crontab_line(240, Path("/etc/spillway/spillway.yaml"))
+    assert eventbridge["input"] == timer["payload"] == schedules.ping_payload(SPEC)
+    assert schedules.eventbridge_schedule(SPEC, 30)["schedule_expression"] == "cron(0/1 * * * ? *)"
+    assert schedules.fc_timer_trigger(SPEC, 7200)["cronExpression"] == "0 0 * * * *"
+    line = schedules.crontab_line(240, Path("/etc/spillway/spillway.yaml"))
+    assert line.startswith("*/4 * * * * ") and "python -m warmup run --once" in line
 
 
 def test_report_file_round_trips_to_the_gateways_warm_pools() -> None:

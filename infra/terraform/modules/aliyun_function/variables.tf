@@ -263,7 +263,7 @@ variable "warmup_pings" {
 }
 
 variable "warmup_cron_expression" {
-  description = "Timer of the warm-up tick (FC cron with seconds, or @every); idle instances are released after 3-5 minutes."
+  description = "Timer of the warm-up tick: FC cron with seconds, the same aligned tick for every trigger so that their pings overlap (not @every, whose triggers drift apart); idle instances are released after 3-5 minutes."
   type        = string
   default     = "0 0/3 * * * *"
 }
