@@ -252,8 +252,16 @@ def _mapped_regions() -> set[str]:
 
 
 def warn_leaked(before: set[str]) -> None:
-    """New regions that no live process maps: what a Triton killed without a clean stop leaves."""
-    leaked = sorted(shm_regions() - before - _mapped_regions())
+    """New regions that no live process maps: what a Triton killed without a clean stop leaves.
+
+    Looked at twice, a second apart, so that a Triton of someone else's starting or stopping just
+    then is not taken for a leak.
+    """
+    suspects = shm_regions() - before - _mapped_regions()
+    if suspects:
+        time.sleep(1.0)
+        suspects &= shm_regions() - _mapped_regions()
+    leaked = sorted(suspects)
     if leaked:
         say(f"warning: {len(leaked)} new Triton shared-memory region(s) in /dev/shm: {', '.join(leaked)}")
 

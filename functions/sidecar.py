@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from functions.triton_install import TritonInstall, locate
 
@@ -167,7 +167,7 @@ class Sidecar:
 
     def _launch(self) -> None:
         args, env = self._command()
-        self._proc = subprocess.Popen(
+        proc = subprocess.Popen(
             args,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -175,10 +175,9 @@ class Sidecar:
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
         )
-        assert self._proc.stdout is not None
-        threading.Thread(
-            target=self._forward_log, args=(self._proc.stdout,), name="triton-log", daemon=True
-        ).start()
+        self._proc = proc
+        stream = cast(IO[bytes], proc.stdout)
+        threading.Thread(target=self._forward_log, args=(stream,), name="triton-log", daemon=True).start()
 
     def _forward_log(self, stream: IO[bytes]) -> None:
         prefix = self.options.log_prefix
@@ -199,8 +198,7 @@ class Sidecar:
         attempt = 0
         first = True
         while not self._stopping.is_set():
-            proc = self._proc
-            assert proc is not None
+            proc = cast(subprocess.Popen[bytes], self._proc)
             if self._await_ready(proc):
                 if first:
                     self.ready_at = time.monotonic()

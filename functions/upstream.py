@@ -69,9 +69,9 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(response)
 
     def send(self, head: bytes, body: bytes) -> asyncio.Future[UpstreamResponse]:
-        assert self.transport is not None
+        """Only called on a connected protocol (the pool hands out connected ones)."""
         self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.writelines((head, body) if body else (head,))
+        cast(asyncio.Transport, self.transport).writelines((head, body) if body else (head,))
         return self._waiter
 
     def close(self) -> None:
