@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "--start-delay", type=float, default=1.0, help="added to each cold start (image pull)"
     )
     parser.add_argument("--ping-every", type=float, default=5.0, help="shorter than --ttl")
-    parser.add_argument("--dwell-ms", type=int, default=50)
+    parser.add_argument("--dwell-ms", type=int, default=20, help="how long each ping holds its instance")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     as_json = args.json or not sys.stdout.isatty()
