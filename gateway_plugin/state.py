@@ -64,30 +64,27 @@ class GatewayState:
         self.load = LoadTracker(config.local.stale_after_s, clock)
         self.ledger = Ledger()
         self.version = 0
+        self.targets: dict[str, Target] = {}
+        self.breakers: dict[str, Breaker] = {}
+        self.pools: dict[str, WarmPool] = {}
+        self.outstanding: dict[str, Outstanding] = {}
         self.apply(config)
 
     def apply(self, config: SpillwayConfig) -> None:
-        """Take a new config; per-target state of targets that remain is kept."""
-        old = getattr(self, "targets", {})
+        """Take a new config; breakers, warm pools and in-flight counts of remaining targets are kept."""
         self.config = config
         self.policy: Policy = build_policy(config)
-        self.targets: dict[str, Target] = {t.name: t for t in config.targets}
-        self.breakers = {
-            n: getattr(self, "breakers", {}).get(n) or Breaker(config.breaker) for n in self.targets
-        }
-        self.pools = {
-            n: getattr(self, "pools", {}).get(n) or WarmPool(t.idle_ttl_s) for n, t in self.targets.items()
-        }
+        self.targets = {t.name: t for t in config.targets}
+        self.breakers = {n: self.breakers.get(n) or Breaker(config.breaker) for n in self.targets}
+        self.pools = {n: self.pools.get(n) or WarmPool(t.idle_ttl_s) for n, t in self.targets.items()}
         self.outstanding = {
-            n: getattr(self, "outstanding", {}).get(n) or Outstanding(t.timeout_s)
-            for n, t in self.targets.items()
+            n: self.outstanding.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()
         }
         self.signers = {n: TargetSigner(t) for n, t in self.targets.items()}
         self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
         self.load.stale_after_s = config.local.stale_after_s
         self.version += 1
-        if old:
-            log.info("config applied: targets %s", sorted(self.targets))
+        log.info("config %d applied: targets %s", self.version, sorted(self.targets))
 
     def snapshot(self, tenant: str | None, model: str | None = None) -> Snapshot:
         """What the policy may read for one request; target states are taken when first read."""
