@@ -7,9 +7,9 @@ Lambda the loop only runs while an invocation is in flight.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
-import http.client
 import os
 import signal
 import socket
@@ -78,6 +78,12 @@ def _is_error(line: str) -> bool:
     return is_error and not any(noise in line for noise in _HARMLESS)
 
 
+def _reap_group(proc: subprocess.Popen[bytes]) -> None:
+    """Triton leads its own process group: a crashed or killed server leaves no backend stubs behind."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 class Sidecar:
     """One supervised ``tritonserver`` bound to localhost."""
 
@@ -128,6 +134,8 @@ class Sidecar:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if proc is not None:
+            _reap_group(proc)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._set_state(SidecarState.STOPPED)
@@ -174,6 +182,7 @@ class Sidecar:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
+            start_new_session=True,
         )
         self._proc = proc
         stream = cast(IO[bytes], proc.stdout)
@@ -217,6 +226,7 @@ class Sidecar:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            _reap_group(proc)
             delay = min(self.options.max_backoff_s, 0.25 * 2**attempt)
             attempt += 1
             if self._stopping.wait(delay):
@@ -246,10 +256,12 @@ class Sidecar:
                 return False
             if all(self._get_ok(p) for p in paths):
                 return True
-            time.sleep(0.02)
+            time.sleep(0.005)
         return False
 
     def _get_ok(self, path: str) -> bool:
+        import http.client  # here, not at the top: off the path to Triton's launch
+
         conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=1.0)
         try:
             conn.request("GET", path)
