@@ -34,7 +34,7 @@ _sidecar.wait_ready(_settings.ready_timeout_s + 1)
 
 def _on_sigterm(signum: int, frame: object) -> None:
     """Close the idle keep-alive connections first, or Triton waits out its exit timeout for them."""
-    _loop.run_until_complete(_core.close())
+    _core.close_connections()
     _sidecar.stop()
     sys.exit(0)
 

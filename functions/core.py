@@ -140,8 +140,12 @@ class FunctionCore:
             models_ready=ready,
         )
 
-    async def close(self) -> None:
+    def close_connections(self) -> None:
+        """Synchronous, for signal handlers: idle keep-alive connections would hold Triton's exit."""
         self._pool.close()
+
+    async def close(self) -> None:
+        self.close_connections()
         await self._prober.close()
 
     def _timeout(self, time_left_s: float | None) -> float | None:
