@@ -56,7 +56,19 @@ def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
     return dataclasses.replace(base, **changes) if changes else base
 
 
-class SpillwayPlugin(Plugin[RouteOverrides]):
+class RouteConf:
+    """A route's overrides, prepared once per conf token, with the policy they give under the
+    current global config (rebuilt only when a reload changed it)."""
+
+    __slots__ = ("overrides", "policy", "version")
+
+    def __init__(self, overrides: RouteOverrides) -> None:
+        self.overrides = overrides
+        self.version = -1
+        self.policy: Policy | None = None
+
+
+class SpillwayPlugin(Plugin[RouteConf]):
     name = "spillway"
     config_model = RouteOverrides
 
@@ -66,18 +78,17 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
         self.state = state
         self.invokers = invokers or {}
         self.pool = pool
-        self._policies: dict[tuple[int, RouteOverrides], Policy] = {}
 
-    def policy_for(self, route: RouteOverrides) -> Policy:
-        key = (self.state.version, route)
-        policy = self._policies.get(key)
-        if policy is None:
-            if len(self._policies) > 1024:
-                self._policies.clear()
-            policy = self._policies[key] = _route_policy(self.state.policy, route)
-        return policy
+    def prepare(self, config: Any) -> RouteConf:
+        return RouteConf(config)
 
-    async def request_filter(self, conf: RouteOverrides, request: HttpRequest, action: RequestAction) -> None:
+    def policy_for(self, route: RouteConf) -> Policy:
+        if route.policy is None or route.version != self.state.version:
+            route.policy = _route_policy(self.state.policy, route.overrides)
+            route.version = self.state.version
+        return route.policy
+
+    async def request_filter(self, conf: RouteConf, request: HttpRequest, action: RequestAction) -> None:
         headers = request.headers
         match = _MODEL.match(request.path)
         model = match.group(1) if match else None
@@ -189,9 +200,7 @@ class SpillwayPlugin(Plugin[RouteOverrides]):
             [("content-type", "application/json"), ("retry-after", str(decision.retry_after_s))],
         )
 
-    async def response_filter(
-        self, conf: RouteOverrides, response: HttpResponse, action: ResponseAction
-    ) -> None:
+    async def response_filter(self, conf: RouteConf, response: HttpResponse, action: ResponseAction) -> None:
         """Close the request's books: in-flight counts, breaker, warm instances, local answer time."""
         tenant_var = "http_" + self.state.policy.tenant_header.replace("-", "_")
         response.prefetch(("http_x_spillway_target", tenant_var, "upstream_response_time", "uri"))
