@@ -127,7 +127,10 @@ class FunctionCore:
         check = self._prober.probe_models if ping.probe else self._prober.ready_models
         ready: tuple[str, ...] = ()
         if triton_ready:
-            ready, _ = await asyncio.gather(asyncio.wait_for(check(models), timeout), asyncio.sleep(dwell))
+            checked, _ = await asyncio.gather(
+                asyncio.wait_for(check(models), timeout), asyncio.sleep(dwell), return_exceptions=True
+            )
+            ready = () if isinstance(checked, BaseException) else checked
         else:
             await asyncio.sleep(dwell)
         self.metrics.warmups.labels(str(cold).lower()).inc()

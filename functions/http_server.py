@@ -111,7 +111,7 @@ class _HttpConnection(asyncio.Protocol):
         """
         while self._pending:
             item, keep_alive = self._pending.popleft()
-            response = item if isinstance(item, Response) else await self._handler(item)
+            response = item if isinstance(item, Response) else await self._answer(item)
             transport = self._transport
             if transport is None or transport.is_closing():
                 break
@@ -123,6 +123,13 @@ class _HttpConnection(asyncio.Protocol):
                 transport.close()
                 break
         self._busy = False
+
+    async def _answer(self, request: Request) -> Response:
+        """The handler's answer; if it fails, a 500 all the same: every request gets one answer."""
+        try:
+            return await self._handler(request)
+        except Exception as exc:
+            return error_response(500, f"internal error answering {request.method} {request.path}: {exc!r}")
 
     def _reject(self, response: Response) -> None:
         """Answer after whatever is in flight, then stop reading."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from functools import cached_property
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -25,15 +24,6 @@ class InfoSource(Protocol):
     """The connection a call arrived on: ExtraInfo questions go back over it."""
 
     def ask(self, payload: bytes) -> asyncio.Future[bytes | None]: ...
-
-
-def _as_dict(entries: TextEntries) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name, value in entries:
-        key = name.lower()
-        if value is not None:
-            out[key] = f"{out[key]}, {value}" if key in out else value
-    return out
 
 
 class _Fetches:
@@ -125,9 +115,10 @@ class HttpResponse:
     def status(self) -> int:
         return self._call.status
 
-    @cached_property
+    @property
     def headers(self) -> dict[str, str]:
-        return _as_dict(self._call.headers)
+        """Lower-cased names; repeated headers joined with ``", "``."""
+        return self._call.header_map
 
     def prefetch(self, names: Sequence[str]) -> None:
         """Ask for every variable at once: one round trip in all."""

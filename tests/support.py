@@ -240,3 +240,17 @@ def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
 
     with running_pool(PoolSettings(repo, **settings)) as (url, pool):
         yield url, pool
+
+
+@contextmanager
+def http_server_thread(handler: type[Any]) -> Iterator[str]:
+    """A plain ``http.server`` on a loopback port, for upstreams and misbehaving targets."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

@@ -6,16 +6,15 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import yaml
 
 from functions.sidecar import free_port
-from tests.support import ROOT, http, wait_until
+from tests.support import ROOT, http, http_server_thread, wait_until
 
 
 @contextmanager
@@ -42,12 +41,8 @@ def upstream(name: str) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with http_server_thread(Handler) as url:
+        yield url
 
 
 def test_devgateway_routes_by_the_runners_decision(tmp_path: Path) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from functions.events import parse_event
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
 from gateway_plugin.runner_metrics import RunnerMetrics
 from gateway_plugin.warm_pool import read_warm_report
-from tests.support import ROOT, http, load_event, local_pool, model_repository, wait_until
+from tests.support import ROOT, http, http_server_thread, load_event, local_pool, model_repository, wait_until
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, warm_target
@@ -208,18 +209,14 @@ def misbehaving(kind: str) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with http_server_thread(Handler) as url:
+        yield url
 
 
 def run_cli(config: dict[str, Any], tmp: Path) -> tuple[int, list[dict[str, Any]], str]:
     path = tmp / "spillway.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("ALIBABA", "AWS_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALIBABA", "AWS_"))}
     done = subprocess.run(
         [sys.executable, "-m", "warmup", "run", "--once", "--config", str(path)],
         capture_output=True,

@@ -7,6 +7,7 @@ import datetime
 import json
 import logging
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -41,19 +42,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class Output:
-    """Progress on a terminal, JSON lines when not."""
+    """Progress on a terminal, JSON lines when not; whole lines only, whichever thread writes."""
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
+        self._lock = threading.Lock()
 
     def event(self, kind: str, text: str, **data: object) -> None:
         if self.as_json:
-            print(
-                json.dumps({"event": kind, "at": datetime.datetime.now(datetime.UTC).isoformat(), **data}),
-                flush=True,
-            )
-        else:
-            print(text, flush=True)
+            text = json.dumps({"event": kind, "at": datetime.datetime.now(datetime.UTC).isoformat(), **data})
+        with self._lock:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
 
     def wave(self, result: TargetResult) -> None:
         self.event(

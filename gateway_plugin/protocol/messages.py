@@ -151,6 +151,12 @@ class HttpRespCall:
     def headers(self) -> TextEntries:
         return self._t.entries(2)
 
+    @cached_property
+    @_guard
+    def header_map(self) -> dict[str, str]:
+        """Lower-cased names; repeated headers joined with ``", "``."""
+        return self._t.entry_dict(2)
+
 
 @_guard
 def extra_info_result(buf: bytes) -> bytes | None:
