@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+log = logging.getLogger("spillway.function")
 
 # Headers that describe one connection, not the request: never forwarded by a proxy.
 HOP_BY_HOP = frozenset(
@@ -60,3 +64,10 @@ def body_too_large(limit: int) -> Response:
         f"request body larger than this function's limit of {limit} bytes; "
         "send smaller batches or raise SPILLWAY_MAX_BODY_BYTES",
     )
+
+
+def internal_error(what: str) -> Response:
+    """Logged with its traceback under an id the client gets; the client learns nothing else."""
+    error_id = uuid.uuid4().hex[:12]
+    log.exception("internal error %s while answering %s", error_id, what)
+    return error_response(500, f"internal error (id {error_id}); retry, or report the id to the operator")

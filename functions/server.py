@@ -45,7 +45,7 @@ async def _serve(
 
     core = FunctionCore(settings, sidecar, instance)
     handler = FcRoutes(core) if platform == "aliyun-fc" else core.handle
-    server = await http_server.serve(handler, host, port, settings.max_body_bytes)
+    server = await http_server.serve(handler, host, port, settings.max_body_bytes, settings.http)
     log.info(
         "serving %s on %s:%d (instance %s, models %s)",
         platform,
