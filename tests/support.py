@@ -152,9 +152,19 @@ def function_server(
     running = Running(proc, f"http://127.0.0.1:{port}", log)
     try:
         if wait_ready:
+            key = env.get("SPILLWAY_SIGNING_KEY")
+
+            def probe_headers() -> dict[str, str]:
+                if key is None:
+                    return {}
+                from functions.signature import sign
+
+                return {"x-spillway-signature": sign(key.encode(), "GET", "/v2/health/ready", b"")}
+
+            ready = running.url + "/v2/health/ready"
             wait_until(
                 lambda: (
-                    http("GET", running.url + "/v2/health/ready", timeout=1)[0] == 200
+                    http("GET", ready, headers=probe_headers(), timeout=1)[0] == 200
                     if _answers(running.url + "/v2/health/live")
                     else proc.poll() is not None
                 ),
