@@ -71,6 +71,8 @@ def normalise_path(raw: str) -> str:
     slashes merged and dot segments removed (RFC 3986, 5.2.4), so ``//v2/./%72epository`` and
     ``/v2/models/../repository`` both read ``/v2/repository``.
     """
+    if raw[:1] == "/" and not ("%" in raw or "//" in raw or "/." in raw or (raw[-1] == "/" and raw != "/")):
+        return raw
     path = raw
     for _ in range(_MAX_DECODE_ROUNDS):
         decoded = unquote(path, errors="replace")

@@ -48,6 +48,15 @@ def _parser() -> argparse.ArgumentParser:
         "summarised: targets, rules in the order they apply, and what may leave the premises.",
     )
     check.add_argument("file", type=Path)
+    split = sub.add_parser(
+        "traffic-split",
+        help="print the traffic-split rules that send each decision to its upstream",
+        description="Print, as JSON, the traffic-split plugin conf for an APISIX route: one rule per "
+        "upstream-mode target, matching the X-Spillway-Target value the runner sets (it carries a MAC "
+        "under the route token, so clients cannot forge it). Upstream ids are the target names. "
+        "Needs the route token in the environment variable the config names (runner.route_token_env).",
+    )
+    split.add_argument("--config", type=Path, required=True, help="spillway.yaml")
     imp = sub.add_parser(
         "import-targets",
         help="turn Terraform's spillway_targets output into the targets section",
@@ -87,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         source = args.file if args.command == "check-config" else args.config
         config = load(source) if source else SpillwayConfig()
+        if args.command == "traffic-split":
+            return _print_traffic_split(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -113,6 +124,22 @@ def main(argv: list[str] | None = None) -> int:
             runner.wait(10)
     finally:
         loop.close()
+
+
+def _print_traffic_split(config: SpillwayConfig) -> int:
+    import json
+
+    from gateway_plugin.state import GatewayState
+
+    rules = [
+        {
+            "match": [{"vars": [["http_x_spillway_target", "==", value]]}],
+            "weighted_upstreams": [{"upstream_id": name, "weight": 1}],
+        }
+        for name, value in GatewayState.route_values(config).items()
+    ]
+    print(json.dumps({"rules": rules}, indent=2))
+    return 0
 
 
 def _new_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
@@ -143,7 +170,7 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
         return 2
     app = RunnerApp(config, config_path)
     runner = Runner(app.plugins, ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
-    server = await serve(runner, path)
+    server = await serve(runner, path, config.runner.socket_group)
     app.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
@@ -179,7 +206,9 @@ async def _devgateway(config: SpillwayConfig, sock: Path, runner: subprocess.Pop
     if not sock.exists():
         print("error: the runner did not start; see its log above", file=sys.stderr)
         return 1
-    gateway = DevGateway(config.devgateway, ApisixPeer(sock))
+    from gateway_plugin.state import GatewayState
+
+    gateway = DevGateway(config.devgateway, ApisixPeer(sock), GatewayState.route_values(config))
     host, _, port = config.devgateway.listen.rpartition(":")
     server = await http_server.serve(
         gateway.handle, host or "127.0.0.1", int(port), config.devgateway.max_body_bytes

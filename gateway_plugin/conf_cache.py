@@ -8,22 +8,34 @@ answered with CONF_TOKEN_NOT_FOUND and APISIX prepares again.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_plugin.plugin import Plugin
 
+log = logging.getLogger("spillway.runner")
+
 DEFAULT_APISIX_EXPIRE_S = 3600.0
 TTL_FACTOR = 1.2
 
 
 def default_ttl() -> float:
+    raw = os.environ.get("APISIX_CONF_EXPIRE_TIME") or ""
     try:
-        apisix = float(os.environ.get("APISIX_CONF_EXPIRE_TIME") or DEFAULT_APISIX_EXPIRE_S)
+        apisix = float(raw or DEFAULT_APISIX_EXPIRE_S)
     except ValueError:
+        apisix = -1.0
+    if not 0 < apisix < float("inf"):
+        log.warning(
+            "APISIX_CONF_EXPIRE_TIME=%r is not a positive number of seconds; keeping confs for %g s",
+            raw,
+            DEFAULT_APISIX_EXPIRE_S * TTL_FACTOR,
+        )
         apisix = DEFAULT_APISIX_EXPIRE_S
     return apisix * TTL_FACTOR
 
@@ -50,15 +62,20 @@ class PreparedConf:
 
 @dataclass
 class ConfCache:
+    """Tokens in the order they were handed out; with one TTL that is also the order they expire
+    in, so expiry and the size cap only ever look at the oldest entry."""
+
     ttl_s: float = field(default_factory=default_ttl)
     clock: Callable[[], float] = time.monotonic
-    _entries: dict[int, tuple[float, PreparedConf]] = field(default_factory=dict)
+    max_entries: int = 100_000
+    _entries: OrderedDict[int, tuple[float, PreparedConf]] = field(default_factory=OrderedDict)
     _next: int = 0
 
     def put(self, conf: PreparedConf) -> int:
         now = self.clock()
         self._evict(now)
         self._next = (self._next + 1) & 0xFFFFFFFF or 1
+        self._entries.pop(self._next, None)
         self._entries[self._next] = (now + self.ttl_s, conf)
         return self._next
 
@@ -75,6 +92,9 @@ class ConfCache:
         return len(self._entries)
 
     def _evict(self, now: float) -> None:
-        expired = [token for token, (deadline, _) in self._entries.items() if deadline < now]
-        for token in expired:
-            del self._entries[token]
+        entries = self._entries
+        while entries:
+            oldest = next(iter(entries))
+            if entries[oldest][0] >= now and len(entries) < self.max_entries:
+                return
+            entries.popitem(last=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -15,7 +15,7 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunnerSettings(_Model):
@@ -26,6 +26,16 @@ class RunnerSettings(_Model):
     )
     socket: str | None = Field(default=None, description="socket path when APISIX_LISTEN_ADDRESS is unset")
     uvloop: bool = Field(default=True, description="run on uvloop where installed")
+    route_token_env: str = Field(
+        default="SPILLWAY_ROUTE_TOKEN",
+        description="environment variable holding the route token that makes cloud X-Spillway-Target "
+        "values unforgeable (required when a target is in upstream mode)",
+    )
+    socket_group: str | None = Field(
+        default=None,
+        description="group that may use the socket (0660) when APISIX's workers run as another user; "
+        "default: the runner's user only (0600)",
+    )
 
 
 class DevGatewaySettings(_Model):
@@ -64,7 +74,9 @@ class LocalCluster(_Model):
 
     endpoints: list[LocalEndpoint] = Field(default_factory=list, description="every on-prem Triton to scrape")
     latency_target_ms: float = Field(default=200.0, gt=0, description="default p50 latency target")
-    model_latency_targets_ms: dict[str, float] = Field(default_factory=dict, description="per-model targets")
+    model_latency_targets_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="per-model targets"
+    )
     parallelism: int = Field(default=1, ge=1, description="requests the cluster runs at once per model")
     scrape_period_s: float = Field(default=0.25, gt=0, le=10, description="metrics scrape period")
     stale_after_s: float = Field(default=2.0, gt=0, description="signals older than this are missing")
@@ -187,9 +199,12 @@ class BreakerSettings(_Model):
     retry_budget_ratio: float = Field(default=0.1, ge=0, le=1, description="retries as a share of requests")
 
 
+Usd = Annotated[float, Field(ge=0)]
+
+
 class Budgets(_Model):
-    per_target_hourly_usd: dict[str, float] = Field(default_factory=dict)
-    per_target_daily_usd: dict[str, float] = Field(default_factory=dict)
+    per_target_hourly_usd: dict[str, Usd] = Field(default_factory=dict)
+    per_target_daily_usd: dict[str, Usd] = Field(default_factory=dict)
 
 
 class TenantQuota(_Model):
@@ -203,6 +218,11 @@ class Tenants(_Model):
     header: str = Field(default="x-tenant")
     quotas: dict[str, TenantQuota] = Field(default_factory=dict)
     default: TenantQuota = Field(default_factory=TenantQuota, description="quota of tenants not listed")
+    max_tracked: int = Field(
+        default=10_000,
+        ge=1,
+        description="tenants under a quota kept in memory; the least recently seen is forgotten first",
+    )
 
 
 class MetricsSettings(_Model):
@@ -268,6 +288,13 @@ class SpillwayConfig(_Model):
     tenants: Tenants = Field(default_factory=Tenants)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
+
+    def declared_models(self) -> set[str]:
+        """Models the config itself names (latency targets, rules)."""
+        named = set(self.local.model_latency_targets_ms)
+        for rule in self.rules:
+            named.update(rule.match.models)
+        return named
 
     @model_validator(mode="after")
     def _names(self) -> SpillwayConfig:

@@ -30,12 +30,19 @@ def _pool(url: str) -> UpstreamPool:
 
 
 class DevGateway:
-    def __init__(self, settings: DevGatewaySettings, peer: ApisixPeer) -> None:
+    """``route_values`` maps each upstream name to the ``X-Spillway-Target`` value that selects it,
+    as the route's traffic-split rules do (``local``: the name itself)."""
+
+    def __init__(
+        self, settings: DevGatewaySettings, peer: ApisixPeer, route_values: dict[str, str] | None = None
+    ) -> None:
         self.settings = settings
         self.peer = peer
         conf = [(name, json.dumps(value)) for name, value in settings.plugins]
         self.route = RouteConf("devgateway#route", conf, settings.allow_degradation)
-        self.pools = {name: _pool(url) for name, url in settings.upstreams.items()}
+        values = route_values or {}
+        self.pools = {values.get(name, name): (name, _pool(url)) for name, url in settings.upstreams.items()}
+        self.default = self.pools[values.get(settings.default_upstream, settings.default_upstream)]
 
     async def handle(self, request: Request) -> Response:
         path, _, query = request.target.partition("?")
@@ -67,8 +74,7 @@ class DevGateway:
     async def _proxy(
         self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
     ) -> Response:
-        name = headers.get(HEADER_TARGET, self.settings.default_upstream)
-        pool = self.pools.get(name) or self.pools[self.settings.default_upstream]
+        name, pool = self.pools.get(headers.get(HEADER_TARGET, ""), self.default)
         forward = [(k.encode(), v.encode("latin-1")) for k, v in headers.items() if k not in HOP_BY_HOP]
         target = f"{path}?{query}" if query else path
         started = time.perf_counter()
@@ -104,7 +110,7 @@ class DevGateway:
             response.body = answer.body
 
     async def close(self) -> None:
-        for pool in self.pools.values():
+        for _, pool in self.pools.values():
             pool.close()
         await self.peer.close()
 

@@ -1,12 +1,13 @@
 """Spend and request accounting for budgets and tenant quotas (owned by the runner's loop).
 
 Spend is kept in wall-clock hour and day buckets, per target and per tenant; tenant request rates
-in a one-minute sliding window; concurrency as in-flight counters.
+in a one-minute sliding window; concurrency as in-flight counters. Every map is bounded: targets
+by the config, tenants by a cap.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 
 HOUR, DAY = 3600, 86400
@@ -49,10 +50,9 @@ class Outstanding:
 
 @dataclass
 class Ledger:
+    """Spend per target, in wall-clock hour and day buckets (the targets come from the config)."""
+
     _spend: dict[str, _Spend] = field(default_factory=lambda: defaultdict(_Spend))
-    _arrivals: dict[str, deque[float]] = field(default_factory=lambda: defaultdict(deque))
-    in_flight_ttl_s: float = 60.0
-    _in_flight: dict[str, Outstanding] = field(default_factory=dict)
 
     def spend(self, key: str, usd: float, now: float) -> None:
         bucket = self._spend[key]
@@ -67,24 +67,55 @@ class Ledger:
         bucket.roll(now)
         return bucket.hour_usd, bucket.day_usd
 
-    def arrived(self, key: str, now: float) -> None:
-        self._arrivals[key].append(now)
 
-    def last_minute(self, key: str, now: float) -> int:
-        arrivals = self._arrivals.get(key)
-        if arrivals is None:
-            return 0
+@dataclass
+class TenantBook:
+    """One tenant's spend, arrivals in the last minute and requests in flight. Arrivals are recorded
+    only under a rate quota and only while under it, so they never exceed the quota."""
+
+    spend: _Spend
+    arrivals: deque[float]
+    in_flight: Outstanding
+
+    def spent(self, now: float) -> tuple[float, float]:
+        self.spend.roll(now)
+        return self.spend.hour_usd, self.spend.day_usd
+
+    def add_spend(self, usd: float, now: float) -> None:
+        self.spend.roll(now)
+        self.spend.hour_usd += usd
+        self.spend.day_usd += usd
+
+    def last_minute(self, now: float) -> int:
+        arrivals = self.arrivals
         while arrivals and arrivals[0] <= now - 60:
             arrivals.popleft()
         return len(arrivals)
 
-    def started(self, key: str, now: float) -> None:
-        self._in_flight.setdefault(key, Outstanding(self.in_flight_ttl_s)).add(now)
 
-    def finished(self, key: str) -> None:
-        if key in self._in_flight:
-            self._in_flight[key].done()
+class TenantBooks:
+    """Books of the tenants a quota applies to, at most ``max_tenants``; the tenant seen least
+    recently is forgotten first (it starts afresh), so the tenant header, which clients choose,
+    cannot grow the runner's memory."""
 
-    def in_flight(self, key: str, now: float) -> int:
-        outstanding = self._in_flight.get(key)
-        return outstanding.count(now) if outstanding else 0
+    def __init__(self, max_tenants: int = 10_000, in_flight_ttl_s: float = 60.0) -> None:
+        self.max_tenants = max_tenants
+        self.in_flight_ttl_s = in_flight_ttl_s
+        self._books: OrderedDict[str, TenantBook] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._books)
+
+    def get(self, tenant: str) -> TenantBook | None:
+        return self._books.get(tenant)
+
+    def book(self, tenant: str) -> TenantBook:
+        """The tenant's book, created on first use; marks it as the most recently seen."""
+        book = self._books.get(tenant)
+        if book is not None:
+            self._books.move_to_end(tenant)
+            return book
+        while len(self._books) >= self.max_tenants:
+            self._books.popitem(last=False)
+        book = self._books[tenant] = TenantBook(_Spend(), deque(), Outstanding(self.in_flight_ttl_s))
+        return book

@@ -81,6 +81,13 @@ class Quota:
     hourly_usd: float | None = None
     daily_usd: float | None = None
 
+    @property
+    def limits_anything(self) -> bool:
+        return self != _NO_QUOTA
+
+
+_NO_QUOTA = Quota()
+
 
 @dataclass(frozen=True)
 class TargetPolicy:
@@ -134,6 +141,9 @@ class Policy:
     exit_ratio: float = 0.8
     saturation_ratio: float = 4.0
     retry_after_s: int = 1
+
+    def quota_of(self, tenant: str | None) -> Quota:
+        return _NO_QUOTA if tenant is None else self.quotas.get(tenant, self.default_quota)
 
 
 @dataclass(frozen=True)
@@ -248,7 +258,7 @@ def _stay_local(
 def _over_quota(tenant: str | None, snapshot: Snapshot, policy: Policy) -> Decision | None:
     if tenant is None:
         return None
-    quota = policy.quotas.get(tenant, policy.default_quota)
+    quota = policy.quota_of(tenant)
     state = snapshot.tenants.get(tenant, TenantState())
     if quota.requests_per_minute is not None and state.requests_last_minute >= quota.requests_per_minute:
         return Decision(SHED, "tenant_rate", 429, 60, tenant=tenant)
@@ -260,7 +270,7 @@ def _over_quota(tenant: str | None, snapshot: Snapshot, policy: Policy) -> Decis
 def _tenant_budget_allows(tenant: str | None, cost: float, snapshot: Snapshot, policy: Policy) -> bool:
     if tenant is None:
         return True
-    quota = policy.quotas.get(tenant, policy.default_quota)
+    quota = policy.quota_of(tenant)
     state = snapshot.tenants.get(tenant, TenantState())
     return _within(state.spent_hour_usd + cost, quota.hourly_usd) and _within(
         state.spent_day_usd + cost, quota.daily_usd

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,10 +37,17 @@ class ConfError(ValueError):
 class Runner:
     """Plugins by name, the conf cache, and the dispatch of calls to plugin chains."""
 
-    def __init__(self, plugins: Mapping[str, Plugin[Any]], confs: ConfCache | None = None) -> None:
+    def __init__(
+        self,
+        plugins: Mapping[str, Plugin[Any]],
+        confs: ConfCache | None = None,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         self.plugins = dict(plugins)
         self.confs = confs if confs is not None else ConfCache()
+        self.limits = limits or ConnectionLimits()
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.connections = 0
 
     def prepare(self, payload: bytes) -> bytes:
         _, entries = messages.prepare_conf(payload)
@@ -72,20 +81,46 @@ class Runner:
         return action.encode(call.id)
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one APISIX connection may hold: a partial frame only for so long, a few frames queued
+    behind a call in flight, ExtraInfo answers within a deadline; and how many connections."""
+
+    frame_timeout_s: float = 10.0
+    max_backlog: int = 16
+    ask_timeout_s: float = 60.0
+    max_connections: int = 1024
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
+        self._limits = runner.limits
         self._reader = FrameReader()
         self._transport: asyncio.Transport | None = None
         self._asks: deque[asyncio.Future[bytes | None]] = deque()
         self._backlog: deque[tuple[int, bytes]] = deque()
         self._busy = False
+        self._counted = False
+        self._partial_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        if self._runner.connections >= self._limits.max_connections:
+            log.error("refusing a connection: %d already open", self._runner.connections)
+            self._transport.close()
+            return
+        self._runner.connections += 1
+        self._counted = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._backlog.clear()
+        if self._partial_timer is not None:
+            self._partial_timer.cancel()
+        if self._counted:
+            self._runner.connections -= 1
+            self._counted = False
         while self._asks:
             fut = self._asks.popleft()
             if not fut.done():
@@ -96,18 +131,55 @@ class _Connection(asyncio.Protocol):
             if ty == FrameType.EXTRA_INFO and self._asks:
                 self._answer(payload)
             elif self._busy:
-                self._backlog.append((ty, payload))
+                self._queue(ty, payload)
             else:
                 self._dispatch(ty, payload)
+        self._time_partial_frame()
+
+    def _queue(self, ty: int, payload: bytes) -> None:
+        """APISIX sends one call at a time; a peer that sends more is held to a short queue."""
+        if len(self._backlog) >= self._limits.max_backlog:
+            log.error("closing a connection that sent %d frames ahead of an answer", len(self._backlog) + 1)
+            self._close()
+            return
+        self._backlog.append((ty, payload))
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def _time_partial_frame(self) -> None:
+        pending = self._reader.pending > 0
+        if pending and self._partial_timer is None:
+            self._partial_timer = asyncio.get_running_loop().call_later(
+                self._limits.frame_timeout_s, self._partial_frame_expired
+            )
+        elif not pending and self._partial_timer is not None:
+            self._partial_timer.cancel()
+            self._partial_timer = None
+
+    def _partial_frame_expired(self) -> None:
+        self._partial_timer = None
+        log.error(
+            "closing a connection that left %d bytes of a frame unfinished for %g s",
+            self._reader.pending,
+            self._limits.frame_timeout_s,
+        )
+        self._close()
+
+    def _close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
     def ask(self, payload: bytes) -> asyncio.Future[bytes | None]:
         """Send one ExtraInfo question; the future resolves with APISIX's answer."""
-        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes | None] = loop.create_future()
         if self._transport is None:
             fut.set_exception(ConnectionError("APISIX closed the connection"))
         else:
             self._asks.append(fut)
             self._transport.write(frame(FrameType.EXTRA_INFO, payload))
+            timer = loop.call_later(self._limits.ask_timeout_s, _expire_ask, fut, self._limits.ask_timeout_s)
+            fut.add_done_callback(lambda _: timer.cancel())
         return fut
 
     def _answer(self, payload: bytes) -> None:
@@ -161,6 +233,8 @@ class _Connection(asyncio.Protocol):
         self._busy = False
         while self._backlog and not self._busy:
             self._dispatch(*self._backlog.popleft())
+        if not self._backlog and self._transport is not None:
+            self._transport.resume_reading()
 
     def _send(self, ty: int, payload: bytes) -> None:
         if self._transport is None:
@@ -176,6 +250,11 @@ class _Connection(asyncio.Protocol):
             self._transport.write(_ERROR_FRAMES[code])
 
 
+def _expire_ask(fut: asyncio.Future[bytes | None], seconds: float) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError(f"APISIX did not answer an ExtraInfo question within {seconds:g} s"))
+
+
 def socket_path(address: str | None = None) -> Path:
     """The socket APISIX names in ``APISIX_LISTEN_ADDRESS`` (``unix:/path``)."""
     raw = address if address is not None else os.environ.get("APISIX_LISTEN_ADDRESS", "")
@@ -187,12 +266,17 @@ def socket_path(address: str | None = None) -> Path:
     return Path(raw.removeprefix("unix:"))
 
 
-async def serve(runner: Runner, path: Path) -> asyncio.AbstractServer:
-    """Listen on ``path``; the socket is made usable by APISIX's worker user."""
+async def serve(runner: Runner, path: Path, group: str | None = None) -> asyncio.AbstractServer:
+    """Listen on ``path``, owner-only (0600), or owner and ``group`` (0660) where APISIX's workers
+    run as another user: only APISIX may talk to the runner."""
     if path.is_socket():
         path.unlink()
     server = await asyncio.get_running_loop().create_unix_server(
         lambda: _Connection(runner), str(path), backlog=1024
     )
-    os.chmod(path, 0o766)
+    if group is None:
+        os.chmod(path, 0o600)
+    else:
+        shutil.chown(path, group=group)
+        os.chmod(path, 0o660)
     return server

@@ -101,14 +101,27 @@ class _ModelLoad:
         )
 
 
+MAX_MODELS = 1000
+
+
 @dataclass
 class LoadTracker:
-    """Owned by the runner's loop: scrapes update it, requests read and count into it."""
+    """Owned by the runner's loop: scrapes update it, requests read and count into it.
+
+    Models are the ones the cluster reports (and the config names); a request for any other name
+    (a client picks the path) is counted under all models, so no client can grow this state.
+    """
 
     stale_after_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     last_ok: float = float("-inf")
-    _models: dict[str, _ModelLoad] = field(default_factory=dict)
+    _models: dict[str, _ModelLoad] = field(default_factory=lambda: {ALL_MODELS: _ModelLoad()})
+
+    def declare(self, models: Iterable[str]) -> None:
+        """Models the config names: tracked before the first scrape reports them."""
+        for model in models:
+            if len(self._models) < MAX_MODELS:
+                self._models.setdefault(model, _ModelLoad())
 
     def observe(self, per_endpoint: Iterable[dict[str, Counters]]) -> None:
         """One complete scrape of every endpoint."""
@@ -119,13 +132,19 @@ class LoadTracker:
                 merged[ALL_MODELS] = merged[ALL_MODELS] + counters
         first = self.last_ok == float("-inf")
         for model, now in merged.items():
-            self._models.setdefault(model, _ModelLoad()).scraped(now, first)
+            entry = self._models.get(model)
+            if entry is None and len(self._models) < MAX_MODELS:
+                entry = self._models[model] = _ModelLoad()
+            if entry is not None:
+                entry.scraped(now, first)
         self.last_ok = self.clock()
 
     def sent_local(self, model: str | None) -> None:
-        self._entry(model).sent += 1
-        if model:
-            self._entry(ALL_MODELS).sent += 1
+        entry = self._entry(model)
+        entry.sent += 1
+        overall = self._models[ALL_MODELS]
+        if entry is not overall:
+            overall.sent += 1
 
     def answered_local(self, model: str | None, ms: float, weight: float = 0.2) -> None:
         """The gateway saw the cluster answer in ``ms``: a moving average, per model and overall."""
@@ -139,10 +158,10 @@ class LoadTracker:
         self._entry(model).overflowing = hot
 
     def _entry(self, model: str | None) -> _ModelLoad:
-        entry = self._models.get(model or ALL_MODELS)
-        if entry is None:
-            entry = self._models[model or ALL_MODELS] = _ModelLoad()
-        return entry
+        return self._models.get(model or ALL_MODELS) or self._models[ALL_MODELS]
+
+    def __len__(self) -> int:
+        return len(self._models)
 
     @property
     def fresh(self) -> bool:

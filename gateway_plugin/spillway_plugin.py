@@ -19,7 +19,14 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
+from functions.contract import (
+    HEADER_COLD,
+    HEADER_DECISION,
+    HEADER_INSTANCE,
+    HEADER_SIGNATURE,
+    HEADER_TARGET,
+    normalise_path,
+)
 from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
 from gateway_plugin.policy import LOCAL, SHED, Decision, Policy, RequestFeatures, decide
 from gateway_plugin.state import GatewayState
@@ -90,9 +97,10 @@ class SpillwayPlugin(Plugin[RouteConf]):
 
     async def request_filter(self, conf: RouteConf, request: HttpRequest, action: RequestAction) -> None:
         headers = request.headers
-        match = _MODEL.match(request.path)
+        path = normalise_path(request.path)
+        match = _MODEL.match(path)
         model = match.group(1) if match else None
-        features = RequestFeatures(request.path, headers, {k: v or "" for k, v in request.args}, model)
+        features = RequestFeatures(path, headers, {k: v or "" for k, v in request.args}, model)
         policy = self.policy_for(conf)
         snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
         decision = decide(features, snapshot, policy)
@@ -125,7 +133,7 @@ class SpillwayPlugin(Plugin[RouteConf]):
             await self._upstream(decision.target, request, action)
 
     async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
-        action.set_header(HEADER_TARGET, name)
+        action.set_header(HEADER_TARGET, self.state.target_values[name])
         signer = self.state.signers[name]
         if signer.key is None:
             action.delete_header(HEADER_SIGNATURE)
@@ -204,16 +212,15 @@ class SpillwayPlugin(Plugin[RouteConf]):
         """Close the request's books: in-flight counts, breaker, warm instances, local answer time."""
         tenant_var = "http_" + self.state.policy.tenant_header.replace("-", "_")
         response.prefetch(("http_x_spillway_target", tenant_var, "upstream_response_time", "uri"))
-        target = _text(await response.var("http_x_spillway_target"))
+        target = self.state.target_by_value.get(_text(await response.var("http_x_spillway_target")) or "")
         tenant = _text(await response.var(tenant_var))
-        if target == LOCAL or target is None:
+        if target is None:
             seconds = _text(await response.var("upstream_response_time"))
             match = _MODEL.match(_text(await response.var("uri")) or "")
             if seconds:
                 with contextlib.suppress(ValueError):
                     last = float(seconds.split(",")[-1])
                     self.state.load.answered_local(match.group(1) if match else None, last * 1000)
-            target = None
         self.state.answered(
             target,
             tenant,

@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from gateway_plugin.breakers import Breaker, RetryBudget
-from gateway_plugin.config import SpillwayConfig, Target
-from gateway_plugin.ledger import Ledger, Outstanding
+from gateway_plugin.config import ConfigError, SpillwayConfig, Target
+from gateway_plugin.ledger import Ledger, Outstanding, TenantBook, TenantBooks
 from gateway_plugin.policy import LOCAL, SHED, Decision, Policy, Snapshot, TargetState, TenantState
 from gateway_plugin.policy_build import build_policy
 from gateway_plugin.runner_metrics import RunnerMetrics
 from gateway_plugin.signals import LoadTracker
+from gateway_plugin.target_header import RouteTokenError, route_token, target_values
 from gateway_plugin.targets.signing import TargetSigner
 from gateway_plugin.warm_pool import WarmPool
 
@@ -63,6 +64,7 @@ class GatewayState:
         self.metrics = metrics or RunnerMetrics()
         self.load = LoadTracker(config.local.stale_after_s, clock)
         self.ledger = Ledger()
+        self.tenants = TenantBooks(config.tenants.max_tracked)
         self.version = 0
         self.targets: dict[str, Target] = {}
         self.breakers: dict[str, Breaker] = {}
@@ -81,20 +83,36 @@ class GatewayState:
             n: self.outstanding.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()
         }
         self.signers = {n: TargetSigner(t) for n, t in self.targets.items()}
+        self.target_values = self.route_values(config)
+        self.target_by_value = {value: name for name, value in self.target_values.items()}
         self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
         self.load.stale_after_s = config.local.stale_after_s
+        self.load.declare(config.declared_models())
+        self.tenants.max_tenants = config.tenants.max_tracked
         self.version += 1
         log.info("config %d applied: targets %s", self.version, sorted(self.targets))
+
+    @staticmethod
+    def route_values(config: SpillwayConfig) -> dict[str, str]:
+        """``X-Spillway-Target`` per upstream-mode target (invoke mode never goes through traffic-split)."""
+        names = [t.name for t in config.targets if t.mode == "upstream"]
+        if not names:
+            return {}
+        try:
+            return target_values(names, route_token(config.runner.route_token_env))
+        except RouteTokenError as exc:
+            raise ConfigError(str(exc)) from None
 
     def snapshot(self, tenant: str | None, model: str | None = None) -> Snapshot:
         """What the policy may read for one request; target states are taken when first read."""
         now, wall = self.clock(), self.wall()
         tenants = {}
-        if tenant is not None:
-            hour, day = self.ledger.spent(f"tenant:{tenant}", wall)
+        book = self.tenants.get(tenant) if tenant is not None else None
+        if tenant is not None and book is not None:
+            hour, day = book.spent(wall)
             tenants[tenant] = TenantState(
-                requests_last_minute=self.ledger.last_minute(tenant, wall),
-                in_flight=self.ledger.in_flight(tenant, now),
+                requests_last_minute=book.last_minute(wall),
+                in_flight=book.in_flight.count(now),
                 spent_hour_usd=hour,
                 spent_day_usd=day,
             )
@@ -117,9 +135,11 @@ class GatewayState:
         now, wall = self.clock(), self.wall()
         self.metrics.decided(decision.target, decision.reason)
         self.load.set_overflowing(model, decision.overflowing)
-        if decision.tenant is not None and decision.target != SHED:
-            self.ledger.arrived(decision.tenant, wall)
-            self.ledger.started(decision.tenant, now)
+        book = self._tenant_book(decision)
+        if book is not None:
+            if self.policy.quota_of(decision.tenant).requests_per_minute is not None:
+                book.arrivals.append(wall)
+            book.in_flight.add(now)
         if decision.target == LOCAL:
             self.load.sent_local(model)
         elif decision.is_cloud:
@@ -127,9 +147,16 @@ class GatewayState:
             self.outstanding[name].add(now)
             self.breakers[name].dispatched(now)
             self.ledger.spend(f"target:{name}", decision.cost_usd, wall)
-            if decision.tenant is not None:
-                self.ledger.spend(f"tenant:{decision.tenant}", decision.cost_usd, wall)
+            if book is not None:
+                book.add_spend(decision.cost_usd, wall)
             self.metrics.spend.labels(name).inc(decision.cost_usd)
+
+    def _tenant_book(self, decision: Decision) -> TenantBook | None:
+        """Only tenants under a quota are kept, and only as many as ``tenants.max_tracked``."""
+        tenant = decision.tenant
+        if tenant is None or decision.target == SHED or not self.policy.quota_of(tenant).limits_anything:
+            return None
+        return self.tenants.book(tenant)
 
     def answered(
         self,
@@ -141,8 +168,9 @@ class GatewayState:
     ) -> None:
         """The answer to a request the gateway sent: close its books."""
         now = self.clock()
-        if tenant:
-            self.ledger.finished(tenant)
+        book = self.tenants.get(tenant) if tenant else None
+        if book is not None:
+            book.in_flight.done()
         if target is None or target not in self.targets:
             return
         self.outstanding[target].done()

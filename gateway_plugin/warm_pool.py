@@ -6,30 +6,40 @@ target's idle TTL is counted warm. Warm-up reports add the instances the pinger 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from functions.contract import WARM_INSTANCE_METRIC
 
+MAX_INSTANCES = 10_000
+
 
 @dataclass
 class WarmPool:
+    """Instances in the order they were last seen, so the idle ones are at the front; at most
+    ``max_instances`` (the ids come from answers, which the gateway does not control)."""
+
     idle_ttl_s: float
-    _last_seen: dict[str, float] = field(default_factory=dict)
+    max_instances: int = MAX_INSTANCES
+    _last_seen: OrderedDict[str, float] = field(default_factory=OrderedDict)
     cold_hits: int = 0
 
     def seen(self, instance_id: str, now: float, cold: bool = False) -> None:
+        self._last_seen.pop(instance_id, None)
         self._last_seen[instance_id] = now
+        if len(self._last_seen) > self.max_instances:
+            self._last_seen.popitem(last=False)
         if cold:
             self.cold_hits += 1
 
     def warm(self, now: float) -> int:
         horizon = now - self.idle_ttl_s
-        stale = [i for i, at in self._last_seen.items() if at < horizon]
-        for instance in stale:
-            del self._last_seen[instance]
-        return len(self._last_seen)
+        last_seen = self._last_seen
+        while last_seen and next(iter(last_seen.values())) < horizon:
+            last_seen.popitem(last=False)
+        return len(last_seen)
 
 
 def read_warm_report(text: str) -> dict[str, list[str]]:

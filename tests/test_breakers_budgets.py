@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway_plugin.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, RetryBudget
 from gateway_plugin.config import BreakerSettings
-from gateway_plugin.ledger import Ledger, Outstanding
+from gateway_plugin.ledger import Ledger, Outstanding, TenantBooks
 from gateway_plugin.warm_pool import WarmPool
 
 SETTINGS = BreakerSettings(
@@ -75,19 +75,39 @@ def test_spend_rolls_over_by_the_hour_and_day() -> None:
 
 
 def test_rate_window_and_expiring_in_flight() -> None:
-    ledger = Ledger(in_flight_ttl_s=10)
-    for t in (0, 30, 59):
-        ledger.arrived("t", t)
-    assert ledger.last_minute("t", 59.5) == 3 and ledger.last_minute("t", 60.5) == 2
-    ledger.started("t", 0)
-    ledger.started("t", 5)
-    assert ledger.in_flight("t", 6) == 2
-    ledger.finished("t")
-    assert ledger.in_flight("t", 6) == 1
-    assert ledger.in_flight("t", 16) == 0, "an answer never seen does not leak forever"
+    book = TenantBooks(in_flight_ttl_s=10).book("t")
+    book.arrivals.extend((0, 30, 59))
+    assert book.last_minute(59.5) == 3 and book.last_minute(60.5) == 2
+    book.in_flight.add(0)
+    book.in_flight.add(5)
+    assert book.in_flight.count(6) == 2
+    book.in_flight.done()
+    assert book.in_flight.count(6) == 1
+    assert book.in_flight.count(16) == 0, "an answer never seen does not leak forever"
     out = Outstanding(1.0)
     out.done()
     assert out.count(0) == 0
+
+
+def test_tenant_books_are_capped_and_forget_the_least_recently_seen() -> None:
+    books = TenantBooks(max_tenants=3)
+    for tenant in ("a", "b", "c"):
+        books.book(tenant).add_spend(1.0, 0)
+    books.book("a")
+    books.book("d")
+    assert len(books) == 3
+    assert books.get("b") is None, "b was seen least recently"
+    a = books.get("a")
+    assert a is not None and a.spent(0) == (1.0, 1.0)
+
+
+def test_warm_pool_is_capped_and_keeps_the_most_recently_seen() -> None:
+    pool = WarmPool(idle_ttl_s=300, max_instances=2)
+    for i, instance in enumerate(("a", "b", "a", "c")):
+        pool.seen(instance, i)
+    assert pool.warm(10) == 2
+    pool.seen("b", 400)
+    assert pool.warm(400) == 1, "a and c idle past the TTL, b seen again"
 
 
 def test_warm_pool_forgets_idle_instances_and_counts_cold_hits() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ from gateway_plugin.apisix_peer import PeerRequest, RouteConf
 from gateway_plugin.conf_cache import ConfCache
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
+from gateway_plugin.server import Runner, serve
 from tests.runner_support import running_runner
 from tests.support import ROOT, wait_until
 
@@ -211,7 +214,7 @@ def test_run_command_serves_the_socket_apisix_names_and_cleans_up() -> None:
     )
     try:
         wait_until(sock.exists, 30, "runner socket")
-        assert sock.stat().st_mode & 0o002, "APISIX's worker user must be able to write to the socket"
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600, "only the runner's user may talk to the runner"
         conf = encode.prepare_conf("k", [("headers", '{"set": {"x-a": "1"}}')])
         answer = raw_exchange(sock, frame(FrameType.PREPARE_CONF, conf))
         assert answer[0] == FrameType.PREPARE_CONF and messages.conf_token(answer[4:]) > 0
@@ -221,3 +224,16 @@ def test_run_command_serves_the_socket_apisix_names_and_cleans_up() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_socket_group_opens_the_socket_to_that_group_only(tmp_path: Path) -> None:
+    sock = tmp_path / "runner.sock"
+    group = grp.getgrgid(os.getgid()).gr_name
+
+    async def go() -> int:
+        server = await serve(Runner({}), sock, group)
+        mode = stat.S_IMODE(sock.stat().st_mode)
+        server.close()
+        return mode
+
+    assert asyncio.run(go()) == 0o660
