@@ -8,7 +8,9 @@ It is for local runs and tests, not a gateway for production: use APISIX there.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -18,6 +20,8 @@ from functions.upstream import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from gateway_plugin.config import DevGatewaySettings
 from gateway_plugin.protocol import messages
+
+log = logging.getLogger("spillway.devgateway")
 
 UPSTREAM_TIMEOUT_S = 60.0
 # The upstream's own answer time, as APISIX logs $upstream_response_time.
@@ -95,9 +99,13 @@ class DevGateway:
         if upstream_ms is not None:
             variables["upstream_response_time"] = f"{float(upstream_ms) / 1000:.3f}".encode()
         variables["uri"] = uri.encode("latin-1")
-        answer = await self.peer.response(
-            self.route, response.status, response.headers, response.body, variables
-        )
+        try:
+            answer = await self.peer.response(
+                self.route, response.status, response.headers, response.body, variables
+            )
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            log.warning("post-response call failed (%r); the upstream's answer goes out unchanged", exc)
+            return
         if answer is None:
             return
         if answer.status:

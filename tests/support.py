@@ -264,3 +264,30 @@ def http_server_thread(handler: type[Any]) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+@contextmanager
+def devgateway(
+    config: dict[str, Any], tmp: Path, **env: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m gateway_plugin devgateway`` (it starts its own runner) on a free loopback port."""
+    import yaml
+
+    port = free_port()
+    config = {**config, "devgateway": {**config.get("devgateway", {}), "listen": f"127.0.0.1:{port}"}}
+    path = tmp / f"devgateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(path)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(url + "/") or proc.poll() is not None, 30, "devgateway listening")
+        if proc.poll() is not None:
+            raise RuntimeError("the development gateway exited")
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(15)

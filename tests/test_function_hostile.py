@@ -18,7 +18,15 @@ import pytest
 
 from functions.sidecar import free_port
 from functions.signature import sign
-from tests.support import ADD_SUB_BODY, Running, function_server, http, model_repository, wait_until
+from tests.support import (
+    ADD_SUB_BODY,
+    Running,
+    devgateway,
+    function_server,
+    http,
+    model_repository,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -253,3 +261,29 @@ def test_a_killed_backend_stub_is_replaced_and_meanwhile_every_answer_is_200_or_
     assert all(retry == "1" for status, retry, _ in after if status == 503)
     assert b"spillway_function_sidecar_restarts_total 1.0" in metrics
     print(f"killed stub: serving again after {recovered_s:.2f} s")
+
+
+def test_administration_through_the_gateway_is_refused_by_the_function(
+    fn: tuple[Running, int], tmp_path: Path
+) -> None:
+    """The reported attack: a public request spills, the gateway signs it, the function must refuse."""
+    running, _ = fn
+    config = {
+        "targets": [
+            {"name": "aws", "kind": "http", "url": running.url, "cold_start_ms": 0, "sign_body": True}
+        ],
+        "rules": [{"name": "all-out", "action": "target", "targets": ["aws"]}],
+        "metrics": {"listen": None},
+        "devgateway": {"upstreams": {"local": "http://127.0.0.1:9", "aws": running.url}},
+    }
+    marker = tmp_path / "model-code-ran"
+    with devgateway(config, tmp_path, SPILLWAY_SIGNING_KEY=KEY) as (url, _):
+        headers = {"x-data-classification": "public", "content-type": "application/json"}
+        status, answer_headers, body = http(
+            "POST", url + "/v2/repository/models/pwn/load", load_request(marker), headers
+        )
+        assert answer_headers.get("x-spillway-decision", "").startswith("aws;"), answer_headers
+        assert status == 403, body
+        status, _, body = http("POST", url + "/v2/models/add_sub/infer", ADD_SUB_BODY, headers)
+        assert status == 200, body
+    assert not marker.exists()
