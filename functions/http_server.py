@@ -51,9 +51,8 @@ class _Server:
         self.connections = 0
 
 
-_TOO_MANY = error_response(
-    503, "too many connections to this function; retry shortly", [("retry-after", "1")]
-)
+# No body: it goes out before the request is read, and an answer to HEAD may carry none.
+_TOO_MANY = Response(503, [("retry-after", "1")])
 
 
 class _HttpConnection(asyncio.Protocol):
@@ -62,7 +61,8 @@ class _HttpConnection(asyncio.Protocol):
         self._limits = server.limits
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
-        self._pending: deque[tuple[Request | Response, bool]] = deque()
+        # (request or refusal, keep the connection, answer to HEAD: head only)
+        self._pending: deque[tuple[Request | Response, bool, bool]] = deque()
         self._busy = False
         self._discarding = False
         self._counted = False
@@ -70,6 +70,8 @@ class _HttpConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._begun = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._eof = False
         self._refusal: Response | None = None
         self._upgrade = False
         self._writable = asyncio.Event()
@@ -77,6 +79,7 @@ class _HttpConnection(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
+        self._head_method = False
         self._url = b""
         self._headers: dict[str, str] = {}
         self._header_count = 0
@@ -164,6 +167,8 @@ class _HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._reading = "body"
+        # A complete HEAD request: its answer, whatever it is, carries no body.
+        self._head_method = self._parser.get_method() == b"HEAD"
         self._arm(self._limits.body_timeout_s, 408, "request body not received")
         if self._parser.should_upgrade():
             if self._parser.get_method() == b"CONNECT":
@@ -173,7 +178,11 @@ class _HttpConnection(asyncio.Protocol):
         length = self._headers.get("content-length", "0")
         if length.isdigit() and int(length) > self._server.max_body:
             self._reject(body_too_large(self._server.max_body))
-        elif self._headers.get("expect", "").lower() == "100-continue" and self._transport is not None:
+        elif (
+            self._headers.get("expect", "").lower() == "100-continue"
+            and self._transport is not None
+            and not (self._busy or self._pending)
+        ):
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, chunk: bytes) -> None:
@@ -198,11 +207,11 @@ class _HttpConnection(asyncio.Protocol):
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = Request(method, self._url.decode("latin-1"), self._headers, body)
         keep_alive = self._parser.should_keep_alive() and not self._upgrade
-        self._pending.append((request, keep_alive))
+        self._pending.append((request, keep_alive, method == "HEAD"))
+        if len(self._pending) >= self._limits.max_pipelined:
+            self._pause()
         if self._upgrade:
             self._discarding = True
-        elif len(self._pending) >= self._limits.max_pipelined and self._transport is not None:
-            self._transport.pause_reading()
         self._schedule()
 
     def _schedule(self) -> None:
@@ -218,23 +227,24 @@ class _HttpConnection(asyncio.Protocol):
         A queued ``Response`` is a rejection decided while parsing; it ends the connection.
         """
         while self._pending:
-            item, keep_alive = self._pending.popleft()
+            item, keep_alive, head_only = self._pending.popleft()
             response = item if isinstance(item, Response) else await self._answer(item)
             await self._writable.wait()
             transport = self._transport
             if transport is None or transport.is_closing():
                 break
-            transport.writelines((encode_response(response, keep_alive), response.body))
-            if isinstance(item, Response):
+            head = encode_response(response, keep_alive)
+            transport.writelines((head,) if head_only else (head, response.body))
+            if isinstance(item, Response) or not keep_alive:
+                self._discarding = True
                 self._linger(transport)
                 break
-            if not keep_alive:
-                transport.close()
-                break
-            if not self._discarding:
-                transport.resume_reading()
+            if self._paused and not self._discarding:
+                self._resume()
         self._busy = False
-        if self._reading is None and self._transport is not None and not self._discarding:
+        if self._eof:
+            self._close_after_answers()
+        elif self._reading is None and self._transport is not None and not self._discarding:
             self._arm(self._limits.idle_timeout_s, None, "idle")
 
     async def _answer(self, request: Request) -> Response:
@@ -253,13 +263,41 @@ class _HttpConnection(asyncio.Protocol):
             return
         self._discarding = True
         self._disarm()
-        self._pending.append((response, False))
+        self._pending.append((response, False, self._head_method))
         self._schedule()
 
     def _arm(self, seconds: float, status: int | None, what: str) -> None:
-        """One timer per connection: the deadline of whatever it is waiting for now."""
+        """One timer per connection: the deadline of whatever it is waiting for now. None while
+        reading is paused: a client cannot be late with what the server does not read."""
         self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire, seconds, status, what)
+        if not self._paused:
+            self._timer = asyncio.get_running_loop().call_later(seconds, self._expire, seconds, status, what)
+
+    def _pause(self) -> None:
+        if self._transport is not None and not self._paused:
+            self._transport.pause_reading()
+            self._paused = True
+            self._disarm()
+
+    def _resume(self) -> None:
+        if self._transport is None:
+            return
+        self._paused = False
+        self._transport.resume_reading()
+        if self._reading == "head":
+            self._arm(self._limits.header_timeout_s, 408, "request headers not received")
+        elif self._reading == "body":
+            self._arm(self._limits.body_timeout_s, 408, "request body not received")
+
+    def eof_received(self) -> bool:
+        """The client has finished sending: answer what it sent, then close."""
+        self._eof = True
+        self._disarm()
+        return self._busy or bool(self._pending)
+
+    def _close_after_answers(self) -> None:
+        if self._transport is not None and not self._pending:
+            self._transport.close()
 
     def _disarm(self) -> None:
         if self._timer is not None:

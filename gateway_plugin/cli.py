@@ -179,6 +179,8 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     finally:
         app.close()
         server.close()
+        for task in list(runner.tasks):
+            task.cancel()
         await server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

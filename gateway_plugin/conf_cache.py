@@ -67,7 +67,7 @@ class ConfCache:
 
     ttl_s: float = field(default_factory=default_ttl)
     clock: Callable[[], float] = time.monotonic
-    max_entries: int = 100_000
+    max_entries: int = 20_000
     _entries: OrderedDict[int, tuple[float, PreparedConf]] = field(default_factory=OrderedDict)
     _next: int = 0
 

@@ -92,6 +92,9 @@ class ConnectionLimits:
     max_connections: int = 1024
 
 
+_MAX_BACKLOG_BYTES = 4 << 20
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
@@ -100,6 +103,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._asks: deque[asyncio.Future[bytes | None]] = deque()
         self._backlog: deque[tuple[int, bytes]] = deque()
+        self._backlog_bytes = 0
         self._busy = False
         self._counted = False
         self._partial_timer: asyncio.TimerHandle | None = None
@@ -137,14 +141,14 @@ class _Connection(asyncio.Protocol):
         self._time_partial_frame()
 
     def _queue(self, ty: int, payload: bytes) -> None:
-        """APISIX sends one call at a time; a peer that sends more is held to a short queue."""
-        if len(self._backlog) >= self._limits.max_backlog:
+        """APISIX sends one call at a time; a peer that sends more is held to a short queue (reading
+        goes on: the call in flight may still be waiting for its ExtraInfo answers)."""
+        self._backlog_bytes += len(payload)
+        if len(self._backlog) >= self._limits.max_backlog or self._backlog_bytes > _MAX_BACKLOG_BYTES:
             log.error("closing a connection that sent %d frames ahead of an answer", len(self._backlog) + 1)
             self._close()
             return
         self._backlog.append((ty, payload))
-        if self._transport is not None:
-            self._transport.pause_reading()
 
     def _time_partial_frame(self) -> None:
         pending = self._reader.pending > 0
@@ -179,7 +183,7 @@ class _Connection(asyncio.Protocol):
             self._asks.append(fut)
             self._transport.write(frame(FrameType.EXTRA_INFO, payload))
             timer = loop.call_later(self._limits.ask_timeout_s, _expire_ask, fut, self._limits.ask_timeout_s)
-            fut.add_done_callback(lambda _: timer.cancel())
+            fut.add_done_callback(lambda done: _settled(done, timer))
         return fut
 
     def _answer(self, payload: bytes) -> None:
@@ -227,14 +231,16 @@ class _Connection(asyncio.Protocol):
         elif isinstance(exc, messages.DecodeError):
             log.warning("bad frame of type %d: %s", ty, exc)
             self._error(ErrCode.BAD_REQUEST)
+        elif self._transport is None:
+            log.info("APISIX closed the connection before a call was answered (%r)", exc)
         else:
             log.error("plugin failed: %r", exc, exc_info=exc)
             self._error(ErrCode.SERVICE_UNAVAILABLE)
         self._busy = False
         while self._backlog and not self._busy:
-            self._dispatch(*self._backlog.popleft())
-        if not self._backlog and self._transport is not None:
-            self._transport.resume_reading()
+            ty, payload = self._backlog.popleft()
+            self._backlog_bytes -= len(payload)
+            self._dispatch(ty, payload)
 
     def _send(self, ty: int, payload: bytes) -> None:
         if self._transport is None:
@@ -248,6 +254,13 @@ class _Connection(asyncio.Protocol):
     def _error(self, code: ErrCode) -> None:
         if self._transport is not None:
             self._transport.write(_ERROR_FRAMES[code])
+
+
+def _settled(fut: asyncio.Future[bytes | None], timer: asyncio.TimerHandle) -> None:
+    """An answer nobody awaited (a prefetch the filter never read) must not log as unretrieved."""
+    timer.cancel()
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _expire_ask(fut: asyncio.Future[bytes | None], seconds: float) -> None:
