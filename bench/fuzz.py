@@ -79,11 +79,11 @@ from typing import Any
 
 import yaml
 
-from functions.messages import Request, Response
+from functions.http_types import Request, Response
 from functions.settings import HttpLimits
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
-from gateway_plugin.target_header import target_value
+from gateway_plugin.routing.target_header import target_value
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "examples" / "model_repository"
@@ -93,7 +93,7 @@ TARGET_HEADER = "x-spillway-target"
 TENANT_HEADER = "x-tenant"
 LOCAL = "local"
 TARGETS = ("aws", "fc")
-CONF_CACHE_ENTRIES = 100_000  # gateway_plugin.conf_cache.ConfCache.max_entries
+CONF_CACHE_ENTRIES = 100_000  # gateway_plugin.runner.conf_cache.ConfCache.max_entries
 
 
 # Shared: findings, RSS, progress

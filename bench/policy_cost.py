@@ -16,8 +16,15 @@ import sys
 import time
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.policy import LocalLoad, RequestFeatures, Snapshot, TargetState, TenantState, decide
-from gateway_plugin.policy_build import build_policy
+from gateway_plugin.routing.policy import (
+    LocalLoad,
+    RequestFeatures,
+    Snapshot,
+    TargetState,
+    TenantState,
+    decide,
+)
+from gateway_plugin.routing.policy_build import build_policy
 
 CONFIG = SpillwayConfig.model_validate(
     {

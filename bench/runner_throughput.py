@@ -27,12 +27,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from devtools.registry import default_plugins
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import FrameReader, FrameType, frame
-from gateway_plugin.registry import default_plugins
-from gateway_plugin.server import Runner, serve
+from gateway_plugin.runner.server import Runner, serve
 
 HEADERS = [
     ("host", "gateway.internal"),

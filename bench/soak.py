@@ -3,7 +3,7 @@
 What it starts, all on loopback: a signed function (``python -m functions serve --platform local``
 with its Triton sidecar, the example ``add_sub`` model, ``SPILLWAY_SIGNING_KEY`` set, access log
 on); an unsigned function standing for the on-prem cluster; and the development gateway
-(``python -m gateway_plugin devgateway``, which starts the runner as its child) with a rule that
+(``python -m devtools devgateway``, which starts the runner as its child) with a rule that
 sends every request that may leave to the target ``aws`` (the signed function, ``sign_body``), and
 the upstreams ``local`` (the on-prem function) and ``aws`` (the signed function).
 
@@ -746,7 +746,7 @@ class Soak:
             f"starting the development gateway on {self.gateway_port} (runner metrics on {self.metrics_port})"
         )
         self.gateway = launch(
-            [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(config_path)],
+            [sys.executable, "-m", "devtools", "devgateway", "--config", str(config_path)],
             {**base, "SPILLWAY_SIGNING_KEY": self.key, "SPILLWAY_ROUTE_TOKEN": self.route_token},
             self.work / "devgateway.log",
         )

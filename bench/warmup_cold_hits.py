@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devtools.local_pool import PoolSettings, running_pool
 from functions.contract import HEADER_COLD, warmup_payload
-from functions.local_pool import PoolSettings, running_pool
 from gateway_plugin.config import Target
 from warmup.pinger import warm_target
 from warmup.transports import HttpTransport

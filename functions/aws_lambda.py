@@ -24,7 +24,7 @@ import asyncio  # noqa: E402  (after the sidecar's start, so that the two overla
 from functions.core import FunctionCore  # noqa: E402
 from functions.invocation import answer_event  # noqa: E402
 from functions.loop import new_event_loop  # noqa: E402
-from functions.warming import preload  # noqa: E402
+from functions.model_probe import preload  # noqa: E402
 
 preload()
 _loop: asyncio.AbstractEventLoop = new_event_loop()

@@ -14,14 +14,14 @@ import time
 from pydantic import ValidationError
 
 from functions import contract, surface
+from functions.http_types import Request, Response, body_too_large, error_response, internal_error
 from functions.instance import Instance
-from functions.messages import Request, Response, body_too_large, error_response, internal_error
 from functions.metrics import CONTENT_TYPE, FunctionMetrics
+from functions.model_probe import ModelProber
 from functions.settings import FunctionSettings
 from functions.sidecar import Sidecar, SidecarState
+from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 from functions.signature import ReplayCacheFull, SignatureError, Verifier
-from functions.upstream import UpstreamPool, UpstreamUnavailable
-from functions.warming import ModelProber
 
 MIN_TIMEOUT_S = 0.05
 RETRY_AFTER_S = "1"

@@ -17,7 +17,7 @@ from typing import cast
 
 import httptools
 
-from functions.messages import Request, Response, body_too_large, error_response, internal_error
+from functions.http_types import Request, Response, body_too_large, error_response, internal_error
 from functions.settings import HttpLimits
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -10,11 +10,11 @@ from typing import Any
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target, load
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
-from gateway_plugin.signals import Scraper
-from gateway_plugin.spillway_plugin import SpillwayPlugin
-from gateway_plugin.state import GatewayState
+from gateway_plugin.routing.signals import Scraper
+from gateway_plugin.routing.spillway import SpillwayPlugin
+from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.warm_instances import read_warm_report
 from gateway_plugin.targets.invoke import InvokePool, Invoker
-from gateway_plugin.warm_pool import read_warm_report
 
 log = logging.getLogger("spillway.app")
 

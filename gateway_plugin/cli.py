@@ -1,4 +1,4 @@
-"""``python -m gateway_plugin``: the APISIX plugin runner and its development tools."""
+"""``python -m gateway_plugin``: the APISIX plugin runner and its operator commands."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
@@ -31,16 +29,6 @@ def _parser() -> argparse.ArgumentParser:
         "ext-plugin.cmd in its config.yaml.",
     )
     run.add_argument("--config", type=Path, help="spillway.yaml (default: built-in defaults)")
-    dev = sub.add_parser(
-        "devgateway",
-        help="a local HTTP stand-in for APISIX in front of the runner (development only)",
-        description="Start the runner as APISIX would (APISIX_LISTEN_ADDRESS set, ext-plugin.cmd style), "
-        "then serve HTTP: each request goes through the runner and on to the upstream that "
-        "X-Spillway-Target names. Not a production gateway.",
-    )
-    dev.add_argument(
-        "--config", type=Path, help="spillway.yaml; its devgateway section sets listen and upstreams"
-    )
     check = sub.add_parser(
         "check-config",
         help="validate a spillway.yaml and explain it",
@@ -64,29 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         "validated `targets:` section of spillway.yaml.",
     )
     imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
-    demo = sub.add_parser(
-        "demo",
-        help="run the whole hybrid locally: on-prem Triton, runner, warm function pools, a burst",
-        description="Start, on loopback: an on-prem Triton with a small capacity, the runner behind the "
-        "development gateway, two cloud targets (local pools of function instances with their own Triton "
-        "sidecars), the warm-up pinger, and a load generator (steady, a burst, steady; a share labelled "
-        "confidential). Shows live progress, then writes results.json and report.html to --out.",
-    )
-    demo.add_argument(
-        "--out", type=Path, default=None, help="folder for the report (default: ./spillway-demo-<time>)"
-    )
-    demo.add_argument("--short", action="store_true", help="a shorter run (the end-to-end test's)")
-    demo.add_argument("--burst-rps", type=float, default=None, help="burst arrival rate (default 80/s)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "demo":
-        from gateway_plugin.demo_cli import run_demo
-
-        return run_demo(args.out, args.short, args.burst_rps)
     try:
         if args.command == "import-targets":
             from gateway_plugin.targets_import import import_targets
@@ -109,19 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     loop = _new_loop(config.runner.uvloop)
     try:
-        if args.command == "run":
-            try:
-                return loop.run_until_complete(_run(config, args.config))
-            except ConfigError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-        sock = Path(tempfile.mkdtemp(prefix="spillway-")) / "runner.sock"
-        runner = _start_runner(sock, args.config)
-        try:
-            return loop.run_until_complete(_devgateway(config, sock, runner))
-        finally:
-            runner.terminate()
-            runner.wait(10)
+        return loop.run_until_complete(_run(config, args.config))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         loop.close()
 
@@ -129,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 def _print_traffic_split(config: SpillwayConfig) -> int:
     import json
 
-    from gateway_plugin.state import GatewayState
+    from gateway_plugin.routing.state import GatewayState
 
     rules = [
         {
@@ -144,13 +106,16 @@ def _print_traffic_split(config: SpillwayConfig) -> int:
 
 def _new_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     if use_uvloop:
-        from functions.loop import new_event_loop
-
-        return new_event_loop()
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
 
-async def _until_signalled() -> None:
+async def until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -160,8 +125,8 @@ async def _until_signalled() -> None:
 
 async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     from gateway_plugin.app import RunnerApp
-    from gateway_plugin.conf_cache import ConfCache, default_ttl
-    from gateway_plugin.server import Runner, serve, socket_path
+    from gateway_plugin.runner.conf_cache import ConfCache, default_ttl
+    from gateway_plugin.runner.server import Runner, serve, socket_path
 
     try:
         path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)
@@ -175,7 +140,7 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
     try:
-        await _until_signalled()
+        await until_signalled()
     finally:
         app.close()
         server.close()
@@ -184,43 +149,4 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
         await server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    return 0
-
-
-def _start_runner(sock: Path, config_path: Path | None) -> subprocess.Popen[bytes]:
-    """Start the runner the way APISIX's ext-plugin.cmd does: APISIX_LISTEN_ADDRESS in its environment."""
-    cmd = [sys.executable, "-m", "gateway_plugin", "run"] + (
-        ["--config", str(config_path)] if config_path else []
-    )
-    return subprocess.Popen(cmd, env={**os.environ, "APISIX_LISTEN_ADDRESS": f"unix:{sock}"})
-
-
-async def _devgateway(config: SpillwayConfig, sock: Path, runner: subprocess.Popen[bytes]) -> int:
-    from functions import http_server
-    from gateway_plugin.apisix_peer import ApisixPeer
-    from gateway_plugin.devgateway import DevGateway
-
-    log = logging.getLogger("spillway.devgateway")
-    for _ in range(200):
-        if sock.exists() or runner.poll() is not None:
-            break
-        await asyncio.sleep(0.05)
-    if not sock.exists():
-        print("error: the runner did not start; see its log above", file=sys.stderr)
-        return 1
-    from gateway_plugin.state import GatewayState
-
-    gateway = DevGateway(config.devgateway, ApisixPeer(sock), GatewayState.route_values(config))
-    host, _, port = config.devgateway.listen.rpartition(":")
-    server = await http_server.serve(
-        gateway.handle, host or "127.0.0.1", int(port), config.devgateway.max_body_bytes
-    )
-    log.info(
-        "development gateway (a stand-in for APISIX) on http://%s; upstreams %s",
-        config.devgateway.listen,
-        config.devgateway.upstreams,
-    )
-    await _until_signalled()
-    server.close()
-    await gateway.close()
     return 0

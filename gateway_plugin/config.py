@@ -38,32 +38,6 @@ class RunnerSettings(_Model):
     )
 
 
-class DevGatewaySettings(_Model):
-    """The development stand-in for APISIX: one route, upstreams picked as traffic-split picks them."""
-
-    listen: str = Field(default="127.0.0.1:9080", description="host:port to serve HTTP on")
-    upstreams: dict[str, str] = Field(
-        default_factory=lambda: {"local": "http://127.0.0.1:8000"},
-        description="upstream name → http://host:port; X-Spillway-Target picks one",
-    )
-    default_upstream: str = Field(default="local", description="the route's own upstream")
-    plugins: list[tuple[str, dict[str, Any]]] = Field(
-        default_factory=lambda: [("spillway", dict[str, Any]())],
-        description="the route's ext-plugin-pre-req conf, in order",
-    )
-    post_resp: bool = Field(default=True, description="also call the runner after the upstream answers")
-    allow_degradation: bool = Field(default=False, description="pass requests through when the runner fails")
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
-
-    @field_validator("upstreams")
-    @classmethod
-    def _urls(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, url in value.items():
-            if not url.startswith("http://"):
-                raise ValueError(f"upstream {name!r}: {url!r} must be an http:// URL")
-        return value
-
-
 class LocalEndpoint(_Model):
     url: str = Field(description="Triton's HTTP endpoint, http://host:port")
     metrics_url: str = Field(description="Triton's Prometheus endpoint, http://host:8002/metrics")
@@ -277,7 +251,6 @@ class WarmupSettings(_Model):
 
 class SpillwayConfig(_Model):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
-    devgateway: DevGatewaySettings = Field(default_factory=DevGatewaySettings)
     local: LocalCluster = Field(default_factory=LocalCluster)
     targets: list[Target] = Field(default_factory=list)
     rules: list[Rule] = Field(default_factory=list)

@@ -246,7 +246,7 @@ def http_event(
 @contextmanager
 def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
     """A ``LocalFunctionPool`` of real FC function instances behind an HTTP front."""
-    from functions.local_pool import PoolSettings, running_pool
+    from devtools.local_pool import PoolSettings, running_pool
 
     with running_pool(PoolSettings(repo, **settings)) as (url, pool):
         yield url, pool
@@ -270,7 +270,7 @@ def http_server_thread(handler: type[Any]) -> Iterator[str]:
 def devgateway(
     config: dict[str, Any], tmp: Path, **env: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``python -m gateway_plugin devgateway`` (it starts its own runner) on a free loopback port."""
+    """``python -m devtools devgateway`` (it starts its own runner) on a free loopback port."""
     import yaml
 
     port = free_port()
@@ -278,7 +278,7 @@ def devgateway(
     path = tmp / f"devgateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(path)],
+        [sys.executable, "-m", "devtools", "devgateway", "--config", str(path)],
         cwd=ROOT,
         env={**os.environ, **env},
     )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gateway_plugin.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, RetryBudget
 from gateway_plugin.config import BreakerSettings
-from gateway_plugin.ledger import Ledger, Outstanding, TenantBooks
-from gateway_plugin.warm_pool import WarmPool
+from gateway_plugin.routing.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, RetryBudget
+from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBooks
+from gateway_plugin.routing.warm_instances import WarmPool
 
 SETTINGS = BreakerSettings(
     consecutive_failures=3, failure_rate=0.5, window=4, cooldown_s=5, max_cooldown_s=18

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def test_demo_spills_the_burst_keeps_sensitive_data_home_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     done = subprocess.run(
-        [sys.executable, "-m", "gateway_plugin", "demo", "--short", "--out", str(out)],
+        [sys.executable, "-m", "devtools", "demo", "--short", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -68,7 +68,7 @@ def test_devgateway_routes_by_the_runners_decision(tmp_path: Path) -> None:
         path = tmp_path / "spillway.yaml"
         path.write_text(yaml.safe_dump(config))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(path)],
+            [sys.executable, "-m", "devtools", "devgateway", "--config", str(path)],
             cwd=ROOT,
             env=os.environ.copy(),
         )
@@ -101,7 +101,7 @@ def test_devgateway_routes_by_the_runners_decision(tmp_path: Path) -> None:
 def test_check_config_names_the_bad_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(
-        yaml.safe_dump({"devgateway": {"upstreams": {"aws": "ftp://x"}}, "runner": {"conf_ttl_s": -1}})
+        yaml.safe_dump({"rules": [{"name": "r", "action": "fly"}], "runner": {"conf_ttl_s": -1}})
     )
     result = subprocess.run(
         [sys.executable, "-m", "gateway_plugin", "check-config", str(path)],
@@ -111,7 +111,7 @@ def test_check_config_names_the_bad_field(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2
-    assert "runner.conf_ttl_s" in result.stderr and "devgateway.upstreams" in result.stderr
+    assert "runner.conf_ttl_s" in result.stderr and "rules.0.action" in result.stderr
 
 
 def test_a_forged_target_never_reaches_the_cloud_even_with_the_runner_down(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from functions import http_server
-from functions.messages import Request, Response
+from functions.http_types import Request, Response
 from functions.settings import HttpLimits
 
 QUICK = HttpLimits(header_timeout_s=0.3, idle_timeout_s=0.3, body_timeout_s=0.3, max_connections=4)

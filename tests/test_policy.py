@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.policy import (
+from gateway_plugin.routing.policy import (
     LOCAL,
     SHED,
     LocalLoad,
@@ -22,7 +22,7 @@ from gateway_plugin.policy import (
     may_leave,
     overflowing,
 )
-from gateway_plugin.policy_build import build_policy
+from gateway_plugin.routing.policy_build import build_policy
 
 CONFIG = SpillwayConfig.model_validate(
     {

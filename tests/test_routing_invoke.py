@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway_plugin.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
+from devtools.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.server import Runner, serve
+from gateway_plugin.runner.server import Runner, serve
 from tests.cloud_fakes import AWS_KEY, AWS_SECRET, FC_KEY, FC_SECRET, REGION, CloudFake, cloud_fake
 from tests.support import ADD_SUB_BODY, Running, function_server, model_repository
 

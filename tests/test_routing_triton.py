@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import Sidecar, SidecarOptions, free_port
-from gateway_plugin.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.server import Runner, serve
+from gateway_plugin.runner.server import Runner, serve
 from tests.support import TEST_MODELS
 
 pytestmark = pytest.mark.integration

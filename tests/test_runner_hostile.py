@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import free_port
-from gateway_plugin.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from gateway_plugin.app import RunnerApp
-from gateway_plugin.conf_cache import ConfCache, PreparedConf, default_ttl
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.protocol import encode
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
-from gateway_plugin.server import ConnectionLimits, Runner, serve
-from gateway_plugin.target_header import target_value
+from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.runner.conf_cache import ConfCache, PreparedConf, default_ttl
+from gateway_plugin.runner.server import ConnectionLimits, Runner, serve
 from tests import runner_support
 from tests.support import ROOT, http, wait_until
 

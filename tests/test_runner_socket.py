@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway_plugin.apisix_peer import PeerRequest, RouteConf
-from gateway_plugin.conf_cache import ConfCache
+from devtools.apisix_peer import PeerRequest, RouteConf
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
-from gateway_plugin.server import Runner, serve
+from gateway_plugin.runner.conf_cache import ConfCache
+from gateway_plugin.runner.server import Runner, serve
 from tests.runner_support import running_runner
 from tests.support import ROOT, wait_until
 

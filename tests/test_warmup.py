@@ -21,8 +21,8 @@ import yaml
 from functions.contract import WarmupPing, WarmupReport
 from functions.events import parse_event
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
-from gateway_plugin.runner_metrics import RunnerMetrics
-from gateway_plugin.warm_pool import read_warm_report
+from gateway_plugin.routing.metrics import RunnerMetrics
+from gateway_plugin.routing.warm_instances import read_warm_report
 from tests.support import ROOT, http, http_server_thread, load_event, local_pool, model_repository, wait_until
 from warmup import schedules
 from warmup.demand import overflow_rates

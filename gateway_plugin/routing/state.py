@@ -11,16 +11,16 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from gateway_plugin.breakers import Breaker, RetryBudget
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target
-from gateway_plugin.ledger import Ledger, Outstanding, TenantBook, TenantBooks
-from gateway_plugin.policy import LOCAL, SHED, Decision, Policy, Snapshot, TargetState, TenantState
-from gateway_plugin.policy_build import build_policy
-from gateway_plugin.runner_metrics import RunnerMetrics
-from gateway_plugin.signals import LoadTracker
-from gateway_plugin.target_header import RouteTokenError, route_token, target_values
+from gateway_plugin.routing.breakers import Breaker, RetryBudget
+from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBook, TenantBooks
+from gateway_plugin.routing.metrics import RunnerMetrics
+from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Snapshot, TargetState, TenantState
+from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.routing.signals import LoadTracker
+from gateway_plugin.routing.target_header import RouteTokenError, route_token, target_values
+from gateway_plugin.routing.warm_instances import WarmPool
 from gateway_plugin.targets.signing import TargetSigner
-from gateway_plugin.warm_pool import WarmPool
 
 log = logging.getLogger("spillway.state")
 

@@ -28,8 +28,8 @@ from functions.contract import (
     normalise_path,
 )
 from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
-from gateway_plugin.policy import LOCAL, SHED, Decision, Policy, RequestFeatures, decide
-from gateway_plugin.state import GatewayState
+from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, RequestFeatures, decide
+from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
 
 log = logging.getLogger("spillway.plugin")

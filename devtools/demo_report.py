@@ -11,7 +11,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_plugin.loadgen import Sample
+from devtools.loadgen import Sample
 
 COLORS = {"local": "#2b6cb0", "aws": "#dd6b20", "aliyun": "#805ad5", "shed": "#c53030", "unknown": "#718096"}
 

@@ -19,11 +19,11 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from gateway_plugin.conf_cache import ConfCache, PreparedConf
-from gateway_plugin.eager import run_eagerly
 from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameReader, FrameTooLarge, FrameType, frame
+from gateway_plugin.runner.conf_cache import ConfCache, PreparedConf
+from gateway_plugin.runner.eager import run_eagerly
 
 log = logging.getLogger("spillway.runner")
 

@@ -1,4 +1,4 @@
-"""``python -m functions demo``: the whole function on one machine, one real inference, then stop."""
+"""``python -m devtools function-demo``: the whole function on one machine, one real inference, then stop."""
 
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from functions.contract import WARMUP_PATH
-from functions.messages import HOP_BY_HOP, Request, Response, error_response
+from functions.http_types import HOP_BY_HOP, Request, Response, error_response
 from functions.sidecar import free_port
-from functions.upstream import UpstreamPool, UpstreamUnavailable
+from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 
 log = logging.getLogger("spillway.local_pool")
 

@@ -1,4 +1,4 @@
-"""``python -m gateway_plugin demo``: the whole hybrid on one machine, a burst, and what happened.
+"""``python -m devtools demo``: the whole hybrid on one machine, a burst, and what happened.
 
 All real and all on loopback: an "on-prem" Triton with a small, known capacity; the Spillway
 runner (started as APISIX starts it) behind the development gateway; two "cloud" targets, each a
@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from functions.local_pool import PoolSettings, running_pool
+from devtools.loadgen import LoadRun, Phase, generate
+from devtools.local_pool import PoolSettings, running_pool
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.loadgen import LoadRun, Phase, generate
 
 EXAMPLE_MODELS = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 SIGNING_KEY = "spillway-demo-signing-key"
@@ -177,7 +177,7 @@ class _Warmer:
 
 def run(settings: DemoSettings, progress: Any = None) -> dict[str, Any]:
     """Start everything, play the load, stop everything; returns what happened."""
-    from gateway_plugin.demo_report import runner_metrics
+    from devtools.demo_report import runner_metrics
 
     s = settings
     s.out_dir.mkdir(parents=True, exist_ok=True)
@@ -222,13 +222,13 @@ def run(settings: DemoSettings, progress: Any = None) -> dict[str, Any]:
         config_data = demo_config(s, triton.http_port, metrics_port, pools, runner_port, gateway_port)
         config_path = s.out_dir / "spillway.yaml"
         config_path.write_text(yaml.safe_dump(config_data, sort_keys=False))
-        config = SpillwayConfig.model_validate(config_data)
+        config = SpillwayConfig.model_validate({k: v for k, v in config_data.items() if k != "devgateway"})
         _say(
             progress, f"starting the Spillway runner and the development gateway on 127.0.0.1:{gateway_port}"
         )
         gateway = stack.enter_context(
             _process(
-                [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(config_path)],
+                [sys.executable, "-m", "devtools", "devgateway", "--config", str(config_path)],
                 env,
                 s.out_dir / "gateway.log",
             )
@@ -277,7 +277,7 @@ def _say(progress: Any, text: str) -> None:
 def _live(progress: Any, load: LoadRun, started: float, s: DemoSettings) -> None:
     if progress is None:
         return
-    from gateway_plugin.demo_report import live_table
+    from devtools.demo_report import live_table
 
     total = sum(p.seconds for p in s.phases)
     while load.answered < load.sent or time.monotonic() - started < total:

@@ -12,13 +12,15 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.contract import HEADER_TARGET
-from functions.messages import HOP_BY_HOP, Request, Response, error_response
-from functions.upstream import UpstreamPool, UpstreamUnavailable
-from gateway_plugin.apisix_peer import ApisixPeer, PeerRequest, RouteConf
-from gateway_plugin.config import DevGatewaySettings
+from functions.http_types import HOP_BY_HOP, Request, Response, error_response
+from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.protocol import messages
 
 log = logging.getLogger("spillway.devgateway")
@@ -26,6 +28,38 @@ log = logging.getLogger("spillway.devgateway")
 UPSTREAM_TIMEOUT_S = 60.0
 # The upstream's own answer time, as APISIX logs $upstream_response_time.
 UPSTREAM_TIME_HEADER = "x-spillway-upstream-ms"
+
+
+class DevGatewaySettings(BaseModel):
+    """The development stand-in for APISIX: one route, upstreams picked as traffic-split picks them.
+
+    Read from the ``devgateway`` section of the file given to ``python -m devtools devgateway``; the
+    rest of that file is the runner's ``spillway.yaml``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = Field(default="127.0.0.1:9080", description="host:port to serve HTTP on")
+    upstreams: dict[str, str] = Field(
+        default_factory=lambda: {"local": "http://127.0.0.1:8000"},
+        description="upstream name → http://host:port; X-Spillway-Target picks one",
+    )
+    default_upstream: str = Field(default="local", description="the route's own upstream")
+    plugins: list[tuple[str, dict[str, Any]]] = Field(
+        default_factory=lambda: [("spillway", dict[str, Any]())],
+        description="the route's ext-plugin-pre-req conf, in order",
+    )
+    post_resp: bool = Field(default=True, description="also call the runner after the upstream answers")
+    allow_degradation: bool = Field(default=False, description="pass requests through when the runner fails")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+
+    @field_validator("upstreams")
+    @classmethod
+    def _urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if not url.startswith("http://"):
+                raise ValueError(f"upstream {name!r}: {url!r} must be an http:// URL")
+        return value
 
 
 def _pool(url: str) -> UpstreamPool:

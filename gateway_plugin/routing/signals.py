@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from functions.upstream import UpstreamPool, UpstreamUnavailable
-from gateway_plugin.policy import LocalLoad
+from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
+from gateway_plugin.routing.policy import LocalLoad
 
 log = logging.getLogger("spillway.signals")
 

@@ -40,8 +40,8 @@ async def _serve(
     from functions import http_server
     from functions.aliyun_fc import FcRoutes
     from functions.core import FunctionCore
+    from functions.model_probe import preload
     from functions.sidecar import SidecarFailed
-    from functions.warming import preload
 
     core = FunctionCore(settings, sidecar, instance)
     handler = FcRoutes(core) if platform == "aliyun-fc" else core.handle

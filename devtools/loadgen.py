@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE
-from functions.upstream import UpstreamPool, UpstreamUnavailable
+from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 
 BODY = json.dumps(
     {

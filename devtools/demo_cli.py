@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from gateway_plugin import demo
-from gateway_plugin.demo_report import report_html, summarize
+from devtools import demo
+from devtools.demo_report import report_html, summarize
 
 
 def _progress(text: str, live: bool = False) -> None:
