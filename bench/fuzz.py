@@ -81,7 +81,7 @@ import yaml
 
 from functions.http_types import Request, Response
 from functions.settings import HttpLimits
-from gateway_plugin.protocol import encode, messages
+from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
 from gateway_plugin.routing.target_header import target_value
 
@@ -1087,12 +1087,12 @@ class RunnerCampaign:
         except messages.DecodeError as exc:
             self.findings.add("undecodable_question", sent, payload, error=str(exc), lane=lane)
             return
-        if kind == messages.INFO_VAR and name not in VAR_NAMES:
+        if kind == schema.Info.VAR and name not in VAR_NAMES:
             self.stats["question_for_other_var"] += 1
         if gen.rng.random() < garbage_rate:
             call.garbage_info = True
             answer = gen.garbage()
-        elif kind == messages.INFO_VAR:
+        elif kind == schema.Info.VAR:
             answer = encode.extra_info_answer(gen.var_value(name))
         else:
             answer = encode.extra_info_answer(gen.garbage(2048))

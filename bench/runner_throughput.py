@@ -30,9 +30,9 @@ from pydantic import BaseModel
 from devtools.registry import default_plugins
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
-from gateway_plugin.protocol import encode, messages
+from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import FrameReader, FrameType, frame
-from gateway_plugin.runner.server import Runner, serve
+from gateway_plugin.runner import Runner, serve
 
 HEADERS = [
     ("host", "gateway.internal"),
@@ -151,8 +151,8 @@ async def _client(sock: Path, case: Case, concurrency: int, seconds: float) -> l
     latencies: list[float] = []
     name, value, extra = case
     answers = {
-        messages.INFO_VAR: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(b"/v2/models/add_sub/infer")),
-        messages.INFO_REQ_BODY: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(BODY)),
+        schema.Info.VAR: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(b"/v2/models/add_sub/infer")),
+        schema.Info.REQ_BODY: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(BODY)),
     }
 
     async def worker() -> None:

@@ -16,14 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from A6.Method import Method
-
-from gateway_plugin.protocol import encode, messages
+from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
 
 TRIES = 3
 TOKEN_CACHE_FACTOR = 0.9
-_METHODS = {k: v for k, v in vars(Method).items() if not k.startswith("_")}
+_METHODS = {name: index for index, name in enumerate(schema.METHODS)}
 
 
 class PeerError(Exception):
@@ -208,6 +206,6 @@ def _extra_info(question: bytes, request: PeerRequest | None) -> bytes | None:
     kind, name = messages.extra_info_request(question)
     if request is None:
         return None
-    if kind == messages.INFO_VAR and name is not None:
+    if kind == schema.Info.VAR and name is not None:
         return request.vars.get(name)
     return request.body

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -184,6 +185,7 @@ def run(settings: DemoSettings, progress: Any = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="spillway-demo-"))
     repo = _model_repository(work, s.local_delay_ms)
     os.environ.setdefault("SPILLWAY_SIGNING_KEY", SIGNING_KEY)
+    os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     metrics_port = free_port()
     triton = Sidecar(

@@ -125,8 +125,8 @@ async def until_signalled() -> None:
 
 async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     from gateway_plugin.app import RunnerApp
+    from gateway_plugin.runner import Runner, serve, socket_path
     from gateway_plugin.runner.conf_cache import ConfCache, default_ttl
-    from gateway_plugin.runner.server import Runner, serve, socket_path
 
     try:
         path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict
 from devtools.apisix_peer import ApisixPeer
 from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
 from gateway_plugin.plugins.headers import HeadersPlugin
+from gateway_plugin.runner import Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache
-from gateway_plugin.runner.server import Runner, serve
 
 
 class Empty(BaseModel):

@@ -100,9 +100,7 @@ def test_devgateway_routes_by_the_runners_decision(tmp_path: Path) -> None:
 
 def test_check_config_names_the_bad_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(
-        yaml.safe_dump({"rules": [{"name": "r", "action": "fly"}], "runner": {"conf_ttl_s": -1}})
-    )
+    path.write_text(yaml.safe_dump({"rules": [{"name": "r", "action": "fly"}], "runner": {"conf_ttl_s": -1}}))
     result = subprocess.run(
         [sys.executable, "-m", "gateway_plugin", "check-config", str(path)],
         capture_output=True,

@@ -173,7 +173,7 @@ def test_an_interim_100_does_not_overtake_earlier_answers() -> None:
 def test_answers_to_questions_are_read_while_a_call_is_queued(tmp_path: Path) -> None:
     from gateway_plugin.protocol import encode, messages
     from gateway_plugin.protocol.frames import FrameType, frame
-    from gateway_plugin.runner.server import ConnectionLimits, Runner, serve
+    from gateway_plugin.runner import ConnectionLimits, Runner, serve
     from tests.runner_support import test_plugins
 
     async def go() -> list[tuple[int, bytes]]:

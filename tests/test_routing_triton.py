@@ -23,7 +23,7 @@ from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.runner.server import Runner, serve
+from gateway_plugin.runner import Runner, serve
 from tests.support import TEST_MODELS
 
 pytestmark = pytest.mark.integration

@@ -23,8 +23,8 @@ from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.protocol import encode
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
 from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.runner import ConnectionLimits, Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache, PreparedConf, default_ttl
-from gateway_plugin.runner.server import ConnectionLimits, Runner, serve
 from tests import runner_support
 from tests.support import ROOT, http, wait_until
 

@@ -19,8 +19,8 @@ import pytest
 from devtools.apisix_peer import PeerRequest, RouteConf
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
+from gateway_plugin.runner import Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache
-from gateway_plugin.runner.server import Runner, serve
 from tests.runner_support import running_runner
 from tests.support import ROOT, wait_until
 

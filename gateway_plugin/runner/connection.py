@@ -1,101 +1,31 @@
-"""The runner's side of the protocol: a Unix socket server answering APISIX frame by frame.
+"""One APISIX connection: frames in, answers out.
 
 Calls on one connection are sequential (APISIX waits for each answer), so a connection holds at
 most one call in flight; while it runs, the only frames expected are answers to its ExtraInfo
-questions, which come back in the order asked. Every call gets exactly one answer frame.
+questions, which come back in the order asked. A peer that sends more is held to a short queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from pydantic import ValidationError
-
-from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameReader, FrameTooLarge, FrameType, frame
-from gateway_plugin.runner.conf_cache import ConfCache, PreparedConf
+from gateway_plugin.runner.conf_cache import PreparedConf
+from gateway_plugin.runner.dispatch import ConfError, Runner
 from gateway_plugin.runner.eager import run_eagerly
 
 log = logging.getLogger("spillway.runner")
 
 _ERROR_FRAMES = {code: frame(FrameType.RPC_ERROR, encode.error(code)) for code in ErrCode}
-
-
-class ConfError(ValueError):
-    """A PrepareConf the runner cannot accept (unknown plugin, invalid conf)."""
-
-
-class Runner:
-    """Plugins by name, the conf cache, and the dispatch of calls to plugin chains."""
-
-    def __init__(
-        self,
-        plugins: Mapping[str, Plugin[Any]],
-        confs: ConfCache | None = None,
-        limits: ConnectionLimits | None = None,
-    ) -> None:
-        self.plugins = dict(plugins)
-        self.confs = confs if confs is not None else ConfCache()
-        self.limits = limits or ConnectionLimits()
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.connections = 0
-
-    def prepare(self, payload: bytes) -> bytes:
-        _, entries = messages.prepare_conf(payload)
-        chain = []
-        for name, raw in entries:
-            plugin = self.plugins.get(name)
-            if plugin is None:
-                raise ConfError(f"unknown plugin {name!r}; this runner has {sorted(self.plugins)}")
-            try:
-                chain.append((plugin, plugin.parse_conf(raw or "")))
-            except ValidationError as exc:
-                raise ConfError(f"invalid conf for plugin {name!r}: {exc}") from None
-        return encode.prepare_conf_answer(self.confs.put(PreparedConf.of(chain)))
-
-    async def request(self, conf: PreparedConf, call: messages.HttpReqCall, info: Any) -> bytes:
-        request = HttpRequest(call, info)
-        if conf.prefetch_vars or conf.prefetch_body:
-            request.prefetch(conf.prefetch_vars, conf.prefetch_body)
-        action = RequestAction(request)
-        for plugin, plugin_conf in conf.chain:
-            await plugin.request_filter(plugin_conf, request, action)
-            if action.stopped:
-                break
-        return action.encode(call.id)
-
-    async def response(self, conf: PreparedConf, call: messages.HttpRespCall, info: Any) -> bytes:
-        response = HttpResponse(call, info)
-        action = ResponseAction()
-        for plugin, plugin_conf in conf.chain:
-            await plugin.response_filter(plugin_conf, response, action)
-        return action.encode(call.id)
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one APISIX connection may hold: a partial frame only for so long, a few frames queued
-    behind a call in flight, ExtraInfo answers within a deadline; and how many connections."""
-
-    frame_timeout_s: float = 10.0
-    max_backlog: int = 16
-    ask_timeout_s: float = 60.0
-    max_connections: int = 1024
-
-
 _MAX_BACKLOG_BYTES = 4 << 20
 
 
-class _Connection(asyncio.Protocol):
+class ApisixConnection(asyncio.Protocol):
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
         self._limits = runner.limits
@@ -266,30 +196,3 @@ def _settled(fut: asyncio.Future[bytes | None], timer: asyncio.TimerHandle) -> N
 def _expire_ask(fut: asyncio.Future[bytes | None], seconds: float) -> None:
     if not fut.done():
         fut.set_exception(TimeoutError(f"APISIX did not answer an ExtraInfo question within {seconds:g} s"))
-
-
-def socket_path(address: str | None = None) -> Path:
-    """The socket APISIX names in ``APISIX_LISTEN_ADDRESS`` (``unix:/path``)."""
-    raw = address if address is not None else os.environ.get("APISIX_LISTEN_ADDRESS", "")
-    if not raw:
-        raise ValueError(
-            "APISIX_LISTEN_ADDRESS is not set: APISIX sets it when it starts the runner "
-            "(ext-plugin.cmd); set it yourself, e.g. unix:/tmp/runner.sock, to run by hand"
-        )
-    return Path(raw.removeprefix("unix:"))
-
-
-async def serve(runner: Runner, path: Path, group: str | None = None) -> asyncio.AbstractServer:
-    """Listen on ``path``, owner-only (0600), or owner and ``group`` (0660) where APISIX's workers
-    run as another user: only APISIX may talk to the runner."""
-    if path.is_socket():
-        path.unlink()
-    server = await asyncio.get_running_loop().create_unix_server(
-        lambda: _Connection(runner), str(path), backlog=1024
-    )
-    if group is None:
-        os.chmod(path, 0o600)
-    else:
-        shutil.chown(path, group=group)
-        os.chmod(path, 0o660)
-    return server
