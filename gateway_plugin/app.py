@@ -4,19 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target, load
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
-from gateway_plugin.routing.signals import Scraper
+from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.warm_instances import read_warm_report
 from gateway_plugin.targets.invoke import InvokePool, Invoker
 
 log = logging.getLogger("spillway.app")
+
+
+def http_fetcher(timeout_s: float = 1.0) -> Fetch:
+    """GET a metrics page with ``requests`` (keep-alive), off the event loop."""
+    import requests
+
+    session = requests.Session()
+
+    async def fetch(url: str) -> str:
+        response = await asyncio.to_thread(session.get, url, timeout=timeout_s)
+        if response.status_code != 200:
+            raise ValueError(f"metrics endpoint answered {response.status_code}")
+        return response.text
+
+    return fetch
 
 
 def make_invoker(target: Target) -> Invoker:
@@ -30,9 +47,14 @@ def make_invoker(target: Target) -> Invoker:
 
 
 class RunnerApp:
-    def __init__(self, config: SpillwayConfig, config_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: SpillwayConfig,
+        config_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config_path = config_path
-        self.state = GatewayState(config)
+        self.state = GatewayState(config, clock=clock)
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
@@ -62,7 +84,9 @@ class RunnerApp:
             self.state.metrics.serve(config.metrics.listen)
         urls = [e.metrics_url for e in config.local.endpoints]
         if urls:
-            self._scraper = Scraper(self.state.load, urls, config.local.scrape_period_s)
+            self._scraper = Scraper(
+                self.state.load, http_fetcher(), urls, config.local.scrape_period_s, self.state.scrape_failed
+            )
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
         if config.warmup.report_file:
@@ -97,14 +121,11 @@ class RunnerApp:
         except (ConfigError, ValueError) as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
-        self.state.apply(config)
-        self.spillway.invokers = invokers
+        self.spillway.reload(config, invokers)
         log.info("config reloaded from %s", self.config_path)
         return True
 
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._scraper is not None:
-            self._scraper.close()
         self.pool.close()

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway_plugin.routing.policy import RuleAction
+
 
 class ConfigError(ValueError):
     """The config file cannot be used; the message names the file and the bad fields."""
@@ -136,7 +138,7 @@ class Rule(_Model):
     name: str
     priority: int = Field(default=0, description="higher runs first")
     match: Match = Field(default_factory=Match)
-    action: Literal["local", "overflow", "target", "shed"] = Field(
+    action: RuleAction = Field(
         description="local: stay; overflow: local until the load says otherwise; target: cloud first; shed"
     )
     targets: list[str] = Field(default_factory=list, description="fallback chain, first eligible wins")

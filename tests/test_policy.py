@@ -12,6 +12,7 @@ from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.policy import (
     LOCAL,
     SHED,
+    BreakerState,
     LocalLoad,
     Policy,
     RequestFeatures,
@@ -107,14 +108,14 @@ CASES = [
     (
         "open breaker falls down the chain",
         req(),
-        snap(BUSY, aws=TargetState(breaker="open", warm_instances=3), ali=WARM),
+        snap(BUSY, aws=TargetState(breaker=BreakerState.OPEN, warm_instances=3), ali=WARM),
         "ali",
         "overflow_warm",
     ),
     (
         "half-open breaker lets its probe through",
         req(),
-        snap(BUSY, aws=TargetState(breaker="half_open", probe_allowed=True, warm_instances=3)),
+        snap(BUSY, aws=TargetState(breaker=BreakerState.HALF_OPEN, probe_allowed=True, warm_instances=3)),
         "aws",
         "overflow_warm",
     ),
@@ -166,7 +167,7 @@ def test_decision_table(
     decision = decide(features, snapshot, POLICY)
     assert decision.target == target
     if reason is not None:
-        assert decision.reason == reason
+        assert decision.label == reason
 
 
 def test_residency_kept_is_flagged_only_when_a_rule_wanted_out() -> None:
@@ -175,7 +176,7 @@ def test_residency_kept_is_flagged_only_when_a_rule_wanted_out() -> None:
 
 
 def test_saturated_local_with_nowhere_to_go_sheds_with_retry_after() -> None:
-    everything_open = {n: TargetState(breaker="open") for n in ("aws", "ali")}
+    everything_open = {n: TargetState(breaker=BreakerState.OPEN) for n in ("aws", "ali")}
     for features in (req(), req("confidential")):
         decision = decide(features, snap(SATURATED, **everything_open), POLICY)
         assert (decision.target, decision.status, decision.retry_after_s) == (SHED, 503, 1)
@@ -260,7 +261,7 @@ loads = st.builds(
 )
 target_states = st.builds(
     TargetState,
-    breaker=st.sampled_from(["closed", "open", "half_open"]),
+    breaker=st.sampled_from(list(BreakerState)),
     probe_allowed=st.booleans(),
     in_flight=st.integers(0, 10),
     warm_instances=st.integers(0, 10),

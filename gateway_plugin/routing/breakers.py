@@ -11,21 +11,22 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gateway_plugin.config import BreakerSettings
+from gateway_plugin.routing.policy import BreakerState
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
 
 @dataclass
 class Breaker:
     settings: BreakerSettings
-    state: str = CLOSED
+    state: BreakerState = CLOSED
     consecutive_failures: int = 0
     opened_at: float = 0.0
     cooldown_s: float = 0.0
     probes_in_flight: int = 0
     outcomes: deque[bool] = field(default_factory=deque)
 
-    def current(self, now: float) -> str:
+    def current(self, now: float) -> BreakerState:
         if self.state == OPEN and now >= self.opened_at + self.cooldown_s:
             self.state = HALF_OPEN
             self.probes_in_flight = 0

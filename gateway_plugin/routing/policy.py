@@ -20,9 +20,40 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 LOCAL = "local"
 SHED = "shed"
+
+
+class RuleAction(StrEnum):
+    """What a matching rule does: stay, overflow while the cluster is hot, go out first, or shed."""
+
+    LOCAL = "local"
+    OVERFLOW = "overflow"
+    TARGET = "target"
+    SHED = "shed"
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Reason(StrEnum):
+    """Why a request went where it went (``Decision.label`` adds the rule name and saturation)."""
+
+    LOCAL_OK = "local_ok"
+    SIGNALS_MISSING = "signals_missing"
+    RULE = "rule"
+    RESIDENCY = "residency"
+    NO_TARGET = "no_target"
+    OVERFLOW_WARM = "overflow_warm"
+    OVERFLOW_COLD = "overflow_cold"
+    TENANT_RATE = "tenant_rate"
+    TENANT_CONCURRENCY = "tenant_concurrency"
+    INVOKE_FAILED = "invoke_failed"
 
 
 @dataclass(frozen=True)
@@ -51,7 +82,7 @@ class LocalLoad:
 
 @dataclass(frozen=True)
 class TargetState:
-    breaker: str = "closed"
+    breaker: BreakerState = BreakerState.CLOSED
     probe_allowed: bool = False
     in_flight: int = 0
     warm_instances: int = 0
@@ -103,7 +134,7 @@ class TargetPolicy:
 @dataclass(frozen=True)
 class RulePolicy:
     name: str
-    action: str
+    action: RuleAction
     targets: tuple[str, ...]
     headers: tuple[tuple[str, re.Pattern[str]], ...] = ()
     uri: re.Pattern[str] | None = None
@@ -149,17 +180,25 @@ class Policy:
 @dataclass(frozen=True)
 class Decision:
     target: str
-    reason: str
+    reason: Reason
     status: int = 0
     retry_after_s: int = 0
     residency_kept: bool = False
     overflowing: bool = False
     cost_usd: float = 0.0
     tenant: str | None = None
+    rule: str | None = None
+    local_saturated: bool = False
 
     @property
     def is_cloud(self) -> bool:
         return self.target not in (LOCAL, SHED)
+
+    @property
+    def label(self) -> str:
+        """The reason as operators see it: ``rule:<name>``, ``residency+local_saturated``, ..."""
+        base = f"rule:{self.rule}" if self.reason is Reason.RULE else self.reason.value
+        return f"{base}+local_saturated" if self.local_saturated else base
 
 
 def may_leave(features: RequestFeatures, policy: Policy) -> bool:
@@ -202,39 +241,45 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
     if shed is not None:
         return shed
     rule = next((r for r in policy.rules if r.matches(features)), None)
-    action = rule.action if rule else "overflow"
+    action = rule.action if rule else RuleAction.OVERFLOW
     chain = rule.targets if rule and rule.targets else policy.default_chain
-    ruled = f"rule:{rule.name}" if rule else "default"
+    rule_name = rule.name if rule else None
     load = snapshot.local.get(features.model or "", snapshot.local.get("", LocalLoad()))
     target_ms = policy.model_targets_ms.get(features.model or "", policy.latency_target_ms)
     hot = overflowing(load, target_ms, policy) if load.fresh else False
-    if action == SHED:
-        return Decision(SHED, ruled, 503, policy.retry_after_s, tenant=tenant)
-    wants_out = bool(chain) and (action == "target" or (action == "overflow" and hot))
+    if action is RuleAction.SHED:
+        return Decision(SHED, Reason.RULE, 503, policy.retry_after_s, tenant=tenant, rule=rule_name)
+    wants_out = bool(chain) and (action is RuleAction.TARGET or (action is RuleAction.OVERFLOW and hot))
     if not may_leave(features, policy):
         if wants_out:
-            return _stay_local(load, policy, "residency", tenant, hot, residency_kept=True)
-        return Decision(
-            LOCAL, "local_ok" if load.fresh else "signals_missing", overflowing=hot, tenant=tenant
-        )
-    if action == LOCAL:
-        return Decision(LOCAL, ruled, overflowing=hot, tenant=tenant)
-    if action == "overflow" and not load.fresh:
-        return Decision(LOCAL, "signals_missing", tenant=tenant)
+            return _stay_local(load, policy, Reason.RESIDENCY, tenant, hot, residency_kept=True)
+        reason = Reason.LOCAL_OK if load.fresh else Reason.SIGNALS_MISSING
+        return Decision(LOCAL, reason, overflowing=hot, tenant=tenant)
+    if action is RuleAction.LOCAL:
+        return Decision(LOCAL, Reason.RULE, overflowing=hot, tenant=tenant, rule=rule_name)
+    if action is RuleAction.OVERFLOW and not load.fresh:
+        return Decision(LOCAL, Reason.SIGNALS_MISSING, tenant=tenant)
     if not wants_out:
-        return Decision(LOCAL, "local_ok", tenant=tenant)
+        return Decision(LOCAL, Reason.LOCAL_OK, tenant=tenant)
     local_wait = (
-        estimated_latency_ms(load, policy) - load.compute_ms if action == "overflow" else float("inf")
+        estimated_latency_ms(load, policy) - load.compute_ms
+        if action is RuleAction.OVERFLOW
+        else float("inf")
     )
     choice = _pick_target(chain, snapshot, policy, tenant, local_wait)
     if choice is not None:
-        name, reason, cost = choice
-        return Decision(name, reason, overflowing=hot, cost_usd=cost, tenant=tenant)
-    return _stay_local(load, policy, "no_target", tenant, hot)
+        name, chosen, cost = choice
+        return Decision(name, chosen, overflowing=hot, cost_usd=cost, tenant=tenant)
+    return _stay_local(load, policy, Reason.NO_TARGET, tenant, hot)
 
 
 def _stay_local(
-    load: LocalLoad, policy: Policy, reason: str, tenant: str | None, hot: bool, residency_kept: bool = False
+    load: LocalLoad,
+    policy: Policy,
+    reason: Reason,
+    tenant: str | None,
+    hot: bool,
+    residency_kept: bool = False,
 ) -> Decision:
     """Local, unless local is saturated too: then shed, so the client retries rather than times out."""
     if load.fresh:
@@ -245,12 +290,13 @@ def _stay_local(
         ):
             return Decision(
                 SHED,
-                f"{reason}+local_saturated",
+                reason,
                 503,
                 policy.retry_after_s,
                 residency_kept,
                 hot,
                 tenant=tenant,
+                local_saturated=True,
             )
     return Decision(LOCAL, reason, residency_kept=residency_kept, overflowing=hot, tenant=tenant)
 
@@ -261,9 +307,9 @@ def _over_quota(tenant: str | None, snapshot: Snapshot, policy: Policy) -> Decis
     quota = policy.quota_of(tenant)
     state = snapshot.tenants.get(tenant, TenantState())
     if quota.requests_per_minute is not None and state.requests_last_minute >= quota.requests_per_minute:
-        return Decision(SHED, "tenant_rate", 429, 60, tenant=tenant)
+        return Decision(SHED, Reason.TENANT_RATE, 429, 60, tenant=tenant)
     if quota.concurrency is not None and state.in_flight >= quota.concurrency:
-        return Decision(SHED, "tenant_concurrency", 429, policy.retry_after_s, tenant=tenant)
+        return Decision(SHED, Reason.TENANT_CONCURRENCY, 429, policy.retry_after_s, tenant=tenant)
     return None
 
 
@@ -283,7 +329,7 @@ def _within(spend: float, limit: float | None) -> bool:
 
 def _pick_target(
     chain: tuple[str, ...], snapshot: Snapshot, policy: Policy, tenant: str | None, local_wait_ms: float
-) -> tuple[str, str, float] | None:
+) -> tuple[str, Reason, float] | None:
     """The first eligible target of the chain, preferring one with a free warm instance."""
     eligible: list[tuple[str, bool, float]] = []
     for name in chain:
@@ -291,7 +337,9 @@ def _pick_target(
         if spec is None:
             continue
         state = snapshot.targets.get(name, TargetState())
-        if state.breaker == "open" or (state.breaker == "half_open" and not state.probe_allowed):
+        if state.breaker == BreakerState.OPEN or (
+            state.breaker == BreakerState.HALF_OPEN and not state.probe_allowed
+        ):
             continue
         if state.in_flight >= spec.concurrency_cap:
             continue
@@ -310,4 +358,4 @@ def _pick_target(
     if not eligible:
         return None
     name, warm, cost = next((e for e in eligible if e[1]), eligible[0])
-    return name, "overflow_warm" if warm else "overflow_cold", cost
+    return name, Reason.OVERFLOW_WARM if warm else Reason.OVERFLOW_COLD, cost

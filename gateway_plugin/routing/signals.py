@@ -13,13 +13,11 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.routing.policy import LocalLoad
 
 log = logging.getLogger("spillway.signals")
@@ -181,31 +179,35 @@ class LoadTracker:
         }
 
 
+Fetch = Callable[[str], Awaitable[str]]
+
+
 class Scraper:
-    """Scrapes every endpoint each period; a failed round leaves the tracker to go stale."""
+    """Scrapes every endpoint each period; a failed round leaves the tracker to go stale.
+
+    ``fetch`` is the I/O (an HTTP GET returning the body; it raises ``OSError``, ``TimeoutError``
+    or ``ValueError`` on failure); ``on_failure`` counts a failed round.
+    """
 
     def __init__(
-        self, tracker: LoadTracker, urls: list[str], period_s: float, timeout_s: float = 1.0
+        self,
+        tracker: LoadTracker,
+        fetch: Fetch,
+        urls: list[str],
+        period_s: float,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         self.tracker = tracker
         self.period_s = period_s
-        self.timeout_s = timeout_s
-        self.errors = 0
-        self._targets = []
-        for url in urls:
-            parts = urlsplit(url)
-            self._targets.append(
-                (
-                    UpstreamPool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=2),
-                    parts.path or "/metrics",
-                )
-            )
+        self._fetch = fetch
+        self._urls = urls
+        self._on_failure = on_failure
 
     async def scrape_once(self) -> bool:
         try:
-            texts = await asyncio.gather(*(self._fetch(pool, path) for pool, path in self._targets))
-        except (OSError, TimeoutError, ValueError, UpstreamUnavailable) as exc:
-            self.errors += 1
+            texts = await asyncio.gather(*(self._fetch(url) for url in self._urls))
+        except (OSError, TimeoutError, ValueError) as exc:
+            self._on_failure()
             log.warning("metrics scrape failed: %s", exc)
             return False
         self.tracker.observe(parse_triton_metrics(text) for text in texts)
@@ -216,16 +218,6 @@ class Scraper:
             try:
                 await self.scrape_once()
             except Exception:  # the loop must outlive any one bad round; the signals then go stale
-                self.errors += 1
+                self._on_failure()
                 log.exception("metrics scrape failed unexpectedly")
             await asyncio.sleep(self.period_s)
-
-    async def _fetch(self, pool: UpstreamPool, path: str) -> str:
-        response = await pool.request("GET", path, [], b"", self.timeout_s)
-        if response.status != 200:
-            raise ValueError(f"metrics endpoint answered {response.status}")
-        return response.body.decode("utf-8", "replace")
-
-    def close(self) -> None:
-        for pool, _ in self._targets:
-            pool.close()

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from typing import Any
 from urllib.parse import urlencode
 
@@ -27,13 +28,13 @@ from functions.contract import (
     HEADER_TARGET,
     normalise_path,
 )
+from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
-from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, RequestFeatures, decide
+from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
 
 log = logging.getLogger("spillway.plugin")
-residency_log = logging.getLogger("spillway.residency")
 
 _MODEL = re.compile(r"^/v2/models/([^/]+)")
 
@@ -63,7 +64,7 @@ def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
     return dataclasses.replace(base, **changes) if changes else base
 
 
-class RouteConf:
+class PreparedRoute:
     """A route's overrides, prepared once per conf token, with the policy they give under the
     current global config (rebuilt only when a reload changed it)."""
 
@@ -75,7 +76,7 @@ class RouteConf:
         self.policy: Policy | None = None
 
 
-class SpillwayPlugin(Plugin[RouteConf]):
+class SpillwayPlugin(Plugin[PreparedRoute]):
     name = "spillway"
     config_model = RouteOverrides
 
@@ -83,19 +84,24 @@ class SpillwayPlugin(Plugin[RouteConf]):
         self, state: GatewayState, invokers: dict[str, Invoker] | None = None, pool: InvokePool | None = None
     ) -> None:
         self.state = state
-        self.invokers = invokers or {}
-        self.pool = pool
+        self._invokers = invokers or {}
+        self._pool = pool
 
-    def prepare(self, config: Any) -> RouteConf:
-        return RouteConf(config)
+    def reload(self, config: SpillwayConfig, invokers: dict[str, Invoker]) -> None:
+        """A new config and the invokers made for it, taken together."""
+        self.state.apply(config)
+        self._invokers = invokers
 
-    def policy_for(self, route: RouteConf) -> Policy:
+    def prepare(self, config: Any) -> PreparedRoute:
+        return PreparedRoute(config)
+
+    def policy_for(self, route: PreparedRoute) -> Policy:
         if route.policy is None or route.version != self.state.version:
             route.policy = _route_policy(self.state.policy, route.overrides)
             route.version = self.state.version
         return route.policy
 
-    async def request_filter(self, conf: RouteConf, request: HttpRequest, action: RequestAction) -> None:
+    async def request_filter(self, conf: PreparedRoute, request: HttpRequest, action: RequestAction) -> None:
         headers = request.headers
         path = normalise_path(request.path)
         match = _MODEL.match(path)
@@ -104,37 +110,31 @@ class SpillwayPlugin(Plugin[RouteConf]):
         policy = self.policy_for(conf)
         snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
         decision = decide(features, snapshot, policy)
-        self.state.commit(decision, model)
-        if decision.residency_kept:
-            residency_log.info(
-                json.dumps(
-                    {
-                        "event": "residency_kept",
-                        "request_id": request.id,
-                        "path": request.path,
-                        "model": model,
-                        "classification": headers.get(policy.classification_header),
-                        "decision": decision.target,
-                        "reason": decision.reason,
-                    }
-                )
-            )
-            self.state.metrics.residency_kept.inc()
-        if self.state.config.metrics.decision_header:
-            action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.reason}")
+        self.state.commit(
+            decision,
+            model,
+            {
+                "request_id": request.id,
+                "path": request.path,
+                "model": model,
+                "classification": headers.get(policy.classification_header),
+            },
+        )
+        if self.state.decision_header:
+            action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
         if decision.target == SHED:
-            self._shed(decision, action)
+            _shed(decision, action)
         elif decision.target == LOCAL:
             action.set_header(HEADER_TARGET, LOCAL)
             action.delete_header(HEADER_SIGNATURE)
-        elif self.state.targets[decision.target].mode == "invoke":
+        elif self.state.target(decision.target).mode == "invoke":
             await self._invoke(decision, request, action)
         else:
             await self._upstream(decision.target, request, action)
 
     async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
-        action.set_header(HEADER_TARGET, self.state.target_values[name])
-        signer = self.state.signers[name]
+        action.set_header(HEADER_TARGET, self.state.route_value(name))
+        signer = self.state.signer(name)
         if signer.key is None:
             action.delete_header(HEADER_SIGNATURE)
             return
@@ -147,68 +147,46 @@ class SpillwayPlugin(Plugin[RouteConf]):
     async def _invoke(self, decision: Decision, request: HttpRequest, action: RequestAction) -> None:
         """Call the function; on failure, fall back to local (the request may stay, it may not leave)."""
         name = decision.target
-        invoker = self.invokers.get(name)
-        self.state.retry_budget.request(is_retry=False)
+        self.state.invoke_started(name)
         target_uri = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
         path, _, query = target_uri.partition("?")
         body = await request.body()
         headers = dict(request.headers)
-        signature = self.state.signers[name].header(request.method, target_uri, body)
+        signature = self.state.signer(name).header(request.method, target_uri, body)
         if signature is not None:
             headers[HEADER_SIGNATURE] = signature
         headers.pop(HEADER_TARGET, None)
+        invoker = self._invokers.get(name)
+        started = time.perf_counter()
         try:
-            if invoker is None or self.pool is None:
+            if invoker is None or self._pool is None:
                 raise InvokeFailed(f"no invoker configured for target {name!r}")
-            with self.state.metrics.target_latency.labels(name).time():
-                answer = await self.pool.call(
-                    invoker,
-                    http_event(request.method, path, query, headers, body),
-                    self.state.targets[name].timeout_s,
-                )
+            event = http_event(request.method, path, query, headers, body)
+            answer = await self._pool.call(invoker, event, self.state.target(name).timeout_s)
         except InvokeFailed as exc:
-            self.state.metrics.invoke_failures.labels(name).inc()
-            self.state.answered(name, None, ok=False)
-            if not self.state.retry_budget.allows_retry():
-                log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
-                self._shed(
-                    dataclasses.replace(
-                        decision,
-                        target=SHED,
-                        reason="invoke_failed",
-                        status=503,
-                        retry_after_s=self.state.policy.retry_after_s,
-                    ),
-                    action,
-                )
+            if self.state.invoke_failed(name):
+                log.warning("invoke of %s failed: %s; retrying locally", name, exc)
+                action.set_header(HEADER_TARGET, LOCAL)
+                action.add_response_header(HEADER_DECISION, f"{LOCAL};{Reason.INVOKE_FAILED}")
                 return
-            log.warning("invoke of %s failed: %s; retrying locally", name, exc)
-            self.state.retry_budget.request(is_retry=True)
-            action.set_header(HEADER_TARGET, LOCAL)
-            action.add_response_header(HEADER_DECISION, f"{LOCAL};invoke_failed")
+            log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
+            shed = dataclasses.replace(
+                decision,
+                target=SHED,
+                reason=Reason.INVOKE_FAILED,
+                status=503,
+                retry_after_s=self.state.policy.retry_after_s,
+            )
+            _shed(shed, action)
             return
         answer_headers = {k.lower(): v for k, v in answer.headers}
-        self.state.answered(
-            name,
-            decision.tenant,
-            ok=answer.status < 500,
-            instance=answer_headers.get(HEADER_INSTANCE),
-            cold=answer_headers.get(HEADER_COLD) == "1",
-        )
+        seconds = time.perf_counter() - started
+        self.state.invoke_answered(name, decision.tenant, answer.status, answer_headers, seconds)
         action.stop(answer.status, answer.body, answer.headers)
 
-    @staticmethod
-    def _shed(decision: Decision, action: RequestAction) -> None:
-        body = json.dumps(
-            {"error": f"overloaded ({decision.reason}); retry after {decision.retry_after_s} s"}
-        )
-        action.stop(
-            decision.status,
-            body.encode(),
-            [("content-type", "application/json"), ("retry-after", str(decision.retry_after_s))],
-        )
-
-    async def response_filter(self, conf: RouteConf, response: HttpResponse, action: ResponseAction) -> None:
+    async def response_filter(
+        self, conf: PreparedRoute, response: HttpResponse, action: ResponseAction
+    ) -> None:
         """Close the request's books: in-flight counts, breaker, warm instances, local answer time."""
         tenant_var = "http_" + self.state.policy.tenant_header.replace("-", "_")
         response.prefetch(("http_x_spillway_target", tenant_var, "upstream_response_time", "uri"))
@@ -220,7 +198,7 @@ class SpillwayPlugin(Plugin[RouteConf]):
             if seconds:
                 with contextlib.suppress(ValueError):
                     last = float(seconds.split(",")[-1])
-                    self.state.load.answered_local(match.group(1) if match else None, last * 1000)
+                    self.state.answered_local(match.group(1) if match else None, last * 1000)
         self.state.answered(
             target,
             tenant,
@@ -228,6 +206,15 @@ class SpillwayPlugin(Plugin[RouteConf]):
             instance=response.headers.get(HEADER_INSTANCE),
             cold=response.headers.get(HEADER_COLD) == "1",
         )
+
+
+def _shed(decision: Decision, action: RequestAction) -> None:
+    body = json.dumps({"error": f"overloaded ({decision.label}); retry after {decision.retry_after_s} s"})
+    action.stop(
+        decision.status,
+        body.encode(),
+        [("content-type", "application/json"), ("retry-after", str(decision.retry_after_s))],
+    )
 
 
 def _text(raw: bytes | None) -> str | None:

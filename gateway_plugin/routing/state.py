@@ -1,21 +1,33 @@
 """The gateway's live state, owned by the runner's event loop, and the snapshots taken from it.
 
 Everything the policy reads is gathered here into one immutable ``Snapshot`` per request; every
-consequence of a decision (in-flight counts, spend, probes, warm instances) is written back here,
-by the loop alone, so no counter is read and written across tasks.
+consequence of a decision and of its outcome (in-flight counts, spend, probes, breakers, retry
+budget, warm instances, metrics, the residency log) is written here and nowhere else, by the loop
+alone, so no counter has two owners and none is read and written across tasks.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target
 from gateway_plugin.routing.breakers import Breaker, RetryBudget
 from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBook, TenantBooks
 from gateway_plugin.routing.metrics import RunnerMetrics
-from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Snapshot, TargetState, TenantState
+from gateway_plugin.routing.policy import (
+    LOCAL,
+    SHED,
+    BreakerState,
+    Decision,
+    Policy,
+    Snapshot,
+    TargetState,
+    TenantState,
+)
 from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.signals import LoadTracker
 from gateway_plugin.routing.target_header import RouteTokenError, route_token, target_values
@@ -23,6 +35,14 @@ from gateway_plugin.routing.warm_instances import WarmPool
 from gateway_plugin.targets.signing import TargetSigner
 
 log = logging.getLogger("spillway.state")
+residency_log = logging.getLogger("spillway.residency")
+
+# What the residency log says of the request a decision was for (request id, path, model, class).
+RequestSeen = dict[str, object]
+
+
+def _described(decision: Decision) -> dict[str, object]:
+    return {"decision": decision.target, "reason": decision.label}
 
 
 class _TargetStates(Mapping[str, TargetState]):
@@ -130,10 +150,29 @@ class GatewayState:
             spent_day_usd=day,
         )
 
-    def commit(self, decision: Decision, model: str | None) -> None:
-        """Account for a decision before the request leaves."""
+    def target(self, name: str) -> Target:
+        return self.targets[name]
+
+    def signer(self, name: str) -> TargetSigner:
+        return self.signers[name]
+
+    def route_value(self, name: str) -> str:
+        """The ``X-Spillway-Target`` value that sends a request to upstream-mode target ``name``."""
+        return self.target_values[name]
+
+    @property
+    def decision_header(self) -> bool:
+        return self.config.metrics.decision_header
+
+    def commit(self, decision: Decision, model: str | None, seen: RequestSeen | None = None) -> None:
+        """Account for a decision before the request leaves; ``seen`` names it in the residency log."""
         now, wall = self.clock(), self.wall()
-        self.metrics.decided(decision.target, decision.reason)
+        self.metrics.decided(decision.target, decision.label)
+        if decision.residency_kept:
+            self.metrics.residency_kept.inc()
+            residency_log.info(
+                json.dumps({"event": "residency_kept", **(seen or {}), **_described(decision)})
+            )
         self.load.set_overflowing(model, decision.overflowing)
         book = self._tenant_book(decision)
         if book is not None:
@@ -180,6 +219,37 @@ class GatewayState:
             if cold:
                 self.metrics.cold_hits.labels(target).inc()
 
+    def invoke_started(self, target: str) -> None:
+        self.retry_budget.request(is_retry=False)
+
+    def invoke_failed(self, target: str) -> bool:
+        """An invocation failed (the function never answered): whether a local retry is allowed."""
+        self.metrics.invoke_failures.labels(target).inc()
+        self.answered(target, None, ok=False)
+        allowed = self.retry_budget.allows_retry()
+        if allowed:
+            self.retry_budget.request(is_retry=True)
+        return allowed
+
+    def invoke_answered(
+        self, target: str, tenant: str | None, status: int, headers: Mapping[str, str], seconds: float
+    ) -> None:
+        self.metrics.target_latency.labels(target).observe(seconds)
+        self.answered(
+            target,
+            tenant,
+            ok=status < 500,
+            instance=headers.get(HEADER_INSTANCE),
+            cold=headers.get(HEADER_COLD) == "1",
+        )
+
+    def answered_local(self, model: str | None, ms: float) -> None:
+        """The cluster answered a request in ``ms``, as the gateway saw it."""
+        self.load.answered_local(model, ms)
+
+    def scrape_failed(self) -> None:
+        self.metrics.scrape_errors.inc()
+
     def warm_report(self, target: str, instances: list[str]) -> None:
         """Instances a warm-up ping reached count as warm from now."""
         now = self.clock()
@@ -197,6 +267,8 @@ class GatewayState:
             m.overflowing.labels(label).set(1 if load.overflowing else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
         for name in self.targets:
-            m.breaker_open.labels(name).set(0 if self.breakers[name].current(now) == "closed" else 1)
+            m.breaker_open.labels(name).set(
+                0 if self.breakers[name].current(now) is BreakerState.CLOSED else 1
+            )
             m.in_flight.labels(name).set(self.outstanding[name].count(now))
             m.warm.labels(name).set(self.pools[name].warm(now))
