@@ -79,6 +79,7 @@ from typing import Any
 
 import yaml
 
+from functions.cli import serve_command
 from functions.http_types import Request, Response
 from functions.settings import HttpLimits
 from gateway_plugin.protocol import encode, messages, schema
@@ -2198,18 +2199,7 @@ def start_http_server(workdir: Path, options: HttpOptions) -> HttpServerProcess:
         env = dict(os.environ)
     else:
         port = _free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "functions",
-            "serve",
-            "--platform",
-            "local",
-            "--port",
-            str(port),
-            "--model-repository",
-            str(options.model_repository),
-        ]
+        cmd = serve_command(port, options.model_repository)
         env = {
             **os.environ,
             "SPILLWAY_MAX_HEADER_BYTES": str(limits.max_header_bytes),

@@ -76,6 +76,7 @@ from harness import (
     warn_leaked,
 )
 
+from functions.cli import serve_command
 from functions.settings import HttpLimits
 from functions.signature import sign
 
@@ -688,10 +689,9 @@ class Soak:
             if not k.startswith(("SPILLWAY_SIGNING_KEY", "SPILLWAY_ROUTE_TOKEN"))
         }
         base.update(PYTHONUNBUFFERED="1", SPILLWAY_MODELS="add_sub")
-        serve = [sys.executable, "-m", "functions", "serve", "--platform", "local", "--host", LOOPBACK]
         say(f"starting the function on {self.function_port} (signed), the on-prem one on {self.onprem_port}")
         self.function = launch(
-            [*serve, "--port", str(self.function_port), "--model-repository", str(repo)],
+            serve_command(self.function_port, repo, host=LOOPBACK),
             {
                 **base,
                 "SPILLWAY_SIGNING_KEY": self.key,
@@ -701,7 +701,7 @@ class Soak:
         )
         launched.append(self.function)
         self.onprem = launch(
-            [*serve, "--port", str(self.onprem_port), "--model-repository", str(repo)],
+            serve_command(self.onprem_port, repo, host=LOOPBACK),
             base,
             self.work / "onprem.log",
         )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from functions.cli import serve_command
 from functions.sidecar import free_port
 
 
@@ -30,18 +31,7 @@ def run_demo(model_repository: Path, timeout_s: float = 60.0) -> int:
     started = time.monotonic()
     with log_path.open("wb") as log:
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "functions",
-                "serve",
-                "--platform",
-                "local",
-                "--port",
-                str(port),
-                "--model-repository",
-                str(model_repository),
-            ],
+            serve_command(port, model_repository),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

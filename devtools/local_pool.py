@@ -14,13 +14,13 @@ import contextlib
 import logging
 import os
 import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from functions.cli import serve_command
 from functions.contract import WARMUP_PATH
 from functions.http_types import HOP_BY_HOP, Request, Response, error_response
 from functions.sidecar import free_port
@@ -156,20 +156,7 @@ class LocalFunctionPool:
         env = {**os.environ, **self.settings.env, "PYTHONUNBUFFERED": "1"}
         if self.settings.models:
             env["SPILLWAY_MODELS"] = ",".join(self.settings.models)
-        cmd = [
-            sys.executable,
-            "-m",
-            "functions",
-            "serve",
-            "--platform",
-            "aliyun-fc",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--model-repository",
-            str(self.settings.model_repository),
-        ]
+        cmd = serve_command(port, self.settings.model_repository, "aliyun-fc")
         proc = await asyncio.to_thread(self._spawn, cmd, env, port)
         instance = _Instance(port, proc, UpstreamPool("127.0.0.1", port, max_idle=1), time.monotonic())
         await asyncio.sleep(self.settings.start_delay_s)

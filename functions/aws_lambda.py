@@ -28,7 +28,7 @@ from functions.model_probe import preload  # noqa: E402
 
 preload()
 _loop: asyncio.AbstractEventLoop = new_event_loop()
-_core = FunctionCore(_settings, _sidecar, _instance)
+_core = FunctionCore.on_sidecar(_settings, _sidecar, _instance)
 _sidecar.wait_ready(_settings.ready_timeout_s + 1)
 
 

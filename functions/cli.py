@@ -11,6 +11,26 @@ from pathlib import Path
 from functions.serve import PLATFORMS
 
 
+def serve_command(
+    port: int, model_repository: Path | None = None, platform: str = "local", host: str = "127.0.0.1"
+) -> list[str]:
+    """The command that serves one function with this interpreter: the one way pools, tests and
+    benchmarks start a function (the images run the same ``serve`` as their command)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "functions",
+        "serve",
+        "--platform",
+        platform,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    return cmd + ([] if model_repository is None else ["--model-repository", str(model_repository)])
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m functions",

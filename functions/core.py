@@ -10,6 +10,8 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Iterable
+from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -20,7 +22,7 @@ from functions.metrics import CONTENT_TYPE, FunctionMetrics
 from functions.model_probe import ModelProber
 from functions.settings import FunctionSettings
 from functions.sidecar import Sidecar, SidecarState
-from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
+from functions.sidecar_client import Headers, UpstreamPool, UpstreamResponse, UpstreamUnavailable
 from functions.signature import ReplayCacheFull, SignatureError, Verifier
 
 MIN_TIMEOUT_S = 0.05
@@ -40,11 +42,33 @@ _CLIENT_ERROR_PREFIXES = (b'{"error":"failed to parse', b'{"error":"Unable to pa
 _BROKEN_BACKEND = b"is not healthy"
 
 
+class Upstream(Protocol):
+    """How requests reach the sidecar (``UpstreamPool`` in production, a handler in tests)."""
+
+    async def request(
+        self, method: str, target: str, headers: Headers, body: bytes, timeout: float | None
+    ) -> UpstreamResponse: ...
+
+    def close(self) -> None: ...
+
+
+class Prober(Protocol):
+    """How warm-up pings check the models (``ModelProber`` in production)."""
+
+    async def ready_models(self, models: Iterable[str]) -> tuple[str, ...]: ...
+
+    async def probe_models(self, models: Iterable[str]) -> tuple[str, ...]: ...
+
+    async def close(self) -> None: ...
+
+
 class FunctionCore:
     def __init__(
         self,
         settings: FunctionSettings,
         sidecar: Sidecar,
+        upstream: Upstream,
+        prober: Prober,
         instance: Instance | None = None,
         metrics: FunctionMetrics | None = None,
     ) -> None:
@@ -53,14 +77,22 @@ class FunctionCore:
         self.instance = instance or Instance()
         self.metrics = metrics or FunctionMetrics()
         self._served = False
-        self._pool = UpstreamPool("127.0.0.1", sidecar.http_port)
-        self._prober = ModelProber(f"127.0.0.1:{sidecar.http_port}")
+        self._pool = upstream
+        self._prober = prober
         self._verifier = (
             Verifier(settings.signing_key, settings.allow_unsigned_payload, settings.replay_cache_entries)
             if settings.signing_key
             else None
         )
         self._restarts_seen = 0
+
+    @classmethod
+    def on_sidecar(cls, settings: FunctionSettings, sidecar: Sidecar, instance: Instance) -> FunctionCore:
+        """The production wiring: keep-alive HTTP to the sidecar, tritonclient for warm-up probes."""
+        address = f"127.0.0.1:{sidecar.http_port}"
+        return cls(
+            settings, sidecar, UpstreamPool("127.0.0.1", sidecar.http_port), ModelProber(address), instance
+        )
 
     @property
     def init_ms(self) -> float:

@@ -43,7 +43,7 @@ async def _serve(
     from functions.model_probe import preload
     from functions.sidecar import SidecarFailed
 
-    core = FunctionCore(settings, sidecar, instance)
+    core = FunctionCore.on_sidecar(settings, sidecar, instance)
     handler = FcRoutes(core) if platform == "aliyun-fc" else core.handle
     server = await http_server.serve(handler, host, port, settings.max_body_bytes, settings.http)
     log.info(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
+from functions.process_tree import children, first_gone
 from functions.triton_install import TritonInstall, locate
 
 _PR_SET_PDEATHSIG = 1
@@ -126,39 +127,6 @@ def _reap_group(proc: subprocess.Popen[bytes]) -> None:
     """Triton leads its own process group: a crashed or killed server leaves no backend stubs behind."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """State and parent of a process, from ``/proc`` (None when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-    except OSError:
-        return None
-    return fields[0].decode(), int(fields[1])
-
-
-def _children(pid: int) -> set[int]:
-    """Processes whose parent is ``pid`` (empty where there is no ``/proc``)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return set()
-    found = set()
-    for entry in entries:
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None and stat[1] == pid:
-                found.add(int(entry))
-    return found
-
-
-def _first_gone(pids: set[int], parent: int) -> int | None:
-    for pid in pids:
-        stat = _stat(pid)
-        if stat is None or stat[0] in ("Z", "X") or stat[1] != parent:
-            return pid
-    return None
 
 
 class Sidecar:
@@ -368,12 +336,12 @@ class Sidecar:
         A backend stub that dies leaves Triton up and its models "ready" while every inference of
         theirs fails, so the processes Triton started are watched too.
         """
-        stubs = _children(proc.pid)
+        stubs = children(proc.pid)
         while True:
             try:
                 proc.wait(self.options.watch_period_s)
             except subprocess.TimeoutExpired:
-                gone = _first_gone(stubs, proc.pid)
+                gone = first_gone(stubs, proc.pid)
                 if gone is not None:
                     self._broken = f"backend process {gone} of tritonserver is gone"
                     _reap_group(proc)

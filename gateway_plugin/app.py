@@ -9,14 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway_plugin.config import ConfigError, SpillwayConfig, Target, load
+from gateway_plugin.config import ConfigError, SpillwayConfig, load
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.warm_instances import read_warm_report
-from gateway_plugin.targets.invoke import InvokePool, Invoker
+from gateway_plugin.targets.invoke import InvokePool, Invoker, make_invoker
 
 log = logging.getLogger("spillway.app")
 
@@ -34,16 +34,6 @@ def http_fetcher(timeout_s: float = 1.0) -> Fetch:
         return response.text
 
     return fetch
-
-
-def make_invoker(target: Target) -> Invoker:
-    if target.kind == "aws_lambda":
-        from gateway_plugin.targets.aws_lambda import LambdaInvoker
-
-        return LambdaInvoker(target)
-    from gateway_plugin.targets.aliyun_fc import FcInvoker
-
-    return FcInvoker(target)
 
 
 class RunnerApp:

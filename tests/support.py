@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from functions.cli import serve_command
 from functions.sidecar import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,20 +131,7 @@ def function_server(
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "functions",
-                "serve",
-                "--platform",
-                platform,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--model-repository",
-                str(repo),
-            ],
+            serve_command(port, repo, platform),
             env=full_env,
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import requests
 
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
-from gateway_plugin.routing.costs import monthly_warm_cost_usd
+from gateway_plugin.costs import monthly_warm_cost_usd
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, failed_target, warm_target

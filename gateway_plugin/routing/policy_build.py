@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from gateway_plugin.config import SpillwayConfig, TenantQuota
-from gateway_plugin.routing.costs import request_cost_usd
+from gateway_plugin.costs import request_cost_usd
 from gateway_plugin.routing.policy import Policy, Quota, RulePolicy, TargetPolicy
 
 
