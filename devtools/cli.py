@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="folder for the report (default: ./spillway-demo-<time>)"
     )
     demo.add_argument("--short", action="store_true", help="a shorter run (the end-to-end test's)")
-    demo.add_argument("--burst-rps", type=float, default=None, help="burst arrival rate (default 80/s)")
+    demo.add_argument("--burst-rps", type=float, default=None, help="burst arrival rate (default 30/s)")
     dev = sub.add_parser(
         "devgateway",
         help="a local HTTP stand-in for APISIX in front of a real runner",

@@ -4,8 +4,8 @@ All real and all on loopback: an "on-prem" Triton with a small, known capacity; 
 runner (started as APISIX starts it) behind the development gateway; two "cloud" targets, each a
 local pool of function instances with their own Triton sidecars, a start-up delay standing for
 image pull and model load, and idle instances reaped; the warm-up pinger on a schedule; and an
-open-loop load generator sending a steady stream, then a burst several times the local capacity,
-a share of it labelled sensitive.
+open-loop load generator sending a steady stream well within the local capacity, a burst past it,
+and a steady stream again, a share of it labelled sensitive.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -21,14 +22,18 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.loadgen import LoadRun, Phase, generate
+from devtools.loadgen import BODY, LoadRun, Phase, generate, phase_bounds
 from devtools.local_pool import PoolSettings, running_pool
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.config import SpillwayConfig
@@ -36,10 +41,20 @@ from gateway_plugin.config import SpillwayConfig
 EXAMPLE_MODELS = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 SIGNING_KEY = "spillway-demo-signing-key"
 CLOUD = ("aws", "aliyun")
+ONPREM_WARMUP_REQUESTS = 20
 
 
 @dataclass(frozen=True)
 class DemoSettings:
+    """The demo's load and the cluster it meets.
+
+    The on-prem Triton answers one request at a time in ``local_delay_ms`` (50 ms: 20 requests/s).
+    The steady phases send half that, which it meets with room to spare; the burst sends one and a
+    half times it, which no queue absorbs. The runner spills when its estimate of a new request's
+    latency passes ``enter_ratio`` of the target (a head start on the signals' lag: a scrape every
+    200 ms) and stops below ``exit_ratio`` of it.
+    """
+
     out_dir: Path
     steady_rps: float = 10.0
     burst_rps: float = 30.0
@@ -49,6 +64,8 @@ class DemoSettings:
     sensitive_share: float = 0.2
     local_delay_ms: float = 50.0
     latency_target_ms: float = 500.0
+    enter_ratio: float = 0.6
+    exit_ratio: float = 0.5
     cloud_start_delay_s: tuple[float, float] = (1.0, 2.0)
     pool_max: int = 2
     warm_instances: int = 2
@@ -65,13 +82,18 @@ class DemoSettings:
 
 
 def _model_repository(root: Path, delay_ms: float) -> Path:
-    """The example model with a per-execution delay: a cluster whose capacity is known."""
+    """The example model with a per-request delay: a cluster whose capacity is known.
+
+    The delay is per request, batched or not, so dynamic batching would add no throughput: it
+    would only make every request of a batch wait for the whole batch, and make Triton report each
+    one's compute time as the batch's. The demo's copy runs requests one at a time.
+    """
     repo = root / "models"
     shutil.copytree(EXAMPLE_MODELS / "add_sub", repo / "add_sub")
     config = repo / "add_sub" / "config.pbtxt"
+    text = re.sub(r"dynamic_batching\s*\{[^}]*\}", "", config.read_text())
     config.write_text(
-        config.read_text()
-        + f'\nparameters: {{ key: "delay_ms" value: {{ string_value: "{delay_ms:g}" }} }}\n'
+        text + f'\nparameters: {{ key: "delay_ms" value: {{ string_value: "{delay_ms:g}" }} }}\n'
     )
     return repo
 
@@ -81,7 +103,7 @@ def demo_config(
     triton_port: int,
     metrics_port: int,
     pools: dict[str, str],
-    runner_metrics: int,
+    runner_metrics_port: int,
     gateway_port: int,
 ) -> dict[str, Any]:
     cost = {
@@ -114,8 +136,8 @@ def demo_config(
             }
             for (name, url), delay in zip(pools.items(), s.cloud_start_delay_s, strict=True)
         ],
-        "overflow": {"enter_ratio": 0.35, "exit_ratio": 0.2, "saturation_ratio": 50},
-        "metrics": {"listen": f"127.0.0.1:{runner_metrics}"},
+        "overflow": {"enter_ratio": s.enter_ratio, "exit_ratio": s.exit_ratio, "saturation_ratio": 50},
+        "metrics": {"listen": f"127.0.0.1:{runner_metrics_port}"},
         "warmup": {
             "interval_s": s.warmup_every_s,
             "waves": 2,
@@ -176,58 +198,65 @@ class _Warmer:
         self._thread.join(60)
 
 
-def run(settings: DemoSettings, progress: Any = None) -> dict[str, Any]:
-    """Start everything, play the load, stop everything; returns what happened."""
-    from devtools.demo_report import runner_metrics
+class Observer(Protocol):
+    """What the demo tells while it runs: set-up steps, then the load as it is sent and answered."""
 
+    def step(self, text: str) -> None: ...
+
+    def load_started(self, phases: list[Phase], load: LoadRun, started_at: float) -> None: ...
+
+    def load_finished(self) -> None: ...
+
+
+class _Silent:
+    def step(self, text: str) -> None:
+        pass
+
+    def load_started(self, phases: list[Phase], load: LoadRun, started_at: float) -> None:
+        pass
+
+    def load_finished(self) -> None:
+        pass
+
+
+def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, Any]:
+    """Start everything, play the load, stop everything; returns what happened."""
     s = settings
+    tell = observer or _Silent()
     s.out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="spillway-demo-"))
-    repo = _model_repository(work, s.local_delay_ms)
+    repo = _model_repository(Path(tempfile.mkdtemp(prefix="spillway-demo-")), s.local_delay_ms)
     os.environ.setdefault("SPILLWAY_SIGNING_KEY", SIGNING_KEY)
+    # The runner refuses to start without a route token when a target is in upstream mode.
     os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     metrics_port = free_port()
     triton = Sidecar(
-        SidecarOptions(repo, ("add_sub",), 60, metrics_port=metrics_port, log_prefix="[onprem] ")
+        SidecarOptions(
+            repo,
+            ("add_sub",),
+            60,
+            metrics_port=metrics_port,
+            log_prefix="[onprem] ",
+            log_path=s.out_dir / "onprem.log",
+        )
     )
     with contextlib.ExitStack() as stack:
-        _say(
-            progress,
+        tell.step(
             "starting the on-prem Triton (one instance, "
-            f"{s.local_delay_ms:g} ms per request: about {1000 / s.local_delay_ms:.0f} requests/s)",
+            f"{s.local_delay_ms:g} ms per request: about {1000 / s.local_delay_ms:.0f} requests/s)"
         )
         triton.start()
         stack.callback(triton.stop)
-        pools: dict[str, str] = {}
-        pool_objects = {}
-        for name, delay in zip(CLOUD, s.cloud_start_delay_s, strict=True):
-            log_dir = s.out_dir / f"instances-{name}"
-            log_dir.mkdir(exist_ok=True)
-            pool_settings = PoolSettings(
-                repo,
-                ("add_sub",),
-                s.pool_max,
-                s.idle_ttl_s,
-                delay,
-                log_dir=log_dir,
-                env={
-                    "SPILLWAY_SIGNING_KEY": os.environ["SPILLWAY_SIGNING_KEY"],
-                    "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD": "1",
-                    "SPILLWAY_ACCESS_LOG_HEADERS": "x-data-classification",
-                },
-            )
-            url, pool = stack.enter_context(running_pool(pool_settings))
-            pools[name], pool_objects[name] = url, pool
+        tell.step(f"starting two cloud targets ({', '.join(CLOUD)}), each a pool of function instances")
+        pools = {name: stack.enter_context(running_pool(_pool_settings(s, repo, name))) for name in CLOUD}
         triton.wait_ready(60)
         runner_port, gateway_port = free_port(), free_port()
-        config_data = demo_config(s, triton.http_port, metrics_port, pools, runner_port, gateway_port)
+        urls = {name: url for name, (url, _) in pools.items()}
+        config_data = demo_config(s, triton.http_port, metrics_port, urls, runner_port, gateway_port)
         config_path = s.out_dir / "spillway.yaml"
         config_path.write_text(yaml.safe_dump(config_data, sort_keys=False))
         config = SpillwayConfig.model_validate({k: v for k, v in config_data.items() if k != "devgateway"})
-        _say(
-            progress, f"starting the Spillway runner and the development gateway on 127.0.0.1:{gateway_port}"
-        )
+        tell.step(f"starting the Spillway runner and the development gateway on 127.0.0.1:{gateway_port}")
         gateway = stack.enter_context(
             _process(
                 [sys.executable, "-m", "devtools", "devgateway", "--config", str(config_path)],
@@ -236,27 +265,33 @@ def run(settings: DemoSettings, progress: Any = None) -> dict[str, Any]:
             )
         )
         _wait_port(gateway_port, gateway, 60)
-        warmer = _Warmer(config)
-        _say(
-            progress, f"warming {s.warm_instances} instance(s) per cloud target every {s.warmup_every_s:g} s"
+        tell.step(
+            f"warming the on-prem Triton ({ONPREM_WARMUP_REQUESTS} requests), as a cluster in service is"
         )
+        _warm_onprem(triton.http_port, ONPREM_WARMUP_REQUESTS)
+        warmer = _Warmer(config)
+        tell.step(f"warming {s.warm_instances} instance(s) per cloud target every {s.warmup_every_s:g} s")
         warmer.start()
         stack.callback(warmer.stop)
         _wait_for(lambda: len(warmer.rounds) >= 1, 120)
-        _say(
-            progress,
-            "sending load: "
-            + ", ".join(f"{p.name} {p.rate_per_s:g}/s for {p.seconds:g} s" for p in s.phases),
+        tell.step(
+            "sending load: " + ", ".join(f"{p.name} {p.rate_per_s:g}/s for {p.seconds:g} s" for p in s.phases)
         )
         load = LoadRun()
-        started = time.monotonic()
-        reporter = threading.Thread(target=_live, args=(progress, load, started, s), daemon=True)
-        reporter.start()
-        asyncio.run(generate("127.0.0.1", gateway_port, s.phases, s.sensitive_share, load))
+        tell.load_started(s.phases, load, time.monotonic())
+        try:
+            asyncio.run(generate("127.0.0.1", gateway_port, s.phases, s.sensitive_share, load))
+        finally:
+            tell.load_finished()
         metrics = runner_metrics(f"http://127.0.0.1:{runner_port}/metrics")
-        stats = {name: vars(pool.stats).copy() for name, pool in pool_objects.items()}
+        stats = {name: vars(pool.stats).copy() for name, (_, pool) in pools.items()}
+        tell.step("stopping every process the demo started")
     return {
         "settings": _settings_dict(s),
+        "phases": [
+            {"name": name, "start_s": start, "end_s": end, "rate_per_s": phase.rate_per_s}
+            for (name, start, end), phase in zip(phase_bounds(s.phases), s.phases, strict=True)
+        ],
         "samples": [vars(x) for x in load.samples],
         "sent": load.sent,
         "answered": load.answered,
@@ -267,26 +302,60 @@ def run(settings: DemoSettings, progress: Any = None) -> dict[str, Any]:
     }
 
 
+def runner_metrics(url: str) -> dict[str, dict[str, float]]:
+    """Spend, warm instances and decisions by target, from the runner's own endpoint."""
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    try:
+        text = requests.get(url, timeout=5).text
+    except requests.RequestException:
+        return {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            target = sample.labels.get("target")
+            if target is None:
+                continue
+            if sample.name == "spillway_cloud_spend_usd_total":
+                out["spend_usd"][target] = sample.value
+            elif sample.name == "spillway_warm_instances":
+                out["warm_instances"][target] = sample.value
+            elif sample.name == "spillway_decisions_total":
+                out["decisions"][target] = out["decisions"].get(target, 0) + sample.value
+    return dict(out)
+
+
+def _pool_settings(s: DemoSettings, repo: Path, name: str) -> PoolSettings:
+    log_dir = s.out_dir / f"instances-{name}"
+    log_dir.mkdir(exist_ok=True)
+    return PoolSettings(
+        repo,
+        ("add_sub",),
+        s.pool_max,
+        s.idle_ttl_s,
+        s.cloud_start_delay_s[CLOUD.index(name)],
+        log_dir=log_dir,
+        env={
+            "SPILLWAY_SIGNING_KEY": os.environ["SPILLWAY_SIGNING_KEY"],
+            "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD": "1",
+            "SPILLWAY_ACCESS_LOG_HEADERS": "x-data-classification",
+        },
+    )
+
+
+def _warm_onprem(port: int, count: int) -> None:
+    """A few inferences, one at a time, straight to the on-prem Triton: a cluster in service is warm,
+    and the runner's first service-time reading should be the cluster's, not its first request's."""
+    url = f"http://127.0.0.1:{port}/v2/models/add_sub/infer"
+    for _ in range(count):
+        request = urllib.request.Request(url, BODY, {"content-type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                answer.read()
+        except OSError as exc:
+            raise RuntimeError(f"the on-prem Triton did not answer a warm-up inference ({exc})") from exc
+
+
 def _settings_dict(s: DemoSettings) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(s).items()}
-
-
-def _say(progress: Any, text: str) -> None:
-    if progress is not None:
-        progress(text)
-
-
-def _live(progress: Any, load: LoadRun, started: float, s: DemoSettings) -> None:
-    if progress is None:
-        return
-    from devtools.demo_report import live_table
-
-    total = sum(p.seconds for p in s.phases)
-    while load.answered < load.sent or time.monotonic() - started < total:
-        time.sleep(1.0)
-        progress(live_table(load.samples, time.monotonic() - started), live=True)
-        if time.monotonic() - started > total + 120:
-            return
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -33,6 +33,25 @@ class Phase:
     rate_per_s: float
 
 
+def phase_at(phases: list[Phase], elapsed_s: float) -> tuple[int, Phase]:
+    """The phase the schedule is in ``elapsed_s`` after it started (the last one once it is over)."""
+    end = 0.0
+    for index, phase in enumerate(phases):
+        end += phase.seconds
+        if elapsed_s < end:
+            return index, phase
+    return len(phases) - 1, phases[-1]
+
+
+def phase_bounds(phases: list[Phase]) -> list[tuple[str, float, float]]:
+    """Each phase's name, start and end in seconds from the start of the schedule."""
+    bounds, start = [], 0.0
+    for phase in phases:
+        bounds.append((phase.name, start, start + phase.seconds))
+        start += phase.seconds
+    return bounds
+
+
 @dataclass
 class Sample:
     sent_at: float

@@ -20,6 +20,7 @@ from gateway_plugin.routing.policy import (
     TargetState,
     TenantState,
     decide,
+    estimated_latency_ms,
     may_leave,
     overflowing,
 )
@@ -290,3 +291,15 @@ def test_work_finished_since_the_scrape_is_taken_off_the_backlog() -> None:
     sent = LocalLoad(fresh=True, queue_ms=0, compute_ms=10, sent_since_scrape=30)
     assert overflowing(sent, 100, POLICY)
     assert not overflowing(dataclasses.replace(sent, age_ms=150), 100, POLICY), "2 x 150 ms / 10 ms = 30 done"
+
+
+def test_a_drained_cluster_stops_the_overflow_whatever_earlier_answers_took() -> None:
+    """The gateway's own view of answer times (queueing included) lags the cluster: once nothing
+    waits, it must not keep public requests spilling."""
+    drained = LocalLoad(fresh=True, compute_ms=51, queue_ms=0, observed_ms=300, overflowing=True)
+    assert estimated_latency_ms(drained, POLICY) == 51
+    assert not overflowing(drained, 500, POLICY)
+    for busy in (dataclasses.replace(drained, pending=2), dataclasses.replace(drained, queue_ms=20)):
+        assert estimated_latency_ms(busy, POLICY) >= 300, (
+            "while the cluster queues, the observed time is a floor"
+        )

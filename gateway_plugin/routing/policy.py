@@ -214,15 +214,18 @@ def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
 
     The wait is the larger of what Triton measured and the backlog: requests pending at the
     scrape plus those the gateway sent since, less what the cluster finished in the meantime,
-    spread over its parallelism. What the gateway itself recently saw the cluster take to answer
-    (``observed_ms``) is a floor: it includes what Triton's own metrics do not (its HTTP front, a
-    busy host).
+    spread over its parallelism. While the cluster queues, what the gateway itself recently saw it
+    take to answer (``observed_ms``) is a floor: it includes what Triton's own metrics do not (its
+    HTTP front, a busy host). Once Triton reports no queueing and nothing is left waiting, that
+    floor (which only local answers lower, and few are local while spilling) no longer holds a
+    drained cluster busy.
     """
     backlog = float(load.pending + load.sent_since_scrape)
     if load.compute_ms > 0:
         backlog = max(0.0, backlog - load.age_ms * policy.parallelism / load.compute_ms)
     modelled = max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms
-    return max(modelled, load.observed_ms)
+    drained = backlog == 0 and load.pending == 0 and load.queue_ms == 0
+    return modelled if drained else max(modelled, load.observed_ms)
 
 
 def overflowing(load: LocalLoad, target_ms: float, policy: Policy) -> bool:
