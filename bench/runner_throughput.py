@@ -17,6 +17,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -27,12 +28,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from devtools.registry import default_plugins
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import FrameReader, FrameType, frame
 from gateway_plugin.runner import Runner, serve
+
+
+def shipped_plugins(config: SpillwayConfig) -> dict[str, Plugin[Any]]:
+    """The plugins the runner serves for ``config`` (``spillway`` and ``headers``)."""
+    from gateway_plugin.app import RunnerApp
+
+    os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
+    return RunnerApp(config).plugins
+
 
 HEADERS = [
     ("host", "gateway.internal"),
@@ -125,7 +134,7 @@ def _echo_server(sock: Path, use_uvloop: bool, ready: Any) -> None:
 def _runner_server(sock: Path, use_uvloop: bool, ready: Any) -> None:
     os.environ["SPILLWAY_SIGNING_KEY"] = "bench-signing-key"
     plugins: dict[str, Plugin[Any]] = {
-        **default_plugins(SpillwayConfig.model_validate(SPILLWAY_CONFIG)),
+        **shipped_plugins(SpillwayConfig.model_validate(SPILLWAY_CONFIG)),
         "noop": NoopPlugin(),
     }
 
