@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from devtools.devgateway import DevGatewaySettings
+from devtools.devgateway import DevGatewaySettings, OutcomeLogger
 from gateway_plugin.config import SpillwayConfig
 
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
@@ -113,6 +113,22 @@ def _devgateway_command(path: Path) -> int:
         loop.close()
 
 
+def _outcomes(config: SpillwayConfig) -> OutcomeLogger | None:
+    """The runner's outcome endpoint, as the route's http-logger would post to it."""
+    from gateway_plugin.outcome_listener import PATH
+    from gateway_plugin.routing.outcomes import auth_header
+    from gateway_plugin.routing.target_header import RouteTokenError, route_token
+
+    if not config.outcomes.listen:
+        return None
+    try:
+        token = route_token(config.runner.route_token_env)
+    except RouteTokenError:
+        return None
+    url = f"http://{config.outcomes.listen}{PATH}"
+    return OutcomeLogger(url, auth_header(token), config.tenants.header)
+
+
 async def _devgateway(
     config: SpillwayConfig, settings: DevGatewaySettings, sock: Path, runner: subprocess.Popen[bytes]
 ) -> int:
@@ -130,7 +146,7 @@ async def _devgateway(
     if not sock.exists():
         print("error: the runner did not start; see its log above", file=sys.stderr)
         return 1
-    gateway = DevGateway(settings, ApisixPeer(sock), GatewayState.route_values(config))
+    gateway = DevGateway(settings, ApisixPeer(sock), GatewayState.route_values(config), _outcomes(config))
     host, _, port = settings.listen.rpartition(":")
     server = await http_server.serve(gateway.handle, host or "127.0.0.1", int(port), settings.max_body_bytes)
     log.info(

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
-from functions.contract import HEADER_TARGET
+from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET
 from functions.http_types import HOP_BY_HOP, Request, Response, error_response
 from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.protocol import messages
@@ -49,7 +49,9 @@ class DevGatewaySettings(BaseModel):
         default_factory=lambda: [("spillway", dict[str, Any]())],
         description="the route's ext-plugin-pre-req conf, in order",
     )
-    post_resp: bool = Field(default=True, description="also call the runner after the upstream answers")
+    log_outcomes: bool = Field(
+        default=True, description="post each request's outcome to the runner, as the route's http-logger does"
+    )
     allow_degradation: bool = Field(default=False, description="pass requests through when the runner fails")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
 
@@ -72,10 +74,15 @@ class DevGateway:
     as the route's traffic-split rules do (``local``: the name itself)."""
 
     def __init__(
-        self, settings: DevGatewaySettings, peer: ApisixPeer, route_values: dict[str, str] | None = None
+        self,
+        settings: DevGatewaySettings,
+        peer: ApisixPeer,
+        route_values: dict[str, str] | None = None,
+        outcomes: OutcomeLogger | None = None,
     ) -> None:
         self.settings = settings
         self.peer = peer
+        self.outcomes = outcomes if settings.log_outcomes else None
         conf = [(name, json.dumps(value)) for name, value in settings.plugins]
         self.route = RouteConf("devgateway#route", conf, settings.allow_degradation)
         values = route_values or {}
@@ -105,8 +112,8 @@ class DevGateway:
             resp_headers = [(k, v) for k, v in outcome.rewrite.resp_headers if v is not None]
         response = await self._proxy(request.method, path, query, headers, body)
         response.headers.extend(resp_headers)
-        if self.settings.post_resp:
-            await self._post_response(response, headers, path)
+        if self.outcomes is not None:
+            self.outcomes.log(response, headers, path)
         return response
 
     async def _proxy(
@@ -126,35 +133,68 @@ class DevGateway:
         kept.append((UPSTREAM_TIME_HEADER, f"{(time.perf_counter() - started) * 1000:.3f}"))
         return Response(up.status, kept, up.body)
 
-    async def _post_response(self, response: Response, request_headers: dict[str, str], uri: str) -> None:
-        """``ext-plugin-post-resp``: the runner sees the answer, and request headers as ``http_*`` vars."""
-        variables = {"http_" + k.replace("-", "_"): v.encode("latin-1") for k, v in request_headers.items()}
-        upstream_ms = response.header(UPSTREAM_TIME_HEADER)
-        if upstream_ms is not None:
-            variables["upstream_response_time"] = f"{float(upstream_ms) / 1000:.3f}".encode()
-        variables["uri"] = uri.encode("latin-1")
-        try:
-            answer = await self.peer.response(
-                self.route, response.status, response.headers, response.body, variables
-            )
-        except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
-            log.warning("post-response call failed (%r); the upstream's answer goes out unchanged", exc)
-            return
-        if answer is None:
-            return
-        if answer.status:
-            response.status = answer.status
-        for name, value in answer.headers:
-            response.headers = [(k, v) for k, v in response.headers if k.lower() != name.lower()]
-            if value is not None:
-                response.headers.append((name, value))
-        if answer.body is not None:
-            response.body = answer.body
-
     async def close(self) -> None:
         for _, pool in self.pools.values():
             pool.close()
+        if self.outcomes is not None:
+            await self.outcomes.flush()
+            self.outcomes.close()
         await self.peer.close()
+
+
+class OutcomeLogger:
+    """What APISIX's http-logger does with the route's ``log_format``: one entry per request
+    answered by an upstream, posted to the runner's outcome endpoint in short batches."""
+
+    def __init__(self, url: str, auth: str, tenant_header: str, every_s: float = 0.2) -> None:
+        parts = urlsplit(url)
+        self._pool = UpstreamPool(parts.hostname or "127.0.0.1", parts.port or 80)
+        self._path = parts.path
+        self._auth = auth
+        self._tenant = tenant_header.lower()
+        self._every_s = every_s
+        self._entries: list[dict[str, str]] = []
+        self._flushing: asyncio.Task[None] | None = None
+
+    def log(self, response: Response, headers: dict[str, str], uri: str) -> None:
+        upstream_ms = response.header(UPSTREAM_TIME_HEADER)
+        if upstream_ms is None:
+            return  # answered by the gateway (a Stop): no upstream, nothing to report
+        entry = {
+            "target": headers.get(HEADER_TARGET),
+            "status": str(response.status),
+            "upstream_status": str(response.status),
+            "upstream_s": f"{float(upstream_ms) / 1000:.3f}",
+            "instance": response.header(HEADER_INSTANCE),
+            "cold": response.header(HEADER_COLD),
+            "tenant": headers.get(self._tenant),
+            "uri": uri,
+        }
+        self._entries.append({k: v for k, v in entry.items() if v is not None})
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self._every_s)
+        self._flushing = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        entries, self._entries = self._entries, []
+        if not entries:
+            return
+        body = json.dumps(entries).encode()
+        headers = [(b"authorization", self._auth.encode()), (b"content-type", b"application/json")]
+        try:
+            answer = await self._pool.request("POST", self._path, headers, body, 5.0)
+        except (UpstreamUnavailable, TimeoutError) as exc:
+            log.warning("outcomes not delivered to the runner: %s", exc)
+            return
+        if answer.status != 204:
+            log.warning("the runner refused outcomes: %s %s", answer.status, answer.body[:200])
+
+    def close(self) -> None:
+        self._pool.close()
 
 
 def _variables(request: Request, path: str, query: str) -> dict[str, bytes]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -10,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
+from gateway_plugin.outcome_listener import OutcomeListener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
+from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.target_header import RouteTokenError, route_token
 from gateway_plugin.routing.warm_instances import read_warm_report
 from gateway_plugin.targets.invoke import InvokePool, Invoker, make_invoker
 
@@ -50,6 +54,7 @@ class RunnerApp:
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
+        self.outcome_listener: OutcomeListener | None = None
 
     @staticmethod
     def _invokers(config: SpillwayConfig) -> dict[str, Invoker]:
@@ -79,8 +84,33 @@ class RunnerApp:
             )
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
+        self._start_outcomes(config)
         if config.warmup.report_file:
             self._tasks.append(asyncio.ensure_future(self._warm_reports(Path(config.warmup.report_file))))
+
+    def _start_outcomes(self, config: SpillwayConfig) -> None:
+        """The endpoint the route's http-logger posts to; it needs the route token (its auth)."""
+        if not config.outcomes.listen:
+            return
+        try:
+            token = route_token(config.runner.route_token_env)
+        except RouteTokenError:
+            log.warning(
+                "no outcome endpoint: %s is not set, and the logger's Authorization comes from it; "
+                "breakers, warm instances and local answer times then learn nothing",
+                config.runner.route_token_env,
+            )
+            return
+        deliver = functools.partial(outcomes.apply, self.state)
+        try:
+            listener = OutcomeListener(
+                config.outcomes.listen, outcomes.auth_header(token), asyncio.get_running_loop(), deliver
+            )
+        except OSError as exc:
+            log.error("cannot serve outcomes on %s: %s", config.outcomes.listen, exc)
+            return
+        listener.start()
+        self.outcome_listener = listener
 
     async def _gauges(self) -> None:
         while True:
@@ -118,4 +148,6 @@ class RunnerApp:
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
+        if self.outcome_listener is not None:
+            self.outcome_listener.close()
         self.pool.close()

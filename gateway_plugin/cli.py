@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -125,8 +124,15 @@ async def until_signalled() -> None:
 
 async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     from gateway_plugin.app import RunnerApp
-    from gateway_plugin.runner import Runner, serve, socket_path
-    from gateway_plugin.runner.conf_cache import ConfCache, default_ttl
+    from gateway_plugin.runner import (
+        ConfCache,
+        Runner,
+        default_ttl,
+        serve,
+        socket_identity,
+        socket_path,
+        unlink_if_ours,
+    )
 
     try:
         path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)
@@ -136,6 +142,7 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     app = RunnerApp(config, config_path)
     runner = Runner(app.plugins, ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
     server = await serve(runner, path, config.runner.socket_group)
+    identity = socket_identity(path)
     app.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
@@ -147,6 +154,5 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
         for task in list(runner.tasks):
             task.cancel()
         await server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        unlink_if_ours(path, identity)
     return 0

@@ -201,6 +201,18 @@ class Tenants(_Model):
     )
 
 
+class OutcomeSettings(_Model):
+    """Where the route's ``http-logger`` posts what happened to each request."""
+
+    listen: str | None = Field(
+        default="127.0.0.1:9092",
+        description="host:port of the runner's outcome endpoint (POST /spillway/outcomes); null: none",
+    )
+    batch_s: int = Field(
+        default=1, ge=1, le=60, description="the logger's inactive_timeout: outcomes arrive this late at most"
+    )
+
+
 class MetricsSettings(_Model):
     listen: str | None = Field(default="127.0.0.1:9091", description="host:port of the runner's /metrics")
     decision_header: bool = Field(default=True, description="add X-Spillway-Decision to answers")
@@ -262,6 +274,7 @@ class SpillwayConfig(_Model):
     budgets: Budgets = Field(default_factory=Budgets)
     tenants: Tenants = Field(default_factory=Tenants)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
 
     def declared_models(self) -> set[str]:

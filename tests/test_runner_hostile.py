@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -22,6 +23,7 @@ from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.protocol import encode
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
+from gateway_plugin.routing.outcomes import auth_header
 from gateway_plugin.routing.target_header import target_value
 from gateway_plugin.runner import ConnectionLimits, Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache, PreparedConf, default_ttl
@@ -57,11 +59,34 @@ def runner_process(tmp_path: Path, config: dict[str, Any], **env: str) -> Iterat
 
 
 def test_unique_models_and_tenants_leave_memory_and_metrics_bounded(tmp_path: Path) -> None:
-    metrics_port = free_port()
+    metrics_port, outcomes_port = free_port(), free_port()
     config = {
+        "targets": [UPSTREAM_TARGET],
         "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
+        "outcomes": {"listen": f"127.0.0.1:{outcomes_port}"},
         "tenants": {"default": {"requests_per_minute": 1_000_000}, "max_tracked": 1000},
     }
+    token = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+    aws = target_value("aws", token)
+
+    def report(first: int, count: int) -> None:
+        """What the route's http-logger posts: unique instances, tenants and models, as a client chose."""
+        batch = [
+            {
+                "target": aws if i % 2 else "local",
+                "upstream_status": "200",
+                "upstream_s": "0.01",
+                "instance": f"i-{i}",
+                "tenant": f"tenant-{i}",
+                "uri": f"/v2/models/model-{i}/infer",
+            }
+            for i in range(first, first + count)
+        ]
+        headers = {"authorization": auth_header(token), "content-type": "application/json"}
+        status, _, body = http(
+            "POST", f"http://127.0.0.1:{outcomes_port}/spillway/outcomes", json.dumps(batch).encode(), headers
+        )
+        assert status == 204, body
 
     async def calls(sock: Path, first: int, count: int) -> None:
         peer = ApisixPeer(sock, pool_size=16)
@@ -72,10 +97,11 @@ def test_unique_models_and_tenants_leave_memory_and_metrics_bounded(tmp_path: Pa
             )
             outcome = await peer.request(SPILL, request)
             assert outcome.status is None, outcome
-            await peer.response(SPILL, 200, [("x-spillway-instance", f"i-{i}")], b"", {"uri": b"/"})
 
         for start in range(first, first + count, 16):
             await asyncio.gather(*(one(i) for i in range(start, min(start + 16, first + count))))
+            if start % 1000 == 0:
+                await asyncio.to_thread(report, start, 1000)
         await peer.close()
 
     with runner_process(tmp_path, config) as (sock, pid):
@@ -195,7 +221,7 @@ def test_a_non_positive_conf_expiry_is_refused_with_a_warning(
 ) -> None:
     monkeypatch.setenv("APISIX_CONF_EXPIRE_TIME", value)
     with caplog.at_level(logging.WARNING):
-        assert default_ttl() == 3600 * 1.2
+        assert default_ttl() == 3600 * 2.0
     assert "APISIX_CONF_EXPIRE_TIME" in caplog.text
 
 
@@ -340,3 +366,18 @@ def test_a_blank_signing_key_stops_the_runner(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2 and "blank signing key" in result.stderr, result.stderr
+
+
+def test_a_route_prepared_again_keeps_its_token_for_as_long_as_apisix_may_use_it() -> None:
+    """APISIX may use a token 1.9 x its expiry time after it was handed out (shared dict, then each
+    worker's LRU); the same key and entries get the same token back, renewed."""
+    now = [0.0]
+    cache = ConfCache(ttl_s=2.0 * 3600, clock=lambda: now[0])
+    key = ("route#1", (("spillway", "{}"),))
+    token = cache.put(PreparedConf(()), key)
+    now[0] = 1.9 * 3600
+    assert cache.get(token) is not None, "still usable by a worker's LRU"
+    assert cache.renew(key) == token
+    assert cache.renew(("route#1", (("spillway", '{"on_prem_only": true}'),))) is None, "other entries"
+    now[0] = 1.9 * 3600 + 2.0 * 3600 - 1
+    assert cache.get(token) is not None, "renewed"

@@ -237,3 +237,22 @@ def test_a_socket_group_opens_the_socket_to_that_group_only(tmp_path: Path) -> N
         return mode
 
     assert asyncio.run(go()) == 0o660
+
+
+def test_a_stopping_runner_never_removes_its_successors_socket(tmp_path: Path) -> None:
+    """On ``apisix reload`` the new runner listens on the same path before the old one exits."""
+    from gateway_plugin.runner import socket_identity, unlink_if_ours
+
+    sock = tmp_path / "runner.sock"
+
+    async def go() -> bool:
+        first = await serve(Runner({}), sock)
+        mine = socket_identity(sock)
+        successor = await serve(Runner({}), sock)
+        unlink_if_ours(sock, mine)
+        still_there = sock.is_socket()
+        first.close()
+        successor.close()
+        return still_there
+
+    assert asyncio.run(go())

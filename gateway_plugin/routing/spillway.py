@@ -4,12 +4,11 @@ Request filter: features from the call → snapshot from the live state → ``po
 ``X-Spillway-Target`` (and a signature) for APISIX's traffic-split, a Stop carrying the function's
 answer in invoke mode, or a Stop with 429/503 and Retry-After when shedding. The client's own
 ``X-Spillway-Target`` never survives: every request leaves with the gateway's decision.
-Response filter: learn warm instances and target health from the function's answer.
+What happened afterwards comes back from the route's http-logger (``routing.outcomes``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -21,15 +20,13 @@ from urllib.parse import urlencode
 from pydantic import BaseModel, ConfigDict, Field
 
 from functions.contract import (
-    HEADER_COLD,
     HEADER_DECISION,
-    HEADER_INSTANCE,
     HEADER_SIGNATURE,
     HEADER_TARGET,
     normalise_path,
 )
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
+from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
@@ -133,7 +130,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             await self._upstream(decision.target, request, action)
 
     async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
+        """Into traffic-split's cloud rule; the client's own credentials for on-prem stay home."""
         action.set_header(HEADER_TARGET, self.state.route_value(name))
+        action.delete_header("authorization")
         signer = self.state.signer(name)
         if signer.key is None:
             action.delete_header(HEADER_SIGNATURE)
@@ -183,29 +182,6 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         seconds = time.perf_counter() - started
         self.state.invoke_answered(name, decision.tenant, answer.status, answer_headers, seconds)
         action.stop(answer.status, answer.body, answer.headers)
-
-    async def response_filter(
-        self, conf: PreparedRoute, response: HttpResponse, action: ResponseAction
-    ) -> None:
-        """Close the request's books: in-flight counts, breaker, warm instances, local answer time."""
-        tenant_var = "http_" + self.state.policy.tenant_header.replace("-", "_")
-        response.prefetch(("http_x_spillway_target", tenant_var, "upstream_response_time", "uri"))
-        target = self.state.target_by_value.get(_text(await response.var("http_x_spillway_target")) or "")
-        tenant = _text(await response.var(tenant_var))
-        if target is None:
-            seconds = _text(await response.var("upstream_response_time"))
-            match = _MODEL.match(_text(await response.var("uri")) or "")
-            if seconds:
-                with contextlib.suppress(ValueError):
-                    last = float(seconds.split(",")[-1])
-                    self.state.answered_local(match.group(1) if match else None, last * 1000)
-        self.state.answered(
-            target,
-            tenant,
-            ok=response.status < 500,
-            instance=response.headers.get(HEADER_INSTANCE),
-            cold=response.headers.get(HEADER_COLD) == "1",
-        )
 
 
 def _shed(decision: Decision, action: RequestAction) -> None:

@@ -3,6 +3,16 @@ cache. It knows plugins only through the public plugin API (``gateway_plugin.plu
 
 from gateway_plugin.runner.conf_cache import ConfCache, default_ttl
 from gateway_plugin.runner.dispatch import ConfError, ConnectionLimits, Runner
-from gateway_plugin.runner.listener import serve, socket_path
+from gateway_plugin.runner.listener import serve, socket_identity, socket_path, unlink_if_ours
 
-__all__ = ["ConfCache", "ConfError", "ConnectionLimits", "Runner", "default_ttl", "serve", "socket_path"]
+__all__ = [
+    "ConfCache",
+    "ConfError",
+    "ConnectionLimits",
+    "Runner",
+    "default_ttl",
+    "serve",
+    "socket_identity",
+    "socket_path",
+    "unlink_if_ours",
+]

@@ -49,7 +49,11 @@ class Runner:
         self.connections = 0
 
     def prepare(self, payload: bytes) -> bytes:
-        _, entries = messages.prepare_conf(payload)
+        name_key, entries = messages.prepare_conf(payload)
+        key = (name_key, tuple(entries)) if name_key else None
+        token = self.confs.renew(key) if key is not None else None
+        if token is not None:
+            return encode.prepare_conf_answer(token)
         chain = []
         for name, raw in entries:
             plugin = self.plugins.get(name)
@@ -59,7 +63,7 @@ class Runner:
                 chain.append((plugin, plugin.parse_conf(raw or "")))
             except ValidationError as exc:
                 raise ConfError(f"invalid conf for plugin {name!r}: {exc}") from None
-        return encode.prepare_conf_answer(self.confs.put(PreparedConf.of(chain)))
+        return encode.prepare_conf_answer(self.confs.put(PreparedConf.of(chain), key))
 
     async def request(self, conf: PreparedConf, call: messages.HttpReqCall, info: Any) -> bytes:
         request = HttpRequest(call, info)

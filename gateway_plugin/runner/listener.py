@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -36,3 +37,15 @@ async def serve(runner: Runner, path: Path, group: str | None = None) -> asyncio
         shutil.chown(path, group=group)
         os.chmod(path, 0o660)
     return server
+
+
+def socket_identity(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_dev, info.st_ino
+
+
+def unlink_if_ours(path: Path, identity: tuple[int, int]) -> None:
+    """On ``apisix reload`` a successor runner listens on the same path: never remove its socket."""
+    with contextlib.suppress(FileNotFoundError):
+        if socket_identity(path) == identity:
+            path.unlink()
