@@ -64,8 +64,8 @@ class DemoSettings:
     sensitive_share: float = 0.2
     local_delay_ms: float = 50.0
     latency_target_ms: float = 500.0
-    enter_ratio: float = 0.6
-    exit_ratio: float = 0.5
+    enter_ratio: float = 0.5
+    exit_ratio: float = 0.4
     cloud_start_delay_s: tuple[float, float] = (1.0, 2.0)
     pool_max: int = 2
     warm_instances: int = 2

@@ -194,6 +194,8 @@ class OutcomeLogger:
             log.warning("the runner refused outcomes: %s %s", answer.status, answer.body[:200])
 
     def close(self) -> None:
+        if self._flushing is not None:
+            self._flushing.cancel()
         self._pool.close()
 
 

@@ -35,15 +35,27 @@ def _parser() -> argparse.ArgumentParser:
         "summarised: targets, rules in the order they apply, and what may leave the premises.",
     )
     check.add_argument("file", type=Path)
-    split = sub.add_parser(
-        "traffic-split",
-        help="print the traffic-split rules that send each decision to its upstream",
-        description="Print, as JSON, the traffic-split plugin conf for an APISIX route: one rule per "
-        "upstream-mode target, matching the X-Spillway-Target value the runner sets (it carries a MAC "
-        "under the route token, so clients cannot forge it). Upstream ids are the target names. "
-        "Needs the route token in the environment variable the config names (runner.route_token_env).",
+    route = sub.add_parser(
+        "apisix-route",
+        help="print the APISIX route that puts Spillway in front of the cluster",
+        description="Print the route, made from spillway.yaml: ext-plugin-pre-req runs the runner; "
+        "traffic-split sends each decision to its upstream, matching X-Spillway-Target values that carry "
+        "a MAC under the route token (clients cannot forge them); http-logger reports each outcome to "
+        "the runner. JSON is the Admin API's route object (PUT /apisix/admin/routes/<id>); yaml is "
+        "standalone mode's conf/apisix.yaml. Needs the route token in the environment variable the "
+        "config names (runner.route_token_env).",
     )
-    split.add_argument("--config", type=Path, required=True, help="spillway.yaml")
+    route.add_argument("--config", type=Path, required=True, help="spillway.yaml")
+    route.add_argument("--format", choices=("json", "yaml"), default="json", help="default: json")
+    route.add_argument("--id", default="spillway", help="the route's id (default: spillway)")
+    route.add_argument("--uri", default="/v2/*", help="the route's uri (default: /v2/*)")
+    route.add_argument(
+        "--lambda-iam",
+        metavar="TARGET",
+        default=None,
+        help="serve this aws_lambda target through APISIX's aws-lambda plugin (SigV4 to an AWS_IAM "
+        "function URL) instead of traffic-split",
+    )
     imp = sub.add_parser(
         "import-targets",
         help="turn Terraform's spillway_targets output into the targets section",
@@ -66,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         source = args.file if args.command == "check-config" else args.config
         config = load(source) if source else SpillwayConfig()
-        if args.command == "traffic-split":
-            return _print_traffic_split(config)
+        if args.command == "apisix-route":
+            return _print_route(config, args.format, args.id, args.uri, args.lambda_iam)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -87,19 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         loop.close()
 
 
-def _print_traffic_split(config: SpillwayConfig) -> int:
-    import json
+def _print_route(config: SpillwayConfig, fmt: str, route_id: str, uri: str, lambda_iam: str | None) -> int:
+    from gateway_plugin.apisix_route import RouteError, admin_json, route, standalone_yaml
+    from gateway_plugin.routing.target_header import RouteTokenError, route_token
 
-    from gateway_plugin.routing.state import GatewayState
-
-    rules = [
-        {
-            "match": [{"vars": [["http_x_spillway_target", "==", value]]}],
-            "weighted_upstreams": [{"upstream_id": name, "weight": 1}],
-        }
-        for name, value in GatewayState.route_values(config).items()
-    ]
-    print(json.dumps({"rules": rules}, indent=2))
+    try:
+        made = route(config, route_token(config.runner.route_token_env), route_id, uri, lambda_iam)
+    except (RouteError, RouteTokenError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(admin_json(made) if fmt == "json" else standalone_yaml(made), end="")
     return 0
 
 

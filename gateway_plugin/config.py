@@ -209,7 +209,10 @@ class OutcomeSettings(_Model):
         description="host:port of the runner's outcome endpoint (POST /spillway/outcomes); null: none",
     )
     batch_s: int = Field(
-        default=1, ge=1, le=60, description="the logger's inactive_timeout: outcomes arrive this late at most"
+        default=1,
+        ge=1,
+        le=60,
+        description="the logger's buffer_duration and inactive_timeout: outcomes arrive this late at most",
     )
 
 

@@ -97,10 +97,15 @@ def test_only_apisix_may_post_and_bad_batches_are_refused_with_the_reason() -> N
 
 
 def test_an_answer_the_gateway_gave_itself_closes_no_books() -> None:
-    """A shed request never reached an upstream: its log entry has no upstream status."""
+    """A shed request never reached an upstream: no upstream status, no cloud value (the runner sets
+    none when it sheds). A request APISIX's aws-lambda plugin served has the runner's cloud value
+    and the function's status, but no nginx upstream."""
     app = RunnerApp(config(free_port()))
+    book = app.state.tenants.book("t")
+    book.in_flight.add(app.state.clock())
     app.state.outstanding["aws"].add(app.state.clock())
-    outcomes.apply(app.state, [outcomes.Outcome(target=AWS, status=503)])
-    assert app.state.outstanding["aws"].count(app.state.clock()) == 1
-    outcomes.apply(app.state, [outcomes.Outcome(target=AWS, status=200, upstream_status="200")])
+    outcomes.apply(app.state, [outcomes.Outcome(target="aws", status=503, tenant="t")])
+    assert book.in_flight.count(app.state.clock()) == 1, "a forged value closes nothing"
+    outcomes.apply(app.state, [outcomes.Outcome(target=AWS, status=200, instance="fn-9")])
     assert app.state.outstanding["aws"].count(app.state.clock()) == 0
+    assert app.state.pools["aws"].warm(app.state.clock()) == 1

@@ -29,8 +29,8 @@ def log_format(tenant_header: str) -> dict[str, str]:
         "status": "$status",
         "upstream_status": "$upstream_status",
         "upstream_s": "$upstream_response_time",
-        "instance": "$upstream_http_" + HEADER_INSTANCE.replace("-", "_"),
-        "cold": "$upstream_http_" + HEADER_COLD.replace("-", "_"),
+        "instance": "$sent_http_" + HEADER_INSTANCE.replace("-", "_"),
+        "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
         "tenant": "$http_" + tenant_header.lower().replace("-", "_"),
         "uri": "$uri",
     }
@@ -42,9 +42,10 @@ def auth_header(route_token: bytes) -> str:
 
 
 class Outcome(BaseModel):
-    """One log entry; every field is an nginx variable, absent when it was unset."""
+    """One log entry; every field is an nginx variable, absent when it was unset. APISIX sends the
+    numeric ones (``$upstream_response_time``, ``$status``, ...) as JSON numbers."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, coerce_numbers_to_str=True)
 
     target: str | None = Field(default=None, max_length=200)
     status: int | None = Field(default=None, ge=0, le=999)
@@ -80,13 +81,20 @@ def _last_number(raw: str | None) -> float | None:
 
 
 def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
-    """Close the books of each request that reached an upstream. One that did not was answered by
-    the gateway itself (shed, or invoke mode): its books were closed, or never opened, there."""
+    """Close the books of each request that reached an upstream or a function.
+
+    A cloud target's value carries the route token's MAC, so it is the runner's decision; APISIX's
+    aws-lambda plugin calls the function itself (no nginx upstream), so there the client's status
+    is the function's. Any other request without an upstream status was answered by the gateway
+    itself (shed, or invoke mode): its books were closed, or never opened, there.
+    """
     for outcome in outcomes:
+        target = state.target_by_value.get(outcome.target or "")
         upstream_status = _last_number(outcome.upstream_status)
+        if upstream_status is None and target is not None and outcome.status:
+            upstream_status = float(outcome.status)
         if upstream_status is None:
             continue
-        target = state.target_by_value.get(outcome.target or "")
         if target is None:
             seconds = _last_number(outcome.upstream_s)
             if seconds is not None:
