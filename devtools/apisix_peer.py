@@ -1,9 +1,12 @@
-"""APISIX's side of the ext-plugin protocol, as ``apisix/plugins/ext-plugin/init.lua`` plays it.
+"""APISIX's side of the ext-plugin protocol, as ``apisix/plugins/ext-plugin/init.lua`` (3.18)
+plays it, for unit-speed tests and the development gateway (what APISIX really does is settled on
+the real one, in the tests that start it).
 
-Used by the tests and by the development gateway: conf tokens cached per conf key, PrepareConf
-when there is none, HTTPReqCall with the ExtraInfo loop answered from the request, up to three
-tries with the token cache flushed on CONF_TOKEN_NOT_FOUND, 503 on any other failure unless
-``allow_degradation``, and pooled keep-alive connections.
+Conf tokens cached per conf key; PrepareConf when there is none; HTTPReqCall with the ExtraInfo
+loop answered from the request; up to three tries with the token cache flushed on
+CONF_TOKEN_NOT_FOUND; 503 on any other failure unless ``allow_degradation``; pooled keep-alive
+connections, closed after an error frame, as APISIX closes them; a 1 s connect and 60 s send/read
+timeout per operation; call ids ``worker_id << 22`` plus a per-worker count.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
 
 TRIES = 3
 TOKEN_CACHE_FACTOR = 0.9
+CONNECT_TIMEOUT_S = 1.0
 _METHODS = {name: index for index, name in enumerate(schema.METHODS)}
 
 
@@ -81,7 +85,12 @@ class _Conn:
 
 class ApisixPeer:
     def __init__(
-        self, path: Path, pool_size: int = 32, timeout_s: float = 60.0, token_ttl_s: float = 3600.0
+        self,
+        path: Path,
+        pool_size: int = 32,
+        timeout_s: float = 60.0,
+        token_ttl_s: float = 3600.0,
+        worker_id: int = 0,
     ) -> None:
         self.path = path
         self.timeout_s = timeout_s
@@ -90,6 +99,7 @@ class ApisixPeer:
         self._tokens: dict[str, tuple[float, int]] = {}
         self._token_ttl = token_ttl_s * TOKEN_CACHE_FACTOR
         self._ids = 0
+        self._worker = worker_id
         self.prepares = 0
 
     async def request(self, route: RouteConf, request: PeerRequest) -> Outcome:
@@ -176,7 +186,7 @@ class ApisixPeer:
             conn.close()
             raise
         if got == FrameType.RPC_ERROR:
-            self._release(conn)
+            conn.close()
             code = messages.err_code(answer)
             raise PeerError(f"runner answered error {ErrCode(code).name}", code)
         if got != ty:
@@ -188,7 +198,9 @@ class ApisixPeer:
     async def _acquire(self) -> _Conn:
         if self._pool:
             return self._pool.pop()
-        reader, writer = await asyncio.open_unix_connection(str(self.path))
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(str(self.path)), CONNECT_TIMEOUT_S
+        )
         return _Conn(reader, writer)
 
     def _release(self, conn: _Conn) -> None:
@@ -198,8 +210,9 @@ class ApisixPeer:
             conn.close()
 
     def _next_id(self) -> int:
-        self._ids = (self._ids + 1) & 0xFFFFFFFF
-        return self._ids
+        """APISIX numbers calls per worker: ``(worker_id << 22) + count``, the count wrapping."""
+        self._ids = (self._ids + 1) & ((1 << 22) - 1)
+        return (self._worker << 22) + self._ids
 
 
 def _extra_info(question: bytes, request: PeerRequest | None) -> bytes | None:

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -217,7 +217,8 @@ def _variables(request: Request, path: str, query: str) -> dict[str, bytes]:
 def _rewrite(
     rewrite: messages.Rewrite, headers: dict[str, str], path: str, query: str, body: bytes
 ) -> tuple[str, str, bytes]:
-    """Apply a Rewrite as APISIX does: a header or arg with no value is deleted."""
+    """Apply a Rewrite as APISIX does: a header or arg with no value is deleted, the path is sent
+    URI-encoded (args appended), and a body replaces the request's only when it is not empty."""
     for name, value in rewrite.headers:
         if value is None:
             headers.pop(name.lower(), None)
@@ -231,4 +232,5 @@ def _rewrite(
             else:
                 args[name] = value
         query = urlencode(args)
-    return rewrite.path or path, query, rewrite.body if rewrite.body is not None else body
+    new_path = quote(rewrite.path, safe="/%:@!$&'()*+,;=-._~") if rewrite.path else path
+    return new_path, query, rewrite.body or body

@@ -18,3 +18,6 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     echo "warning: chromium could not be installed; the report's browser test will be skipped" >&2
   fi
 fi
+# A real Apache APISIX 3.18 for the gateway tests, the demo and the benchmarks (root and apt; else
+# those tests skip, saying why).
+bash scripts/install-apisix.sh

@@ -246,23 +246,22 @@ def test_the_runner_refuses_to_start_without_a_route_token(tmp_path: Path) -> No
         assert result.returncode == 2 and "SPILLWAY_ROUTE_TOKEN" in result.stderr, result.stderr
 
 
-def test_traffic_split_rules_match_the_values_the_runner_sets(tmp_path: Path) -> None:
-    import json
-
+def test_the_route_matches_the_values_the_runner_sets(tmp_path: Path) -> None:
     path = tmp_path / "spillway.yaml"
-    path.write_text(yaml.safe_dump({"targets": [UPSTREAM_TARGET]}))
+    endpoint = {"url": "http://127.0.0.1:8000", "metrics_url": "http://127.0.0.1:8002/metrics"}
+    path.write_text(yaml.safe_dump({"targets": [UPSTREAM_TARGET], "local": {"endpoints": [endpoint]}}))
     result = subprocess.run(
-        [sys.executable, "-m", "gateway_plugin", "traffic-split", "--config", str(path)],
+        [sys.executable, "-m", "gateway_plugin", "apisix-route", "--config", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    (rule,) = json.loads(result.stdout)["rules"]
+    (rule,) = json.loads(result.stdout)["plugins"]["traffic-split"]["rules"]
     value = target_value("aws", os.environ["SPILLWAY_ROUTE_TOKEN"].encode())
     assert rule["match"] == [{"vars": [["http_x_spillway_target", "==", value]]}]
-    assert rule["weighted_upstreams"] == [{"upstream_id": "aws", "weight": 1}]
+    assert rule["weighted_upstreams"][0]["upstream"]["nodes"] == {"fn.example:443": 1}
     assert value.startswith("aws:") and len(value) == len("aws:") + 32
 
 
