@@ -132,7 +132,7 @@ def test_the_example_route_as_apisix_loads_it(tmp_path: Path, cloud_env: None) -
 @pytest.fixture(scope="module")
 def real_function(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     tmp = tmp_path_factory.mktemp("fn")
-    with function_server(model_repository(tmp, "add_sub"), tmp, platform="local") as running:
+    with function_server(model_repository(tmp, "add_sub"), tmp, platform="aliyun-fc") as running:
         yield running
 
 
@@ -166,3 +166,46 @@ def test_the_lambda_iam_route_signs_with_sigv4_and_keeps_the_path(
     assert json.loads(body)["outputs"][0]["data"] == [11, 22, 33, 44]
     assert fn_url.invalid == [], "every request reaching the function URL was signed"
     assert set(fn_url.paths) == {"/v2/models/add_sub/infer"}
+
+
+@pytest.mark.integration
+@needs_apisix()
+def test_an_invoke_mode_answer_reaches_the_client(
+    tmp_path: Path, cloud_env: None, real_function: Running
+) -> None:
+    """In invoke mode the runner calls Lambda's Invoke API itself (SigV4) and APISIX answers the
+    client with the function's answer (a Stop)."""
+    from tests.cloud_fakes import REGION, cloud_fake
+
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        feed = stack.enter_context(metrics_feed())
+        lambda_api = stack.enter_context(cloud_fake(real_function.url))
+        config = _example_config(local.url, "http://127.0.0.1:9", feed.url, f"127.0.0.1:{free_port()}")
+        config["targets"] = [
+            {
+                "name": "aws",
+                "kind": "aws_lambda",
+                "mode": "invoke",
+                "function_name": "spillway-infer",
+                "region": REGION,
+                "endpoint_url": lambda_api.url,
+                "signing_key_env": None,
+            }
+        ]
+        config["rules"] = [
+            {"name": "out", "match": {"models": ["add_sub"]}, "action": "target", "targets": ["aws"]}
+        ]
+        config["budgets"] = {}
+        settings = apisix_settings(config, tmp_path, free_port(), envs=ENVS)
+        gateway = stack.enter_context(apisix.running(settings))
+        headers = {"x-data-classification": "public", "content-type": "application/json"}
+        status, answer_headers, body = http(
+            "POST", gateway.url + "/v2/models/add_sub/infer", ADD_SUB_BODY, headers
+        )
+    assert status == 200, body
+    assert json.loads(body)["outputs"][0]["data"] == [11, 22, 33, 44]
+    assert answer_headers["x-spillway-decision"].startswith("aws;")
+    assert answer_headers.get("x-spillway-instance"), "the function's own headers come through"
+    assert lambda_api.valid == 1 and lambda_api.invalid == []
+    assert local.seen == [], "nothing went on premises"
