@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +165,30 @@ def test_local_answer_times_reach_the_runner_through_the_logger_and_feed_the_est
     finally:
         stack.local.delay_s = 0.0
     assert re.search(r'spillway_local_wait_seconds\{model="add_sub"\}', stack.metrics())
+
+
+def test_answers_reported_a_second_late_do_not_inflate_the_cloud_in_flight_count(stack: Stack) -> None:
+    """http-logger reports a batch up to a second after the fact; four clients never have more
+    than four requests in flight, whatever the rate."""
+    stack.set_load(500)
+    time.sleep(2.5)  # the first batch carries answer times
+    stop = time.monotonic() + 4
+    gauge = re.compile(r'spillway_target_in_flight\{target="aws"\} ([0-9.]+)')
+
+    def client() -> None:
+        while time.monotonic() < stop:
+            stack.send("public")
+
+    samples: list[float] = []
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(4):
+            pool.submit(client)
+        time.sleep(1.5)
+        while time.monotonic() < stop:
+            found = gauge.search(stack.metrics())
+            samples.append(float(found.group(1)) if found else -1)
+            time.sleep(0.3)
+    assert samples and max(samples) <= 12, f"counted in flight: {samples}"
 
 
 def test_a_target_answering_5xx_opens_its_breaker_through_the_logger(stack: Stack) -> None:

@@ -117,3 +117,39 @@ def test_warm_pool_forgets_idle_instances_and_counts_cold_hits() -> None:
     pool.seen("a", 200)
     assert pool.warm(250) == 2 and pool.cold_hits == 1
     assert pool.warm(450) == 1
+
+
+def test_late_reports_do_not_keep_finished_requests_counted() -> None:
+    """APISIX's logger reports answers up to a second late; 1,000 requests of 2 ms each, one every
+    millisecond, are at most a handful in flight at any time, not all of the last second's."""
+    out = Outstanding(10.0)
+    now = 0.0
+    for i in range(1000):
+        now = i / 1000
+        out.add(now)
+        if i >= 500:
+            out.done(now, seconds=0.002)
+    in_flight = out.count(now)
+    assert in_flight <= 6, f"{in_flight} counted in flight"
+    for _ in range(500):
+        out.done(now + 0.5, seconds=0.002)
+    assert out.count(now + 0.5) == 0, "each report closes one dispatch, lapsed ones first"
+
+
+def test_without_answer_times_a_dispatch_counts_until_its_ttl() -> None:
+    out = Outstanding(10.0)
+    out.add(0.0)
+    out.add(1.0)
+    assert out.count(5.0) == 2
+    out.done(5.0)
+    assert out.count(5.0) == 1 and out.count(11.5) == 0
+
+
+def test_a_slow_answer_widens_the_horizon_and_old_answer_times_are_forgotten() -> None:
+    out = Outstanding(60.0)
+    out.done(0.0, seconds=3.0)
+    out.add(1.0)
+    assert out.count(6.0) == 1, "answers have taken 3 s lately: a 5 s old dispatch may still run"
+    assert out.count(8.0) == 0
+    out.add(100.0)
+    assert out.count(150.0) == 1, "no answer times for a while: back to the ttl"

@@ -11,6 +11,8 @@ from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 
 HOUR, DAY = 3600, 86400
+ANSWER_WINDOW_S = 10.0
+MIN_HORIZON_S = 0.005
 
 
 @dataclass
@@ -30,22 +32,61 @@ class _Spend:
 
 @dataclass
 class Outstanding:
-    """Dispatches not yet answered; each expires after ``ttl_s`` if its answer is never seen."""
+    """Dispatches not yet answered, oldest first (answers are anonymous: each closes the oldest).
+
+    Answers may be reported late: APISIX's http-logger sends them in batches, up to a second after
+    the fact, and counting a request until then would count a second of traffic as in flight. So
+    once answers report how long they took, a dispatch stops counting when it is older than twice
+    the longest answer time of the last ``ANSWER_WINDOW_S`` or so (``horizon_s``); the report that
+    comes for it later closes it, not a dispatch still counted. A dispatch whose answer never comes
+    stops counting after ``ttl_s``. The count can miss a request that runs more than twice as long
+    as any recent one, for the time it runs past that.
+    """
 
     ttl_s: float
     started: deque[float] = field(default_factory=deque)
+    lapsed: deque[float] = field(default_factory=deque)
+    _window: int = -2
+    _longest_now: float = 0.0
+    _longest_before: float = 0.0
 
     def count(self, now: float) -> int:
-        while self.started and self.started[0] < now - self.ttl_s:
-            self.started.popleft()
-        return len(self.started)
+        horizon = self.horizon_s(now)
+        started, lapsed = self.started, self.lapsed
+        while started and started[0] < now - horizon:
+            at = started.popleft()
+            if at >= now - self.ttl_s:
+                lapsed.append(at)
+        while lapsed and lapsed[0] < now - self.ttl_s:
+            lapsed.popleft()
+        return len(started)
 
     def add(self, now: float) -> None:
         self.started.append(now)
 
-    def done(self) -> None:
-        if self.started:
+    def done(self, now: float | None = None, seconds: float | None = None) -> None:
+        """One answer; ``seconds``, how long it took, when the report says."""
+        if self.lapsed:
+            self.lapsed.popleft()
+        elif self.started:
             self.started.popleft()
+        if now is not None and seconds is not None and seconds >= 0:
+            window = int(now // ANSWER_WINDOW_S)
+            if window != self._window:
+                self._longest_before = self._longest_now if window == self._window + 1 else 0.0
+                self._longest_now, self._window = 0.0, window
+            self._longest_now = max(self._longest_now, seconds)
+
+    def horizon_s(self, now: float) -> float:
+        """How long a dispatch counts: the ttl until answers report their times."""
+        window = int(now // ANSWER_WINDOW_S)
+        if window == self._window:
+            longest = max(self._longest_now, self._longest_before)
+        elif window == self._window + 1:
+            longest = self._longest_now
+        else:
+            return self.ttl_s
+        return min(self.ttl_s, max(MIN_HORIZON_S, 2 * longest))
 
 
 @dataclass

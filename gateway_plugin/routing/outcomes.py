@@ -29,6 +29,7 @@ def log_format(tenant_header: str) -> dict[str, str]:
         "status": "$status",
         "upstream_status": "$upstream_status",
         "upstream_s": "$upstream_response_time",
+        "request_s": "$request_time",
         "instance": "$sent_http_" + HEADER_INSTANCE.replace("-", "_"),
         "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
         "tenant": "$http_" + tenant_header.lower().replace("-", "_"),
@@ -51,6 +52,7 @@ class Outcome(BaseModel):
     status: int | None = Field(default=None, ge=0, le=999)
     upstream_status: str | None = Field(default=None, max_length=200)
     upstream_s: str | None = Field(default=None, max_length=200)
+    request_s: str | None = Field(default=None, max_length=200)
     instance: str | None = Field(default=None, max_length=200)
     cold: str | None = Field(default=None, max_length=20)
     tenant: str | None = Field(default=None, max_length=200)
@@ -95,15 +97,15 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
             upstream_status = float(outcome.status)
         if upstream_status is None:
             continue
-        if target is None:
-            seconds = _last_number(outcome.upstream_s)
-            if seconds is not None:
-                match = _MODEL.match(outcome.uri or "")
-                state.answered_local(match.group(1) if match else None, seconds * 1000)
+        seconds = _last_number(outcome.upstream_s)
+        if target is None and seconds is not None:
+            match = _MODEL.match(outcome.uri or "")
+            state.answered_local(match.group(1) if match else None, seconds * 1000)
         state.answered(
             target,
             outcome.tenant or None,
             ok=0 < upstream_status < 500,
             instance=outcome.instance or None,
             cold=outcome.cold == "1",
+            seconds=seconds if seconds is not None else _last_number(outcome.request_s),
         )

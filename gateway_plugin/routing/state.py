@@ -204,15 +204,17 @@ class GatewayState:
         ok: bool,
         instance: str | None = None,
         cold: bool = False,
+        seconds: float | None = None,
     ) -> None:
-        """The answer to a request the gateway sent: close its books."""
+        """The answer to a request the gateway sent, which took ``seconds`` where known: close its
+        books."""
         now = self.clock()
         book = self.tenants.get(tenant) if tenant else None
         if book is not None:
-            book.in_flight.done()
+            book.in_flight.done(now, seconds)
         if target is None or target not in self.targets:
             return
-        self.outstanding[target].done()
+        self.outstanding[target].done(now, seconds)
         self.breakers[target].record(ok, now)
         if instance:
             self.pools[target].seen(instance, now, cold)
@@ -241,6 +243,7 @@ class GatewayState:
             ok=status < 500,
             instance=headers.get(HEADER_INSTANCE),
             cold=headers.get(HEADER_COLD) == "1",
+            seconds=seconds,
         )
 
     def answered_local(self, model: str | None, ms: float) -> None:
