@@ -151,3 +151,9 @@ class RunnerApp:
         if self.outcome_listener is not None:
             self.outcome_listener.close()
         self.pool.close()
+
+    async def aclose(self) -> None:
+        """``close``, then wait for the background tasks to finish cancelling, so a scrape cut short
+        leaves no half-gathered futures behind."""
+        self.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -158,10 +158,12 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     try:
         await until_signalled()
     finally:
-        app.close()
         server.close()
-        for task in list(runner.tasks):
+        calls = list(runner.tasks)
+        for task in calls:
             task.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        await app.aclose()
         await server.wait_closed()
         unlink_if_ours(path, identity)
     return 0

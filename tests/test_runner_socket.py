@@ -12,6 +12,9 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -224,6 +227,58 @@ def test_run_command_serves_the_socket_apisix_names_and_cleans_up() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_stop_in_the_middle_of_a_metrics_scrape_leaves_nothing_half_done(tmp_path: Path) -> None:
+    """SIGTERM while a scrape waits on a slow Triton: the background tasks are cancelled and waited
+    for, so asyncio has nothing unretrieved or pending to complain about."""
+    scraping = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            scraping.set()
+            time.sleep(3)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    triton = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=triton.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{triton.server_port}"
+    config = tmp_path / "spillway.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "local": {
+                    "endpoints": [{"url": url, "metrics_url": url + "/metrics"}],
+                    "scrape_period_s": 0.1,
+                },
+                "metrics": {"listen": None},
+                "outcomes": {"listen": None},
+            }
+        )
+    )
+    sock = tmp_path / "runner.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway_plugin", "run", "--config", str(config)],
+        cwd=ROOT,
+        env={**os.environ, "APISIX_LISTEN_ADDRESS": f"unix:{sock}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(sock.exists, 30, "runner socket")
+        assert scraping.wait(10), "the runner scrapes"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        triton.shutdown()
+    assert proc.returncode == 0, output
+    for complaint in (b"never retrieved", b"Task was destroyed", b"Traceback"):
+        assert complaint not in output, output.decode(errors="replace")
 
 
 def test_a_socket_group_opens_the_socket_to_that_group_only(tmp_path: Path) -> None:
