@@ -299,6 +299,10 @@ def test_a_drained_cluster_stops_the_overflow_whatever_earlier_answers_took() ->
     drained = LocalLoad(fresh=True, compute_ms=51, queue_ms=0, observed_ms=300, overflowing=True)
     assert estimated_latency_ms(drained, POLICY) == 51
     assert not overflowing(drained, 500, POLICY)
+    idle = dataclasses.replace(drained, queue_ms=0.17)
+    assert estimated_latency_ms(idle, POLICY) < 52, (
+        "Triton reports a few µs of queue for requests that never waited"
+    )
     for busy in (dataclasses.replace(drained, pending=2), dataclasses.replace(drained, queue_ms=20)):
         assert estimated_latency_ms(busy, POLICY) >= 300, (
             "while the cluster queues, the observed time is a floor"

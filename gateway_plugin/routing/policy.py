@@ -24,6 +24,8 @@ from enum import StrEnum
 
 LOCAL = "local"
 SHED = "shed"
+# Triton reports a few microseconds of queue time even for requests that never waited.
+IDLE_QUEUE_SHARE = 0.1
 
 
 class RuleAction(StrEnum):
@@ -216,7 +218,8 @@ def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
     scrape plus those the gateway sent since, less what the cluster finished in the meantime,
     spread over its parallelism. While the cluster queues, what the gateway itself recently saw it
     take to answer (``observed_ms``) is a floor: it includes what Triton's own metrics do not (its
-    HTTP front, a busy host). Once Triton reports no queueing and nothing is left waiting, that
+    HTTP front, a busy host). Once nothing is left waiting and Triton's queue time is a sliver of
+    its compute time (it reports some microseconds even for requests that never waited), that
     floor (which only local answers lower, and few are local while spilling) no longer holds a
     drained cluster busy.
     """
@@ -224,7 +227,7 @@ def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
     if load.compute_ms > 0:
         backlog = max(0.0, backlog - load.age_ms * policy.parallelism / load.compute_ms)
     modelled = max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms
-    drained = backlog == 0 and load.pending == 0 and load.queue_ms == 0
+    drained = backlog == 0 and load.pending == 0 and load.queue_ms <= IDLE_QUEUE_SHARE * load.compute_ms
     return modelled if drained else max(modelled, load.observed_ms)
 
 
