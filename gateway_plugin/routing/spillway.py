@@ -169,8 +169,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
                 action.add_response_header(HEADER_DECISION, f"{LOCAL};{Reason.INVOKE_FAILED}")
                 return
             log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
-            shed = dataclasses.replace(
-                decision,
+            shed = decision._replace(
                 target=SHED,
                 reason=Reason.INVOKE_FAILED,
                 status=503,
