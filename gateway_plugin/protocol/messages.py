@@ -148,9 +148,11 @@ class HttpRespCall:
         return self._header_map
 
 
-@_guard
 def _read(reader: Callable[[int], R], slot: int) -> R:
-    return reader(slot)
+    try:
+        return reader(slot)
+    except _DECODE_ERRORS as exc:
+        raise DecodeError(f"undecodable message: {exc}") from None
 
 
 @_guard

@@ -148,9 +148,10 @@ class RulePolicy:
             return False
         if self.uri is not None and not self.uri.search(f.path):
             return False
-        if any(not p.fullmatch(f.headers.get(name, "")) for name, p in self.headers):
-            return False
-        return all(p.fullmatch(f.args.get(name, "")) for name, p in self.args)
+        for name, pattern in self.headers:
+            if not pattern.fullmatch(f.headers.get(name, "")):
+                return False
+        return not self.args or all(p.fullmatch(f.args.get(name, "")) for name, p in self.args)
 
 
 @dataclass(frozen=True)

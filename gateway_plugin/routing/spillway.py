@@ -34,6 +34,7 @@ from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, htt
 log = logging.getLogger("spillway.plugin")
 
 _MODEL = re.compile(r"^/v2/models/([^/]+)")
+_NO_ARGS: dict[str, str] = {}
 
 
 class RouteOverrides(BaseModel):
@@ -103,20 +104,20 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         path = normalise_path(request.path)
         match = _MODEL.match(path)
         model = match.group(1) if match else None
-        features = RequestFeatures(path, headers, {k: v or "" for k, v in request.args}, model)
+        args = request.args
+        features = RequestFeatures(path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model)
         policy = self.policy_for(conf)
         snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
         decision = decide(features, snapshot, policy)
-        self.state.commit(
-            decision,
-            model,
-            {
+        seen = None
+        if decision.residency_kept:
+            seen = {
                 "request_id": request.id,
                 "path": request.path,
                 "model": model,
                 "classification": headers.get(policy.classification_header),
-            },
-        )
+            }
+        self.state.commit(decision, model, seen)
         if self.state.decision_header:
             action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
         if decision.target == SHED:
