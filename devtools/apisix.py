@@ -54,6 +54,10 @@ class ApisixSettings:
     env: dict[str, str] = field(default_factory=dict)
     workers: int = 1
     extra_lua_path: Path | None = None
+    # More directories holding apisix/plugins/<name>.lua (searched after extra_lua_path).
+    more_lua_paths: Sequence[Path] = ()
+    shared_dicts: dict[str, str] = field(default_factory=dict)
+    plugin_attr: dict[str, dict[str, object]] = field(default_factory=dict)
     timeout_s: float = 60.0
 
 
@@ -75,8 +79,10 @@ def config_yaml(s: ApisixSettings) -> str:
         "  enable_control: false",
         "  ssl: {enable: false}",
     ]
-    if s.extra_lua_path is not None:
-        lines.append(f'  extra_lua_path: "{s.extra_lua_path.resolve()}/?.lua"')
+    lua_paths = [p for p in (s.extra_lua_path, *s.more_lua_paths) if p is not None]
+    if lua_paths:
+        joined = ";".join(f"{p.resolve()}/?.lua" for p in lua_paths)
+        lines.append(f'  extra_lua_path: "{joined}"')
     lines += [
         "nginx_config:",
         "  main_configuration_snippet: |",
@@ -88,7 +94,7 @@ def config_yaml(s: ApisixSettings) -> str:
         "  event: {worker_connections: 4096}",
         "  error_log_level: notice",
         "  http:",
-        "    custom_lua_shared_dict: {prometheus-cache: 10m}",
+        f"    custom_lua_shared_dict: {json.dumps({'prometheus-cache': '10m', **s.shared_dicts})}",
     ]
     if os.getuid() == 0:
         lines.append("  user: root")
@@ -103,6 +109,8 @@ def config_yaml(s: ApisixSettings) -> str:
     ]
     if s.runner_cmd is not None:
         lines.append(f"ext-plugin: {{cmd: {json.dumps(list(s.runner_cmd))}}}")
+    if s.plugin_attr:
+        lines.append(f"plugin_attr: {json.dumps(s.plugin_attr)}")
     return "\n".join(lines) + "\n"
 
 

@@ -15,6 +15,7 @@ from gateway_plugin.outcome_listener import OutcomeListener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
+from gateway_plugin.routing.fast_path import FastPathBook
 from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
@@ -52,6 +53,7 @@ class RunnerApp:
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
+        self.fast_path = FastPathBook(self.state)
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
         self.outcome_listener: OutcomeListener | None = None
@@ -104,7 +106,11 @@ class RunnerApp:
         deliver = functools.partial(outcomes.apply, self.state)
         try:
             listener = OutcomeListener(
-                config.outcomes.listen, outcomes.auth_header(token), asyncio.get_running_loop(), deliver
+                config.outcomes.listen,
+                outcomes.auth_header(token),
+                asyncio.get_running_loop(),
+                deliver,
+                self.fast_path.exchange,
             )
         except OSError as exc:
             log.error("cannot serve outcomes on %s: %s", config.outcomes.listen, exc)

@@ -1,13 +1,15 @@
-"""The runner's outcome endpoint: where the route's ``http-logger`` posts what happened.
+"""The runner's outcome endpoint: where the route's ``http-logger`` (or the fast path's ``spillway``
+Lua plugin) posts what happened, and where the fast path fetches its decision table.
 
 A small threaded HTTP server on loopback; each accepted batch is handed to the event loop, which
-alone writes the gateway's state. Only APISIX may post (``Authorization`` derived from the route
-token); bodies, batches and reads are bounded.
+alone writes the gateway's state, and each table is built there too. Only APISIX may post
+(``Authorization`` derived from the route token); bodies, batches and reads are bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import json
 import logging
@@ -17,13 +19,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from pydantic import ValidationError
 
+from gateway_plugin.routing.fast_path import FastPathReport
 from gateway_plugin.routing.outcomes import Outcome, parse_batch
 
 log = logging.getLogger("spillway.outcomes")
 
 PATH = "/spillway/outcomes"
+TABLE_PATH = "/spillway/table"
 MAX_BODY_BYTES = 8 << 20
+MAX_REPORT_BYTES = 256 << 10
 READ_TIMEOUT_S = 10.0
+TABLE_TIMEOUT_S = 2.0
+# Builds the fast path's decision table from a node's report; runs on the event loop.
+TableSource = Callable[[FastPathReport], bytes]
 
 
 class OutcomeListener:
@@ -35,9 +43,10 @@ class OutcomeListener:
         auth: str,
         loop: asyncio.AbstractEventLoop,
         deliver: Callable[[list[Outcome]], None],
+        table: TableSource | None = None,
     ) -> None:
         host, _, port = listen.rpartition(":")
-        handler = _handler(auth, loop, deliver)
+        handler = _handler(auth, loop, deliver, table)
         self._server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
         self._server.daemon_threads = True
         self.port: int = self._server.server_address[1]
@@ -51,37 +60,74 @@ class OutcomeListener:
         self._server.server_close()
 
 
+def _on_loop(loop: asyncio.AbstractEventLoop, build: TableSource, report: FastPathReport) -> bytes:
+    """Run ``build`` on the loop (which owns the state) and wait for its answer, bounded."""
+    done: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(build(report))
+        except Exception as exc:  # handed to the waiting thread, which answers 500
+            done.set_exception(exc)
+
+    loop.call_soon_threadsafe(run)
+    return done.result(timeout=TABLE_TIMEOUT_S)
+
+
 def _handler(
-    auth: str, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Outcome]], None]
+    auth: str,
+    loop: asyncio.AbstractEventLoop,
+    deliver: Callable[[list[Outcome]], None],
+    table: TableSource | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
-            if self.path.partition("?")[0] != PATH:  # http-logger may add an empty query
-                self._answer(404, f"no such path; outcomes are posted to {PATH}")
+            path = self.path.partition("?")[0]  # http-logger may add an empty query
+            if path not in (PATH, TABLE_PATH) or (path == TABLE_PATH and table is None):
+                self._answer(404, f"no such path; outcomes are posted to {PATH}, tables fetched at {TABLE_PATH}")
                 return
             given = self.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode("latin-1", "replace"), auth.encode()):
                 self._answer(401, "wrong or missing Authorization (the route's http-logger auth_header)")
                 return
+            limit = MAX_BODY_BYTES if path == PATH else MAX_REPORT_BYTES
             length = self.headers.get("content-length", "")
-            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-                self._answer(
-                    413 if length.isdigit() else 411, f"a Content-Length up to {MAX_BODY_BYTES} bytes"
-                )
+            if not length.isdigit() or int(length) > limit:
+                self._answer(413 if length.isdigit() else 411, f"a Content-Length up to {limit} bytes")
+                return
+            body = self.rfile.read(int(length))
+            if path == TABLE_PATH and table is not None:
+                self._table(table, body)
                 return
             try:
-                entries = parse_batch(self.rfile.read(int(length)))
+                entries = parse_batch(body)
             except (ValidationError, ValueError) as exc:
                 self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
                 return
             loop.call_soon_threadsafe(deliver, entries)
             self._answer(204, "")
 
+        def _table(self, build: TableSource, body: bytes) -> None:
+            try:
+                report = FastPathReport.model_validate_json(body)
+            except ValidationError as exc:
+                self._answer(400, f"not a fast-path report: {str(exc)[:300]}")
+                return
+            try:
+                answer = _on_loop(loop, build, report)
+            except Exception as exc:
+                log.error("decision table not built: %s", exc)
+                self._answer(500, "the decision table could not be built; see the runner's log")
+                return
+            self._send(200, answer)
+
         def _answer(self, status: int, message: str) -> None:
-            body = json.dumps({"error": message}).encode() if message else b""
+            self._send(status, json.dumps({"error": message}).encode() if message else b"")
+
+        def _send(self, status: int, body: bytes) -> None:
             self.send_response(status)
             if body:
                 self.send_header("content-type", "application/json")

@@ -146,6 +146,23 @@ def spillway_route(config: dict[str, Any]) -> dict[str, Any]:
     return yaml.safe_load(standalone_yaml(made))["routes"][0]  # type: ignore[no-any-return]
 
 
+def fast_path_settings(
+    config: dict[str, Any], tmp: Path, port: int, routes: list[dict[str, Any]], **settings: Any
+) -> apisix.ApisixSettings:
+    """APISIX with the ``spillway`` Lua plugin loaded as config_snippet says, the given routes, and
+    the runner as its ext-plugin.cmd (it serves the decision table)."""
+    from gateway_plugin.apisix_fast_route import config_snippet
+
+    snippet = config_snippet(SpillwayConfig.model_validate(config))
+    defaults: dict[str, Any] = {
+        "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
+        "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
+        "plugin_attr": {"spillway": {**snippet["plugin_attr"]["spillway"], **settings.pop("attr", {})}},
+        "plugins": [*example_plugins(), "spillway"],
+    }
+    return apisix_settings(config, tmp, port, routes=routes, **{**defaults, **settings})
+
+
 def apisix_settings(
     config: dict[str, Any], tmp: Path, port: int, routes: list[dict[str, Any]] | None = None, **settings: Any
 ) -> apisix.ApisixSettings:

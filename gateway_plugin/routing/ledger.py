@@ -149,6 +149,9 @@ class TenantBooks:
     def get(self, tenant: str) -> TenantBook | None:
         return self._books.get(tenant)
 
+    def items(self) -> list[tuple[str, TenantBook]]:
+        return list(self._books.items())
+
     def book(self, tenant: str) -> TenantBook:
         """The tenant's book, created on first use; marks it as the most recently seen."""
         book = self._books.get(tenant)

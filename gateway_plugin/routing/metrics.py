@@ -58,6 +58,16 @@ class RunnerMetrics:
         self.invoke_failures = Counter(
             "spillway_invoke_failures", "Failed invocations per target.", ["target"], registry=r
         )
+        self.fast_path_fail_safe = Counter(
+            "spillway_fast_path_fail_safe",
+            "Fast-path decisions made without a usable table (stale, missing or malformed): local or shed.",
+            registry=r,
+        )
+        self.fast_path_dropped = Counter(
+            "spillway_fast_path_outcomes_dropped",
+            "Outcomes the fast path dropped because its buffer was full.",
+            registry=r,
+        )
 
     def decided(self, target: str, reason: str) -> None:
         key = (target, reason)

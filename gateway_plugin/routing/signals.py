@@ -144,6 +144,16 @@ class LoadTracker:
         if entry is not overall:
             overall.sent += 1
 
+    def sent_local_many(self, model: str | None, count: int) -> None:
+        """``count`` requests sent local at once (the fast path reports them in batches)."""
+        if count <= 0:
+            return
+        entry = self._entry(model)
+        entry.sent += count
+        overall = self._models[ALL_MODELS]
+        if entry is not overall:
+            overall.sent += count
+
     def answered_local(self, model: str | None, ms: float, weight: float = 0.2) -> None:
         """The gateway saw the cluster answer in ``ms``: a moving average, per model and overall."""
         now = self.clock()

@@ -1,0 +1,62 @@
+"""The fast path's APISIX side: where the ``spillway`` Lua plugin lives, and its route.
+
+Same traffic-split rules as the ext-plugin route (``apisix_route``), the same route-level
+overrides, but the decision is made by the Lua plugin from the runner's decision table and the
+plugin reports outcomes itself (no ext-plugin-pre-req, no http-logger).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gateway_plugin.apisix_route import RouteError, route
+from gateway_plugin.config import SpillwayConfig
+
+LUA_DIR = Path(__file__).resolve().parent / "apisix_lua"
+SHARED_DICT = "spillway"
+
+
+def lua_path() -> Path:
+    """The directory to name in ``apisix.extra_lua_path`` (``<dir>/?.lua``): it holds
+    ``apisix/plugins/spillway.lua``."""
+    return LUA_DIR
+
+
+def fast_route(
+    config: SpillwayConfig,
+    token: bytes,
+    route_id: str = "spillway-fast",
+    uri: str = "/v2/*",
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The route object for the fast path; invoke-mode targets are refused (the fast path only
+    sets a header for traffic-split: invoke mode stays on the ext-plugin route)."""
+    invoke = sorted(t.name for t in config.targets if t.mode == "invoke")
+    if invoke:
+        raise RouteError(
+            f"targets {invoke} are in invoke mode, which the fast path does not serve: use the "
+            "ext-plugin route (apisix-route without --fast-path) for them"
+        )
+    made = route(config, token, route_id, uri)
+    plugins = {"spillway": dict(overrides or {})}
+    if "traffic-split" in made["plugins"]:
+        plugins["traffic-split"] = made["plugins"]["traffic-split"]
+    return {**made, "name": "triton-with-spillway-fast-path", "plugins": plugins}
+
+
+def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
+    """What APISIX's config.yaml needs for the plugin: its path, its shared dict, where the runner
+    serves its table (``outcomes.listen``) and the route token's variable."""
+    if not config.outcomes.listen:
+        raise RouteError("outcomes.listen is null: the fast path fetches its table from that endpoint")
+    return {
+        "apisix": {"extra_lua_path": f"{lua_path()}/?.lua"},
+        "nginx_config": {
+            "envs": [config.runner.route_token_env],
+            "http": {"custom_lua_shared_dict": {SHARED_DICT: "10m"}},
+        },
+        "plugin_attr": {
+            "spillway": {"runner": config.outcomes.listen, "token_env": config.runner.route_token_env}
+        },
+    }

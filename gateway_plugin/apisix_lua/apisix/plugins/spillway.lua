@@ -1,0 +1,413 @@
+-- spillway: Spillway's routing decision made inside APISIX (the fast path).
+--
+-- The runner (still APISIX's ext-plugin.cmd) is the brain: it compiles the policy and everything
+-- load-aware into a decision table, which one worker fetches every fetch_interval_s into the
+-- "spillway" shared dict. Per request this plugin does only what must be per request: residency,
+-- rules, the model, the table lookup, in-flight counts against caps and spend against budgets
+-- (shared-dict counters), then X-Spillway-Target (the MAC'd value traffic-split matches), the
+-- signature when the target wants one, and X-Spillway-Decision on the answer. Outcomes go back
+-- to the runner in batches from the log phase. A table older than stale_after_s, missing or
+-- malformed makes every request local (shed when the last good table said local is saturated):
+-- never a cloud decision from stale data.
+
+local core = require("apisix.core")
+local plugin = require("apisix.plugin")
+local http = require("resty.http")
+local cjson = require("cjson.safe")
+local hmac = require("resty.hmac")
+local decide = require("apisix.plugins.spillway.decide")
+local table_mod = require("apisix.plugins.spillway.table")
+local sign = require("apisix.plugins.spillway.sign")
+
+local ngx = ngx
+local ngx_now = ngx.now
+local pairs, type, tostring = pairs, type, tostring
+
+local plugin_name = "spillway"
+local DICT = "spillway"
+local TARGET_HEADER = "X-Spillway-Target"
+local SIGNATURE_HEADER = "X-Spillway-Signature"
+local FAIL_SAFE = "table_stale"
+local LOG_EVERY_S = 10
+
+local schema = {
+    type = "object",
+    properties = {
+        targets = { type = "array", items = { type = "string", pattern = "^[a-z][a-z0-9_-]{0,31}$" },
+                    description = "this route's overflow chain" },
+        rules = { type = "array", items = { type = "string", minLength = 1 },
+                  description = "names of the global rules that apply here" },
+        latency_target_ms = { type = "number", exclusiveMinimum = 0 },
+        on_prem_only = { type = "boolean", default = false,
+                         description = "nothing on this route may leave the premises" },
+    },
+    additionalProperties = false,
+}
+
+local attr_schema = {
+    type = "object",
+    properties = {
+        runner = { type = "string", default = "127.0.0.1:9092",
+                   description = "host:port of the runner's outcome endpoint (outcomes.listen)" },
+        token_env = { type = "string", default = "SPILLWAY_ROUTE_TOKEN" },
+        fetch_interval_s = { type = "number", minimum = 0.01, maximum = 1, default = 0.05 },
+        stale_after_s = { type = "number", exclusiveMinimum = 0, default = 1 },
+        timeout_s = { type = "number", exclusiveMinimum = 0, default = 0.5 },
+        batch_s = { type = "number", minimum = 0.05, maximum = 60, default = 0.2 },
+        max_buffer = { type = "integer", minimum = 1, default = 10000 },
+    },
+}
+
+local _M = {
+    version = 0.1,
+    priority = 12005,
+    name = plugin_name,
+    schema = schema,
+}
+
+-- This worker's view: the table as last compiled, route policies per conf, outcomes to send.
+local worker = {
+    attr = nil, auth = nil, tbl = nil, version = nil, policies = setmetatable({}, { __mode = "k" }),
+    buffer = {}, keys = {}, logged = {}, fetching = false, flushing = false,
+}
+
+local function dict()
+    return ngx.shared[DICT]
+end
+
+local function log_sometimes(kind, ...)
+    local now = ngx_now()
+    if (worker.logged[kind] or 0) + LOG_EVERY_S <= now then
+        worker.logged[kind] = now
+        core.log.warn(...)
+    end
+end
+
+function _M.check_schema(conf)
+    return core.schema.check(schema, conf)
+end
+
+-- The table as this worker last compiled it, re-read when the fetching worker stored a new one.
+local function current()
+    local version = dict():get("version")
+    if version and version ~= worker.version then
+        worker.version = version
+        local tbl, err = table_mod.parse(dict():get("table"))
+        if tbl then
+            worker.tbl = tbl
+            worker.policies = setmetatable({}, { __mode = "k" })
+        else
+            log_sometimes("parse", "spillway: stored decision table unusable: ", err)
+        end
+    end
+    return worker.tbl
+end
+_M.current = current
+
+local function route_policy(tbl, conf)
+    local p = worker.policies[conf]
+    if p == nil then
+        p = decide.route_policy(tbl, conf)
+        worker.policies[conf] = p
+    end
+    return p
+end
+
+-- Live counters read from the shared dict: what this node has in flight and has spent.
+local live = {}
+function live.in_flight(_, name)
+    return dict():get("if:" .. name) or 0
+end
+function live.spent(_, name)
+    return (dict():get("sp:" .. name) or 0) - worker.tbl.targets[name].spent_mark
+end
+function live.tenant_in_flight(_, tenant)
+    return dict():get("tif:" .. tenant) or 0
+end
+function live.probe_allowed(_, name, spec)
+    return spec.probe_allowed and dict():get("pr:" .. name) == nil
+end
+
+local full = {}
+function full.in_flight() return math.huge end
+full.spent, full.tenant_in_flight, full.probe_allowed = live.spent, live.tenant_in_flight, live.probe_allowed
+
+local function within(spend, limit)
+    return limit == nil or spend <= limit
+end
+
+-- Take the decision's place under the cap, the budget and the half-open probe, atomically across
+-- workers; false (and nothing taken) when another worker got there first.
+local function reserve(d, spec)
+    local d_ = dict()
+    local key = "if:" .. d.target
+    if d_:incr(key, 1, 0) > spec.cap then
+        d_:incr(key, -1)
+        return false
+    end
+    local spent = d_:incr("sp:" .. d.target, d.cost_usd, 0) - spec.spent_mark
+    local probe_ok = spec.breaker ~= "half_open" or d_:add("pr:" .. d.target, true, 1)
+    if within(spec.spent_hour_usd + spent, spec.hourly_usd)
+        and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
+        return true
+    end
+    d_:incr(key, -1)
+    d_:incr("sp:" .. d.target, -d.cost_usd)
+    return false
+end
+
+local function decide_and_reserve(f, tbl, policy)
+    for _ = 1, 4 do
+        local d = decide.decide(f, tbl, policy, live)
+        if d.target == decide.LOCAL or d.target == decide.SHED or reserve(d, tbl.targets[d.target]) then
+            return d
+        end
+    end
+    return decide.decide(f, tbl, policy, full)
+end
+
+local function fail_safe(tbl, f, conf)
+    dict():incr("failsafe", 1, 0)
+    local attr = worker.attr
+    if tbl == nil then
+        log_sometimes("stale", "spillway: no decision table from the runner at ", attr.runner,
+                      " yet; every request stays local until one arrives")
+        return { target = decide.LOCAL, reason = FAIL_SAFE, status = 0 }
+    end
+    log_sometimes("stale", "spillway: the decision table is ", ngx_now() - tbl.built_at,
+                  " s old (stale_after_s ", attr.stale_after_s, "); every request stays local ",
+                  "(shed while the last table said local is saturated) until the runner at ",
+                  attr.runner, " answers")
+    local policy = route_policy(tbl, conf)
+    local load = tbl["local"][f.model or ""] or tbl["local"][""] or decide.NO_LOAD
+    local tenant = f.headers[policy.tenant_header]
+    return decide.stay_local(load, policy, FAIL_SAFE, tenant ~= "" and tenant or nil, false)
+end
+
+local signing_keys = {}
+local function signing_key(env)
+    local key = signing_keys[env]
+    if key == nil then
+        key = os.getenv(env) or ""
+        signing_keys[env] = key
+    end
+    return key
+end
+
+local function to_cloud(ctx, spec)
+    core.request.set_header(ctx, TARGET_HEADER, spec.value)
+    core.request.set_header(ctx, "Authorization", nil)
+    local key = spec.key_env and signing_key(spec.key_env) or ""
+    if key == "" then
+        core.request.set_header(ctx, SIGNATURE_HEADER, nil)
+        return
+    end
+    local target = sign.canonical_target(ctx.var.uri, core.request.get_uri_args(ctx))
+    local body = nil
+    if spec.sign_body then
+        body = core.request.get_body() or ""
+    end
+    core.request.set_header(ctx, SIGNATURE_HEADER,
+                            sign.header(key, ngx.req.get_method(), target, body, ngx.time()))
+end
+
+-- What the runner learns of this request: counted now, reported from the log phase.
+local function account(ctx, d, f, tbl, policy)
+    local d_ = dict()
+    local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
+    local seen = { target = d.target, label = decide.label(d), tenant = d.tenant, cost = d.cost_usd }
+    if d.target == decide.LOCAL then
+        d_:incr("ls:" .. model_key, 1, 0)
+    elseif d.target ~= decide.SHED then
+        seen.cloud = true
+    end
+    if tbl and policy and d.reason ~= FAIL_SAFE then
+        local load = tbl["local"][model_key] or decide.NO_LOAD
+        if (d.overflowing or false) ~= load.overflowing then
+            d_:set("hot:" .. model_key, d.overflowing or false)
+        end
+        if d.tenant and d.target ~= decide.SHED and decide.quota_limits(policy, d.tenant) then
+            d_:incr("tif:" .. d.tenant, 1, 0)
+            seen.tenant_counted = true
+        end
+    end
+    ctx.spillway = seen
+end
+
+function _M.rewrite(conf, ctx)
+    local tbl = current()
+    local f = decide.features(ctx.var.uri, core.request.headers(ctx), core.request.get_uri_args(ctx),
+                              sign.normalise_path)
+    local d, policy
+    if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
+        d = fail_safe(tbl, f, conf)
+    else
+        policy = route_policy(tbl, conf)
+        d = decide_and_reserve(f, tbl, policy)
+    end
+    account(ctx, d, f, tbl, policy)
+    if d.target == decide.SHED then
+        core.response.set_header("Retry-After", tostring(d.retry_after_s))
+        return d.status, { error = "overloaded (" .. ctx.spillway.label .. "); retry after "
+                                   .. d.retry_after_s .. " s" }
+    end
+    if d.target == decide.LOCAL then
+        core.request.set_header(ctx, TARGET_HEADER, decide.LOCAL)
+        core.request.set_header(ctx, SIGNATURE_HEADER, nil)
+        return
+    end
+    local spec = tbl.targets[d.target]
+    ctx.spillway.value = spec.value
+    to_cloud(ctx, spec)
+end
+
+function _M.header_filter(conf, ctx)
+    local seen = ctx.spillway
+    if seen and (worker.tbl == nil or worker.tbl.decision_header ~= false) then
+        ngx.header["X-Spillway-Decision"] = seen.target .. ";" .. seen.label
+    end
+end
+
+function _M.log(conf, ctx)
+    local seen = ctx.spillway
+    if not seen then
+        return
+    end
+    local d_ = dict()
+    if seen.cloud then
+        d_:incr("if:" .. seen.target, -1, 0)
+    end
+    if seen.tenant_counted then
+        d_:incr("tif:" .. seen.tenant, -1, 0)
+    end
+    local buffer = worker.buffer
+    if #buffer >= worker.attr.max_buffer then
+        d_:incr("dropped", 1, 0)
+        return
+    end
+    local var = ctx.var
+    buffer[#buffer + 1] = {
+        target = seen.value or seen.target,
+        status = ngx.status,
+        upstream_status = var.upstream_status,
+        upstream_s = var.upstream_response_time,
+        request_s = var.request_time,
+        instance = ngx.var.upstream_http_x_spillway_instance,
+        cold = ngx.var.upstream_http_x_spillway_cold,
+        tenant = seen.tenant,
+        uri = var.uri,
+        decision = seen.target .. ";" .. seen.label,
+        cost_usd = seen.cost,
+    }
+end
+
+local function post(path, body)
+    local httpc = http.new()
+    httpc:set_timeout(worker.attr.timeout_s * 1000)
+    return httpc:request_uri("http://" .. worker.attr.runner .. path, {
+        method = "POST", body = body, keepalive_timeout = 60000, keepalive_pool = 4,
+        headers = { ["Authorization"] = worker.auth, ["Content-Type"] = "application/json" },
+    })
+end
+
+local function counters(prefix, names)
+    local out = {}
+    for name in pairs(names) do
+        local v = dict():get(prefix .. name)
+        if v ~= nil then
+            out[name] = v
+        end
+    end
+    return out
+end
+
+local function report()
+    local tbl = worker.tbl
+    local targets, models = tbl and tbl.targets or {}, tbl and tbl["local"] or {}
+    local d_ = dict()
+    return cjson.encode({
+        node = d_:get("node"),
+        spent = counters("sp:", targets),
+        local_sent = counters("ls:", models),
+        hot = counters("hot:", models),
+        fail_safe = d_:get("failsafe") or 0,
+        dropped = d_:get("dropped") or 0,
+    })
+end
+
+local function fetch(premature)
+    if premature or worker.fetching then
+        return
+    end
+    worker.fetching = true
+    current()
+    local res, err = post("/spillway/table", report())
+    worker.fetching = false
+    if not res or res.status ~= 200 then
+        log_sometimes("fetch", "spillway: decision table not fetched from ", worker.attr.runner, ": ",
+                      err or ("status " .. res.status .. " " .. tostring(res.body)))
+        return
+    end
+    local tbl, problem = table_mod.parse(res.body)
+    if not tbl then
+        dict():incr("malformed", 1, 0)
+        log_sometimes("malformed", "spillway: the runner's decision table is refused (", problem,
+                      "); the last good one stays until it is stale")
+        return
+    end
+    dict():set("table", res.body)
+    dict():incr("version", 1, 0)
+end
+
+local function flush(premature)
+    if worker.flushing or #worker.buffer == 0 then
+        return
+    end
+    worker.flushing = true
+    local batch = worker.buffer
+    worker.buffer = {}
+    local res, err = post("/spillway/outcomes", cjson.encode(batch))
+    worker.flushing = false
+    if not res or res.status >= 300 then
+        dict():incr("dropped", #batch, 0)
+        log_sometimes("flush", "spillway: ", #batch, " outcomes not delivered to ", worker.attr.runner,
+                      ": ", err or ("status " .. res.status))
+    end
+end
+
+local started = false
+
+function _M.init()
+    local attr = core.table.deepcopy(plugin.plugin_attr(plugin_name) or {})
+    local ok, err = core.schema.check(attr_schema, attr)
+    if not ok then
+        core.log.error("spillway: plugin_attr.spillway is invalid: ", err)
+        return
+    end
+    worker.attr = attr
+    local token = os.getenv(attr.token_env) or ""
+    if #token < 16 then
+        core.log.error("spillway: ", attr.token_env, " must hold the route token (at least 16 ",
+                       "characters; nginx_config.envs must name it); without it no table is fetched ",
+                       "and every request stays local")
+    end
+    local mac = hmac:new(token, hmac.ALGOS.SHA256):final("spillway-outcomes", true)
+    worker.auth = "Spillway " .. mac:sub(1, 32)
+    if ngx.shared[DICT] == nil then
+        core.log.error("spillway: no lua_shared_dict named ", DICT, "; add ",
+                       "nginx_config.http.custom_lua_shared_dict: {spillway: 10m} to config.yaml")
+        return
+    end
+    dict():add("node", ngx.worker.pid() .. "-" .. ngx.now())
+    if started or ngx.get_phase() ~= "init_worker" then
+        return
+    end
+    started = true
+    if ngx.worker.id() == 0 then
+        ngx.timer.every(attr.fetch_interval_s, fetch)
+        ngx.timer.at(0, fetch)
+    end
+    ngx.timer.every(attr.batch_s, flush)
+end
+
+return _M

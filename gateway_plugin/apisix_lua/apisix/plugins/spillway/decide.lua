@@ -1,0 +1,322 @@
+-- Where each request goes, decided inside APISIX: gateway_plugin/routing/policy.py's decide(), in Lua.
+--
+-- A pure function of the request's features, the runner's decision table, the route's policy
+-- and the live counters (in-flight requests and spend since the table was made). It reads no
+-- clock and does no I/O, so the equivalence test can run it on any case the Python policy runs.
+-- Every step mirrors policy.py and keeps its order: residency, tenant quota, rules, overflow,
+-- cold starts, targets, and local or shed when nothing is eligible.
+
+local re_find = ngx.re.find
+local str_lower = string.lower
+local str_gsub = string.gsub
+local pairs, ipairs, type = pairs, ipairs, type
+
+local _M = {}
+
+local LOCAL, SHED = "local", "shed"
+_M.LOCAL, _M.SHED = LOCAL, SHED
+local NO_LOAD = { fresh = false, latency_ms = 0, compute_ms = 0, overflowing = false }
+local NO_TARGET_STATE = { breaker = "closed", probe_allowed = false, warm = 0,
+                          spent_hour_usd = 0, spent_day_usd = 0 }
+local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd = 0 }
+local NO_QUOTA = {}
+
+-- Python's str.strip(): ASCII whitespace including the four separators \x1c-\x1f.
+local function strip(s)
+    return (str_gsub(str_gsub(s, "^[ \t\n\r\v\f\28-\31]+", ""), "[ \t\n\r\v\f\28-\31]+$", ""))
+end
+
+local function full_match(pattern, subject)
+    return re_find(subject, "\\A(?:" .. pattern .. ")\\z", "jo") ~= nil
+end
+_M.full_match = full_match
+
+local function rule_matches(rule, f)
+    if rule.models_set and not (f.model and rule.models_set[f.model]) then
+        return false
+    end
+    if rule.uri and not re_find(f.path, rule.uri, "jo") then
+        return false
+    end
+    for _, h in ipairs(rule.headers) do
+        if not full_match(h[2], f.headers[h[1]] or "") then
+            return false
+        end
+    end
+    for _, a in ipairs(rule.args) do
+        if not full_match(a[2], f.args[a[1]] or "") then
+            return false
+        end
+    end
+    return true
+end
+
+local function may_leave(f, policy)
+    local label = f.headers[policy.classification_header]
+    if label == nil or strip(label) == "" then
+        return policy.unclassified_may_leave
+    end
+    return policy.cloud_allowed_set[str_lower(strip(label))] == true
+end
+_M.may_leave = may_leave
+
+local function overflowing(load, target_ms, policy)
+    local latency = load.latency_ms
+    if latency > target_ms * policy.enter_ratio then
+        return true
+    end
+    if latency < target_ms * policy.exit_ratio then
+        return false
+    end
+    return load.overflowing
+end
+
+local function decision(target, reason, extra)
+    local d = extra or {}
+    d.target, d.reason = target, reason
+    d.status = d.status or 0
+    return d
+end
+
+local function stay_local(load, policy, reason, tenant, hot, residency_kept)
+    if load.fresh then
+        local latency = load.latency_ms
+        if latency - load.compute_ms > policy.max_queue_ms
+            or latency > policy.latency_target_ms * policy.saturation_ratio then
+            return decision(SHED, reason, { status = 503, retry_after_s = policy.retry_after_s,
+                residency_kept = residency_kept, overflowing = hot, tenant = tenant,
+                local_saturated = true })
+        end
+    end
+    return decision(LOCAL, reason, { residency_kept = residency_kept, overflowing = hot,
+                                      tenant = tenant })
+end
+_M.stay_local = stay_local
+
+local function quota_of(policy, tenant)
+    if tenant == nil then
+        return NO_QUOTA
+    end
+    return policy.quotas[tenant] or policy.default_quota
+end
+
+local function over_quota(tenant, tbl, policy, live)
+    if tenant == nil then
+        return nil
+    end
+    local quota = quota_of(policy, tenant)
+    local state = tbl.tenants[tenant] or NO_TENANT
+    local rpm = quota.requests_per_minute
+    if rpm and state.requests_last_minute >= rpm then
+        return decision(SHED, "tenant_rate", { status = 429, retry_after_s = 60, tenant = tenant })
+    end
+    if quota.concurrency and live:tenant_in_flight(tenant) >= quota.concurrency then
+        return decision(SHED, "tenant_concurrency",
+                        { status = 429, retry_after_s = policy.retry_after_s, tenant = tenant })
+    end
+    return nil
+end
+
+local function within(spend, limit)
+    return limit == nil or spend <= limit
+end
+
+local function tenant_budget_allows(tenant, cost, tbl, policy)
+    if tenant == nil then
+        return true
+    end
+    local quota = quota_of(policy, tenant)
+    local state = tbl.tenants[tenant] or NO_TENANT
+    return within(state.spent_hour_usd + cost, quota.hourly_usd)
+        and within(state.spent_day_usd + cost, quota.daily_usd)
+end
+
+local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live)
+    local first, first_warm
+    for _, name in ipairs(chain) do
+        local spec = tbl.targets[name]
+        if spec and not spec.invoke then
+            local breaker = spec.breaker or NO_TARGET_STATE.breaker
+            local blocked = breaker == "open"
+                or (breaker == "half_open" and not live:probe_allowed(name, spec))
+            local in_flight = live:in_flight(name)
+            if not blocked and in_flight < spec.cap then
+                local warm = (spec.warm or 0) > in_flight
+                if warm or local_wait_ms >= spec.cold_start_ms then
+                    local cost = warm and spec.cost_usd or spec.cold_cost_usd
+                    local extra = live:spent(name)
+                    if within(spec.spent_hour_usd + extra + cost, spec.hourly_usd)
+                        and within(spec.spent_day_usd + extra + cost, spec.daily_usd)
+                        and tenant_budget_allows(tenant, cost, tbl, policy) then
+                        if warm then
+                            return name, "overflow_warm", cost
+                        end
+                        if not first then
+                            first, first_warm = name, cost
+                        end
+                    end
+                end
+            end
+        end
+    end
+    if first then
+        return first, "overflow_cold", first_warm
+    end
+    return nil
+end
+
+-- f: {path, headers (lower-case names, string values), args (string values), model}
+-- tbl: the decision table (compiled by the table module); policy: the route's policy;
+-- live: in_flight(name), spent(name), tenant_in_flight(tenant), probe_allowed(name, spec).
+function _M.decide(f, tbl, policy, live)
+    local tenant = f.headers[policy.tenant_header]
+    if tenant == "" then
+        tenant = nil
+    end
+    local shed = over_quota(tenant, tbl, policy, live)
+    if shed then
+        return shed
+    end
+    local rule
+    for _, r in ipairs(policy.rules) do
+        if rule_matches(r, f) then
+            rule = r
+            break
+        end
+    end
+    local action = rule and rule.action or "overflow"
+    local chain = (rule and #rule.targets > 0) and rule.targets or policy.default_chain
+    local rule_name = rule and rule.name
+    local model_key = f.model or ""
+    local load = tbl["local"][model_key] or tbl["local"][""] or NO_LOAD
+    local target_ms = policy.model_targets_ms[model_key] or policy.latency_target_ms
+    local hot = false
+    if load.fresh then
+        hot = overflowing(load, target_ms, policy)
+    end
+    if action == "shed" then
+        return decision(SHED, "rule", { status = 503, retry_after_s = policy.retry_after_s,
+                                         tenant = tenant, rule = rule_name })
+    end
+    local wants_out = #chain > 0 and (action == "target" or (action == "overflow" and hot))
+    if not may_leave(f, policy) then
+        if wants_out then
+            return stay_local(load, policy, "residency", tenant, hot, true)
+        end
+        return decision(LOCAL, load.fresh and "local_ok" or "signals_missing",
+                        { overflowing = hot, tenant = tenant })
+    end
+    if action == "local" then
+        return decision(LOCAL, "rule", { overflowing = hot, tenant = tenant, rule = rule_name })
+    end
+    if action == "overflow" and not load.fresh then
+        return decision(LOCAL, "signals_missing", { tenant = tenant })
+    end
+    if not wants_out then
+        return decision(LOCAL, "local_ok", { tenant = tenant })
+    end
+    local local_wait = math.huge
+    if action == "overflow" then
+        local_wait = load.latency_ms - load.compute_ms
+    end
+    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live)
+    if name then
+        return decision(name, reason, { overflowing = hot, cost_usd = cost, tenant = tenant })
+    end
+    return stay_local(load, policy, "no_target", tenant, hot)
+end
+
+-- What operators see in X-Spillway-Decision after the target: rule:<name>, +local_saturated.
+function _M.label(d)
+    local base = d.reason == "rule" and ("rule:" .. d.rule) or d.reason
+    if d.local_saturated then
+        return base .. "+local_saturated"
+    end
+    return base
+end
+
+-- The route's overrides over the table's policy, as routing/spillway.py's _route_policy.
+function _M.route_policy(tbl, conf)
+    local base = tbl.policy
+    local p = setmetatable({}, { __index = base })
+    if conf.latency_target_ms then
+        p.latency_target_ms = conf.latency_target_ms
+    end
+    if conf.targets then
+        local chain = {}
+        for _, name in ipairs(conf.targets) do
+            if tbl.targets[name] then
+                chain[#chain + 1] = name
+            end
+        end
+        p.default_chain = chain
+    end
+    if conf.rules then
+        local wanted, rules = {}, {}
+        for _, name in ipairs(conf.rules) do
+            wanted[name] = true
+        end
+        for _, r in ipairs(base.rules) do
+            if wanted[r.name] then
+                rules[#rules + 1] = r
+            end
+        end
+        p.rules = rules
+    end
+    if conf.on_prem_only then
+        p.cloud_allowed_set = {}
+        p.unclassified_may_leave = false
+    end
+    return p
+end
+
+-- A request's features as the runner builds them (routing/spillway.py): the normalised path,
+-- the model from it, headers with repeated ones joined by ", ", arguments (the last value of a
+-- repeated one; none without "=" reads "").
+local function join_values(raw)
+    return setmetatable({}, { __index = function(_, name)
+        local v = raw[name]
+        if type(v) == "table" then
+            return table.concat(v, ", ")
+        end
+        return v
+    end })
+end
+
+local function last_values(raw)
+    return setmetatable({}, { __index = function(_, name)
+        local v = raw[name]
+        if type(v) == "table" then
+            v = v[#v]
+        end
+        if v == true then
+            return ""
+        end
+        return v
+    end })
+end
+
+local function needs_normalising(path)
+    return path:sub(1, 1) ~= "/" or path:find("%", 1, true) or path:find("//", 1, true)
+        or path:find("/.", 1, true) or (path ~= "/" and path:sub(-1) == "/")
+end
+
+function _M.features(uri, raw_headers, raw_args, normalise)
+    local path = uri
+    if needs_normalising(path) then
+        path = normalise(path)
+    end
+    return {
+        path = path,
+        model = path:match("^/v2/models/([^/]+)"),
+        headers = join_values(raw_headers),
+        args = last_values(raw_args),
+    }
+end
+
+function _M.quota_limits(policy, tenant)
+    return next(quota_of(policy, tenant)) ~= nil
+end
+
+_M.NO_LOAD = NO_LOAD
+return _M

@@ -1,0 +1,108 @@
+-- X-Spillway-Signature in Lua: functions/signature.py's sign() and canonical_target().
+--
+-- v1 = hex HMAC-SHA256(key, t \n nonce \n METHOD \n canonical target \n body digest), where the
+-- canonical target is nginx's decoded path (normalised when it is not plain) and the decoded
+-- arguments sorted, every byte outside the unreserved set percent-encoded.
+
+local hmac = require("resty.hmac")
+local resty_sha256 = require("resty.sha256")
+local resty_random = require("resty.random")
+local to_hex = require("resty.string").to_hex
+local str_byte, str_format, str_gsub, str_char = string.byte, string.format, string.gsub, string.char
+local concat, sort = table.concat, table.sort
+local type, tonumber, ipairs, pairs = type, tonumber, ipairs, pairs
+
+local _M = { UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD" }
+
+local MAX_DECODE_ROUNDS = 4
+
+local function unquote(s)
+    return (str_gsub(s, "%%(%x%x)", function(h) return str_char(tonumber(h, 16)) end))
+end
+
+local function quote(s, keep_slash)
+    local pattern = keep_slash and "[^A-Za-z0-9_.~/-]" or "[^A-Za-z0-9_.~-]"
+    return (str_gsub(s, pattern, function(c) return str_format("%%%02X", str_byte(c)) end))
+end
+
+-- Percent-decoded to a fixed point, empty and dot segments resolved (functions.contract's
+-- normalise_path over bytes).
+local function path_bytes(path)
+    for _ = 1, MAX_DECODE_ROUNDS do
+        local decoded = unquote(path)
+        if decoded == path then
+            break
+        end
+        path = decoded
+    end
+    local segments = {}
+    for segment in (path .. "/"):gmatch("([^/]*)/") do
+        if segment == ".." then
+            if #segments > 0 then
+                segments[#segments] = nil
+            end
+        elseif segment ~= "" and segment ~= "." then
+            segments[#segments + 1] = segment
+        end
+    end
+    return "/" .. concat(segments, "/")
+end
+_M.normalise_path = path_bytes
+
+local function plain(path)
+    if path == "/" then
+        return true
+    end
+    -- (?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+
+    return ngx.re.find(path, [[\A(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+\z]], "jo") ~= nil
+end
+
+local function less(a, b)
+    if a[1] ~= b[1] then
+        return a[1] < b[1]
+    end
+    return a[2] < b[2]
+end
+
+-- path: nginx's decoded $uri; args: ngx.req.get_uri_args()'s table (value true: no '=').
+function _M.canonical_target(path, args)
+    local text = plain(path) and path or quote(path_bytes(path), true)
+    local pairs_list = {}
+    for k, v in pairs(args) do
+        local values = type(v) == "table" and v or { v }
+        for _, one in ipairs(values) do
+            local value = one == true and "" or one
+            pairs_list[#pairs_list + 1] = { (str_gsub(k, "%+", " ")), (str_gsub(value, "%+", " ")) }
+        end
+    end
+    if #pairs_list == 0 then
+        return text
+    end
+    sort(pairs_list, less)
+    local parts = {}
+    for i, kv in ipairs(pairs_list) do
+        parts[i] = quote(kv[1], false) .. "=" .. quote(kv[2], false)
+    end
+    return text .. "?" .. concat(parts, "&")
+end
+
+function _M.body_digest(body)
+    local h = resty_sha256:new()
+    h:update(body)
+    return to_hex(h:final())
+end
+
+function _M.mac(key, t, nonce, method, target, digest)
+    local h = hmac:new(key, hmac.ALGOS.SHA256)
+    return h:final(t .. "\n" .. nonce .. "\n" .. method:upper() .. "\n" .. target .. "\n" .. digest, true)
+end
+
+-- The header value; body nil signs UNSIGNED-PAYLOAD.
+function _M.header(key, method, target, body, now, nonce)
+    local t = tostring(math.floor(now))
+    local n = nonce or to_hex(resty_random.bytes(12))
+    local digest = body and _M.body_digest(body) or _M.UNSIGNED_PAYLOAD
+    return "t=" .. t .. ",n=" .. n .. ",v1=" .. _M.mac(key, t, n, method, target, digest)
+end
+
+return _M

@@ -1,0 +1,162 @@
+-- The runner's decision table: checked and compiled once per version, kept per worker.
+--
+-- One worker fetches it (POST with this node's counters, so the runner learns what the fast path
+-- spent and sent local) and stores the JSON in the shared dict; every worker compiles a new
+-- version the first time a request sees it. A table that does not decode, has the wrong shape,
+-- or carries a rule pattern PCRE cannot compile is refused: the last good one stays, ageing
+-- towards stale.
+
+local cjson = require("cjson.safe")
+local re_find = ngx.re.find
+local type, pairs, ipairs, tonumber = type, pairs, ipairs, tonumber
+
+local _M = { FORMAT = 1 }
+
+local ACTIONS = { ["local"] = true, overflow = true, target = true, shed = true }
+local BREAKERS = { closed = true, open = true, half_open = true }
+
+local function is_num(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
+local function is_str(v) return type(v) == "string" end
+local function is_bool(v) return type(v) == "boolean" end
+local function opt_num(v) return v == nil or is_num(v) end
+
+local function list_of(v, check)
+    if type(v) ~= "table" then
+        return false
+    end
+    for k, item in pairs(v) do
+        if type(k) ~= "number" or not check(item) then
+            return false
+        end
+    end
+    return true
+end
+
+local function map_of(v, check)
+    if type(v) ~= "table" then
+        return false
+    end
+    for k, item in pairs(v) do
+        if type(k) ~= "string" or not check(item) then
+            return false
+        end
+    end
+    return true
+end
+
+local function regex_ok(pattern, full)
+    if not is_str(pattern) then
+        return false
+    end
+    local p = full and ("\\A(?:" .. pattern .. ")\\z") or pattern
+    local _, _, err = re_find("", p, "jo")
+    return err == nil
+end
+
+local function pair_ok(full)
+    return function(p)
+        return type(p) == "table" and is_str(p[1]) and regex_ok(p[2], full)
+    end
+end
+
+local function quota_ok(q)
+    return type(q) == "table" and opt_num(q.requests_per_minute) and opt_num(q.concurrency)
+        and opt_num(q.hourly_usd) and opt_num(q.daily_usd)
+end
+
+local function rule_ok(r)
+    return type(r) == "table" and is_str(r.name) and ACTIONS[r.action]
+        and list_of(r.targets, is_str) and list_of(r.models, is_str)
+        and list_of(r.headers, pair_ok(true)) and list_of(r.args, pair_ok(true))
+        and (r.uri == nil or regex_ok(r.uri, false))
+end
+
+local function load_ok(l)
+    return type(l) == "table" and is_bool(l.fresh) and is_num(l.latency_ms)
+        and is_num(l.compute_ms) and is_bool(l.overflowing)
+end
+
+local function target_ok(t)
+    return type(t) == "table" and is_num(t.cap) and is_num(t.cold_start_ms) and is_num(t.cost_usd)
+        and is_num(t.cold_cost_usd) and BREAKERS[t.breaker] and is_bool(t.probe_allowed)
+        and is_num(t.warm) and is_num(t.spent_hour_usd) and is_num(t.spent_day_usd)
+        and is_num(t.spent_mark) and is_bool(t.invoke) and opt_num(t.hourly_usd)
+        and opt_num(t.daily_usd) and (t.invoke or is_str(t.value))
+        and (t.key_env == nil or is_str(t.key_env))
+end
+
+local function tenant_ok(t)
+    return type(t) == "table" and is_num(t.requests_last_minute) and is_num(t.spent_hour_usd)
+        and is_num(t.spent_day_usd)
+end
+
+local function policy_ok(p)
+    return type(p) == "table" and is_str(p.classification_header) and list_of(p.cloud_allowed, is_str)
+        and is_bool(p.unclassified_may_leave) and is_str(p.tenant_header)
+        and map_of(p.quotas, quota_ok) and quota_ok(p.default_quota)
+        and is_num(p.latency_target_ms) and map_of(p.model_targets_ms, is_num)
+        and is_num(p.max_queue_ms) and is_num(p.enter_ratio) and is_num(p.exit_ratio)
+        and is_num(p.saturation_ratio) and is_num(p.retry_after_s)
+        and list_of(p.default_chain, is_str) and list_of(p.rules, rule_ok)
+end
+
+-- Why a decoded table cannot be used (nil when it can).
+function _M.problem(t)
+    if type(t) ~= "table" then
+        return "not a JSON object"
+    end
+    if t.format ~= _M.FORMAT then
+        return "format " .. tostring(t.format) .. ", this plugin reads format " .. _M.FORMAT
+    end
+    if not is_num(t.version) or not is_num(t.built_at) or not is_bool(t.decision_header) then
+        return "version, built_at or decision_header missing"
+    end
+    if not policy_ok(t.policy) then
+        return "policy section malformed (or a rule pattern PCRE does not compile)"
+    end
+    if not map_of(t["local"], load_ok) then
+        return "local section malformed"
+    end
+    if not map_of(t.targets, target_ok) then
+        return "targets section malformed"
+    end
+    if not map_of(t.tenants, tenant_ok) then
+        return "tenants section malformed"
+    end
+    return nil
+end
+
+local function set_of(list)
+    local s = {}
+    for _, v in ipairs(list) do
+        s[v] = true
+    end
+    return s
+end
+
+-- A checked table made ready for decide(): sets for membership tests.
+function _M.compile(t)
+    local p = t.policy
+    p.cloud_allowed_set = set_of(p.cloud_allowed)
+    for _, r in ipairs(p.rules) do
+        if #r.models > 0 then
+            r.models_set = set_of(r.models)
+        end
+    end
+    return t
+end
+
+-- Decode, check and compile; nil and the reason when the text is unusable.
+function _M.parse(text)
+    local t, err = cjson.decode(text)
+    if t == nil then
+        return nil, "not JSON: " .. tostring(err)
+    end
+    local problem = _M.problem(t)
+    if problem then
+        return nil, problem
+    end
+    return _M.compile(t)
+end
+
+return _M

@@ -1,0 +1,162 @@
+"""The decision table the runner publishes for the fast path (the ``spillway`` Lua plugin in APISIX).
+
+The runner stays the brain: it compiles the policy (rules, residency, quotas, targets and their
+costs) and the load-aware state (each model's estimated local latency and overflow flag, each
+target's breaker, warm pool and spend, each tracked tenant's books) into one JSON document. The
+plugin fetches it every few tens of milliseconds and decides each request with
+``apisix/plugins/spillway/decide.lua``, the same steps as ``policy.decide``. In-flight counts and
+the spend made since the table was built are the plugin's own (shared-dict counters).
+
+A pure function of a ``Policy`` and a ``Snapshot`` (plus what only the runner knows: target
+values, signing-key variable names, marks), so tests build tables from any snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from gateway_plugin.routing.policy import (
+    LocalLoad,
+    Policy,
+    Quota,
+    RulePolicy,
+    Snapshot,
+    TargetPolicy,
+    TargetState,
+    estimated_latency_ms,
+)
+
+FORMAT = 1
+
+
+class TargetWiring(NamedTuple):
+    """How the plugin sends a request to a target: the ``X-Spillway-Target`` value traffic-split
+    matches (None: invoke mode, which the fast path does not serve) and the signature's key."""
+
+    value: str | None
+    key_env: str | None = None
+    sign_body: bool = False
+
+
+def _quota(q: Quota) -> dict[str, float | int]:
+    fields = {
+        "requests_per_minute": q.requests_per_minute,
+        "concurrency": q.concurrency,
+        "hourly_usd": q.hourly_usd,
+        "daily_usd": q.daily_usd,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _rule(r: RulePolicy) -> dict[str, Any]:
+    rule: dict[str, Any] = {
+        "name": r.name,
+        "action": r.action.value,
+        "targets": list(r.targets),
+        "headers": [[name, p.pattern] for name, p in r.headers],
+        "args": [[name, p.pattern] for name, p in r.args],
+        "models": sorted(r.models),
+    }
+    if r.uri is not None:
+        rule["uri"] = r.uri.pattern
+    return rule
+
+
+def _policy(policy: Policy) -> dict[str, Any]:
+    return {
+        "classification_header": policy.classification_header,
+        "cloud_allowed": sorted(policy.cloud_allowed),
+        "unclassified_may_leave": policy.unclassified_may_leave,
+        "tenant_header": policy.tenant_header,
+        "quotas": {name: _quota(q) for name, q in policy.quotas.items()},
+        "default_quota": _quota(policy.default_quota),
+        "latency_target_ms": policy.latency_target_ms,
+        "model_targets_ms": dict(policy.model_targets_ms),
+        "max_queue_ms": policy.max_queue_ms,
+        "enter_ratio": policy.enter_ratio,
+        "exit_ratio": policy.exit_ratio,
+        "saturation_ratio": policy.saturation_ratio,
+        "retry_after_s": policy.retry_after_s,
+        "default_chain": list(policy.default_chain),
+        "rules": [_rule(r) for r in policy.rules],
+    }
+
+
+def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
+    return {
+        "fresh": load.fresh,
+        "latency_ms": estimated_latency_ms(load, policy),
+        "compute_ms": load.compute_ms,
+        "overflowing": load.overflowing,
+    }
+
+
+def _target(spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: float) -> dict[str, Any]:
+    target: dict[str, Any] = {
+        "cap": spec.concurrency_cap,
+        "cold_start_ms": spec.cold_start_ms,
+        "cost_usd": spec.cost_usd,
+        "cold_cost_usd": spec.cold_cost_usd,
+        "breaker": state.breaker.value,
+        "probe_allowed": state.probe_allowed,
+        "warm": state.warm_instances,
+        "spent_hour_usd": state.spent_hour_usd,
+        "spent_day_usd": state.spent_day_usd,
+        "spent_mark": mark,
+        "invoke": wiring.value is None,
+        "sign_body": wiring.sign_body,
+    }
+    for key, value in (
+        ("hourly_usd", spec.hourly_usd),
+        ("daily_usd", spec.daily_usd),
+        ("value", wiring.value),
+        ("key_env", wiring.key_env),
+    ):
+        if value is not None:
+            target[key] = value
+    return target
+
+
+def build_table(
+    policy: Policy,
+    snapshot: Snapshot,
+    wiring: Mapping[str, TargetWiring],
+    version: int,
+    built_at: float,
+    spent_marks: Mapping[str, float] | None = None,
+    decision_header: bool = True,
+) -> dict[str, Any]:
+    """The table for ``snapshot`` (every model's load, every target's state, tracked tenants).
+
+    ``spent_marks``: per target, the plugin's cumulative spend counter as of the spend this
+    snapshot includes; the plugin adds what it spent past the mark.
+    """
+    marks = spent_marks or {}
+    return {
+        "format": FORMAT,
+        "version": version,
+        "built_at": built_at,
+        "decision_header": decision_header,
+        "policy": _policy(policy),
+        "local": {model: _load(load, policy) for model, load in snapshot.local.items()},
+        "targets": {
+            name: _target(spec, snapshot.targets.get(name, TargetState()), wiring[name], marks.get(name, 0.0))
+            for name, spec in policy.targets.items()
+            if name in wiring
+        },
+        "tenants": {
+            name: {
+                "requests_last_minute": t.requests_last_minute,
+                "spent_hour_usd": t.spent_hour_usd,
+                "spent_day_usd": t.spent_day_usd,
+            }
+            for name, t in snapshot.tenants.items()
+        },
+    }
+
+
+def encode(table: dict[str, Any]) -> bytes:
+    """Compact JSON; floats as Python writes them (shortest form that reads back exactly)."""
+    return json.dumps(table, separators=(",", ":"), allow_nan=False).encode()

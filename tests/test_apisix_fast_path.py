@@ -1,0 +1,128 @@
+"""The fast path on a real Apache APISIX 3.18: the ``spillway`` Lua plugin deciding from the
+runner's decision table, the route made by ``fast_route``, and what clients see."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from devtools import apisix
+from functions.sidecar import free_port
+from gateway_plugin.apisix_fast_route import fast_route
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.target_header import target_value
+from tests.apisix_support import (
+    MetricsFeed,
+    Upstream,
+    fast_path_settings,
+    metrics_feed,
+    needs_apisix,
+    upstream,
+)
+from tests.support import http, wait_until
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+AWS = target_value("aws", TOKEN)
+
+
+@dataclass
+class Stack:
+    gateway: apisix.Apisix
+    local: Upstream
+    aws: Upstream
+    feed: MetricsFeed
+    metrics_url: str
+
+    def send(self, classification: str | None = None, path: str = "/v2/models/add_sub/infer", **headers: str) -> dict[str, Any]:
+        sent = {"content-type": "application/json", **headers}
+        if classification is not None:
+            sent["x-data-classification"] = classification
+        status, answer_headers, body = http("POST", self.gateway.url + path, b"{}", sent)
+        decoded = json.loads(body) if body.startswith(b"{") else {}
+        return {**decoded, "status": status, "answer_headers": answer_headers}
+
+    def decision(self, answer: dict[str, Any]) -> str:
+        return str(answer["answer_headers"].get("x-spillway-decision", ""))
+
+    def metrics(self) -> str:
+        return http("GET", self.metrics_url)[2].decode()
+
+    def set_load(self, queue_ms: float) -> None:
+        self.feed.queue_ms = queue_ms
+        want = "aws;" if queue_ms > 200 else "local;local_ok"
+        wait_until(lambda: self.decision(self.send("public")).startswith(want), 30, f"decisions {want}")
+
+
+def fast_config(local: Upstream, aws: Upstream, feed: MetricsFeed) -> dict[str, Any]:
+    return {
+        "local": {
+            "endpoints": [{"url": local.url, "metrics_url": feed.url}],
+            "latency_target_ms": 200,
+            "scrape_period_s": 0.1,
+            "stale_after_s": 1.0,
+        },
+        "targets": [
+            {
+                "name": "aws",
+                "kind": "http",
+                "url": aws.url,
+                "signing_key_env": "SPILLWAY_SIGNING_KEY",
+                "cold_start_ms": 0,
+                "concurrency_cap": 10_000,
+            }
+        ],
+        "tenants": {"quotas": {"tiny": {"requests_per_minute": 1}}},
+        "breaker": {"consecutive_failures": 3, "cooldown_s": 600},
+        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+        "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
+    }
+
+
+def routes_for(config: dict[str, Any]) -> list[dict[str, Any]]:
+    made = fast_route(SpillwayConfig.model_validate(config), TOKEN)
+    local_only = fast_route(
+        SpillwayConfig.model_validate(config), TOKEN, "on-prem-only", "/onprem/*", {"on_prem_only": True}
+    )
+    return [yaml.safe_load(yaml.safe_dump(r)) for r in (made, local_only)]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("apisix-fast")
+    os.environ.setdefault("SPILLWAY_SIGNING_KEY", "fast-path-signing-key-0123456789abcdef")
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws", instance="fn-1"))
+        feed = stack.enter_context(metrics_feed())
+        config = fast_config(local, aws, feed)
+        settings = fast_path_settings(
+            config, tmp, free_port(), routes_for(config), envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"]
+        )
+        gateway = stack.enter_context(apisix.running(settings))
+        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+
+
+def test_the_plugin_decides_from_the_table_and_keeps_sensitive_requests_home(stack: Stack) -> None:
+    stack.set_load(0)
+    calm = stack.send("public")
+    assert calm["upstream"] == "local" and stack.decision(calm) == "local;local_ok"
+    stack.set_load(500)
+    public = stack.send("public")
+    assert public["upstream"] == "aws" and stack.decision(public) == "aws;overflow_cold"
+    seen = public["headers"]
+    assert seen["x-spillway-target"] == AWS and seen["x-spillway-signature"].startswith("t=")
+    for classification in ("confidential", "secret", None):
+        for value in (AWS, "aws", "local"):
+            answer = stack.send(classification, **{"x-spillway-target": value})
+            assert answer["upstream"] == "local", (classification, value, answer)
+            assert stack.decision(answer).startswith("local;residency"), answer
