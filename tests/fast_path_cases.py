@@ -1,0 +1,237 @@
+"""Random configs, snapshots and requests for the fast path's equivalence test, and what Python's
+``decide()`` makes of each (the runner's own way of building features and route policies)."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from functions.contract import normalise_path
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing import decision_table
+from gateway_plugin.routing.policy import (
+    BreakerState,
+    Decision,
+    LocalLoad,
+    Policy,
+    RequestFeatures,
+    Snapshot,
+    TargetState,
+    TenantState,
+    decide,
+)
+from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.routing.spillway import RouteOverrides, _route_policy
+
+_MODEL = re.compile(r"^/v2/models/([^/]+)")  # as routing/spillway.py reads the model
+TARGETS = ("aws", "ali", "fc-b")
+MODELS = ("add_sub", "resnet")
+TENANTS = ("t1", "t2", "t3")
+PATTERNS = ("high", "h.*", "low|medium", "[a-z]+", ".*", "x?y", "[0-9]{2}", "", "a|b|c")
+URI_PATTERNS = ("^/v2/models/add", "infer$", "resnet", "health", "/v2/", "models/[a-z_]+/infer")
+PATHS = (
+    "/v2/models/add_sub/infer",
+    "/v2/models/resnet/infer",
+    "/v2/models/unknown/infer",
+    "/v2/models/add_sub",
+    "/v2/health/ready",
+    "/v2//models/resnet/./infer",
+    "/v2/models/%61dd_sub/infer",
+    "/v2/models/add_sub/../resnet/infer",
+)
+CLASSES = (None, "public", "PUBLIC ", " internal", "secret", "", "  ", "Internal", "confidential", "public", "public")
+PRIORITIES = (None, "high", "low", "HIGH", "", "medium", "hx", "12", "b")
+
+
+def _maybe(rng: random.Random, value: Any, p: float = 0.5) -> Any:
+    return value if rng.random() < p else None
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def random_config(rng: random.Random) -> dict[str, Any]:
+    names = rng.sample(TARGETS, rng.randint(1, 3))
+    targets = [
+        {
+            "name": n,
+            "kind": "http",
+            "url": f"http://127.0.0.1:1/{n}",
+            "concurrency_cap": rng.randint(1, 4),
+            "cold_start_ms": rng.choice([0, 50, 400, 5000]),
+            "cost": {"memory_gb": rng.choice([1, 2, 4, 10]), "expected_duration_ms": rng.choice([20, 100, 900])},
+        }
+        for n in names
+    ]
+    rules = []
+    for i in range(rng.randint(0, 4)):
+        match = _drop_none(
+            {
+                "headers": _maybe(rng, {"x-priority": rng.choice(PATTERNS)}),
+                "uri": _maybe(rng, rng.choice(URI_PATTERNS), 0.4),
+                "args": _maybe(rng, {"mode": rng.choice(PATTERNS)}, 0.3),
+                "models": _maybe(rng, rng.sample(MODELS, rng.randint(1, 2)), 0.3),
+            }
+        )
+        rules.append(
+            {
+                "name": f"r{i}",
+                "priority": rng.randint(0, 3),
+                "match": match,
+                "action": rng.choice(["local", "overflow", "target", "shed", "overflow", "target"]),
+                "targets": rng.sample(names, rng.randint(0, len(names))),
+            }
+        )
+    enter = rng.choice([0.9, 1.0, 1.2])
+    quota = {
+        "requests_per_minute": _maybe(rng, rng.randint(1, 5), 0.3),
+        "concurrency": _maybe(rng, rng.randint(1, 3), 0.3),
+        "hourly_usd": _maybe(rng, rng.choice([0.0, 0.0001, 1.0]), 0.3),
+        "daily_usd": _maybe(rng, rng.choice([0.0, 0.001, 1.0]), 0.2),
+    }
+    return {
+        "local": {
+            "latency_target_ms": rng.choice([50, 100, 200]),
+            "model_latency_targets_ms": _drop_none({"resnet": _maybe(rng, rng.choice([30, 300]))}),
+            "parallelism": rng.randint(1, 4),
+            "max_queue_ms": rng.choice([100, 1000, 5000]),
+        },
+        "targets": targets,
+        "rules": rules,
+        "residency": {
+            "header": rng.choice(["x-data-classification", "X-Class"]),
+            "cloud_allowed": rng.sample(["public", "internal", "PUBLIC"], rng.randint(0, 2)) + ["public"] * (rng.random() < 0.7),
+            "unclassified_may_leave": rng.random() < 0.3,
+        },
+        "overflow": {
+            "enter_ratio": enter,
+            "exit_ratio": rng.choice([0.5, 0.8, enter]),
+            "saturation_ratio": rng.choice([1.5, 4.0]),
+            "retry_after_s": rng.randint(1, 3),
+        },
+        "budgets": {
+            "per_target_hourly_usd": {n: rng.choice([0.0, 0.00001, 0.001, 1.0]) for n in names if rng.random() < 0.3},
+            "per_target_daily_usd": {n: rng.choice([0.0, 0.0001, 1.0]) for n in names if rng.random() < 0.3},
+        },
+        "tenants": {
+            "quotas": {t: _drop_none(quota) for t in rng.sample(TENANTS, rng.randint(0, 2))},
+            "default": _drop_none(quota) if rng.random() < 0.3 else {},
+        },
+    }
+
+
+def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
+    local = {
+        model: LocalLoad(
+            fresh=rng.random() < 0.8,
+            queue_ms=rng.choice([0.0, 1.0, 40.0, 150.0, 190.0, 600.0, 9000.0]),
+            compute_ms=rng.choice([0.0, 5.0, 30.0, 80.0]),
+            pending=rng.randint(0, 20),
+            sent_since_scrape=rng.randint(0, 40),
+            age_ms=rng.choice([0.0, 50.0, 400.0]),
+            overflowing=rng.random() < 0.5,
+            observed_ms=rng.choice([0.0, 100.0, 250.0]),
+        )
+        for model in ("", *MODELS)
+        if model == "" or rng.random() < 0.6
+    }
+    targets = {}
+    for name, spec in policy.targets.items():
+        hourly = spec.hourly_usd or 0.0
+        targets[name] = TargetState(
+            breaker=rng.choice([BreakerState.CLOSED, BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN]),
+            probe_allowed=rng.random() < 0.5,
+            in_flight=rng.randint(0, spec.concurrency_cap + 1),
+            warm_instances=rng.randint(0, 4),
+            spent_hour_usd=rng.choice([0.0, hourly, hourly * 0.999, hourly - spec.cost_usd]),
+            spent_day_usd=rng.choice([0.0, 0.5, 0.0001]),
+        )
+    tenants = {
+        t: TenantState(rng.randint(0, 6), rng.randint(0, 4), rng.choice([0.0, 0.00009, 2.0]), rng.choice([0.0, 2.0]))
+        for t in TENANTS
+        if rng.random() < 0.7
+    }
+    return Snapshot(local, targets, tenants)
+
+
+def random_route(rng: random.Random, policy: Policy) -> dict[str, Any]:
+    return _drop_none(
+        {
+            "latency_target_ms": _maybe(rng, rng.choice([20.0, 150.0, 1000.0]), 0.3),
+            "targets": _maybe(rng, rng.sample([*TARGETS, "nope"], rng.randint(0, 3)), 0.3),
+            "rules": _maybe(rng, [r.name for r in policy.rules if rng.random() < 0.5], 0.3),
+            "on_prem_only": _maybe(rng, True, 0.15),
+        }
+    )
+
+
+def random_request(rng: random.Random, residency_header: str) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+    for name, choices in ((residency_header.lower(), CLASSES), ("x-priority", PRIORITIES)):
+        value = rng.choice(choices)
+        if value is not None:
+            headers[name] = [value, rng.choice(PRIORITIES[1:])] if rng.random() < 0.05 else value
+    tenant = rng.choice((None, *TENANTS, ""))
+    if tenant is not None:
+        headers["x-tenant"] = tenant
+    args: dict[str, Any] = {}
+    if rng.random() < 0.5:
+        args["mode"] = rng.choice(["high", "low", True, "", ["a", "high"]])
+    return {"uri": rng.choice(PATHS), "headers": headers, "args": args}
+
+
+def python_decision(request: dict[str, Any], route: dict[str, Any], policy: Policy, snap: Snapshot) -> Decision:
+    """What the runner decides: features as ``SpillwayPlugin.request_filter`` builds them."""
+    headers = {k: ", ".join(v) if isinstance(v, list) else v for k, v in request["headers"].items()}
+    args = {k: ("" if v is True else v[-1] if isinstance(v, list) else v) for k, v in request["args"].items()}
+    path = normalise_path(request["uri"])
+    match = _MODEL.match(path)
+    features = RequestFeatures(path, headers, args, match.group(1) if match else None)
+    return decide(features, snap, _route_policy(policy, RouteOverrides(**route)))
+
+
+@dataclass
+class Group:
+    """One config and snapshot, the table the runner would publish for it, and requests under it."""
+
+    policy: Policy
+    snapshot: Snapshot
+    table: str
+    cases: list[dict[str, Any]]
+
+
+def random_group(rng: random.Random, requests: int) -> Group:
+    config = SpillwayConfig.model_validate(random_config(rng))
+    policy = build_policy(config)
+    snap = random_snapshot(rng, policy)
+    wiring = {t.name: decision_table.TargetWiring(f"{t.name}:mac") for t in config.targets}
+    table = decision_table.encode(decision_table.build_table(policy, snap, wiring, 1, 0.0)).decode()
+    cases = []
+    for _ in range(requests):
+        request = random_request(rng, config.residency.header)
+        cases.append(
+            {
+                **request,
+                "route": random_route(rng, policy),
+                "in_flight": {n: s.in_flight for n, s in snap.targets.items()},
+                "tenant_in_flight": {n: s.in_flight for n, s in snap.tenants.items()},
+            }
+        )
+    return Group(policy, snap, table, cases)
+
+
+def expected(group: Group, case: dict[str, Any]) -> dict[str, Any]:
+    d = python_decision(case, case["route"], group.policy, group.snapshot)
+    return {
+        "target": d.target,
+        "label": d.label,
+        "status": d.status,
+        "retry_after_s": d.retry_after_s,
+        "cost_usd": d.cost_usd,
+        "residency_kept": d.residency_kept,
+        "overflowing": d.overflowing,
+        "tenant": d.tenant,
+    }

@@ -1,0 +1,62 @@
+-- Test-only plugin: evaluates batches of equivalence cases with the spillway plugin's own code
+-- (table.parse, decide.route_policy, decide.features, decide.decide), so one request to APISIX
+-- checks thousands of decisions. Each group carries a decision table as the runner encodes it and
+-- the cases to decide under it; each case its route conf, request and live counters.
+
+local core = require("apisix.core")
+local decide = require("apisix.plugins.spillway.decide")
+local table_mod = require("apisix.plugins.spillway.table")
+local sign = require("apisix.plugins.spillway.sign")
+local json = require("cjson").new()
+-- Costs go back as "%.17g" text: this cjson writes at most 16 significant digits.
+
+local _M = { version = 0.1, priority = 500, name = "spillway-cases", schema = { type = "object" } }
+
+function _M.check_schema(conf)
+    return core.schema.check(_M.schema, conf)
+end
+
+local function live_of(case)
+    local live = {}
+    function live.in_flight(_, name) return case.in_flight[name] or 0 end
+    function live.spent() return 0 end
+    function live.tenant_in_flight(_, tenant) return case.tenant_in_flight[tenant] or 0 end
+    function live.probe_allowed(_, _, spec) return spec.probe_allowed end
+    return live
+end
+
+local function evaluate(group)
+    local tbl, err = table_mod.parse(group.table)
+    if not tbl then
+        return { error = err }
+    end
+    local out = {}
+    for i, case in ipairs(group.cases) do
+        local f = decide.features(case.uri, case.headers, case.args, sign.normalise_path)
+        local d = decide.decide(f, tbl, decide.route_policy(tbl, case.route), live_of(case))
+        out[i] = {
+            target = d.target, label = decide.label(d), status = d.status,
+            retry_after_s = d.retry_after_s or 0, cost_usd = string.format("%.17g", d.cost_usd or 0),
+            residency_kept = d.residency_kept or false, overflowing = d.overflowing or false,
+            tenant = d.tenant or json.null,
+        }
+    end
+    return { results = out }
+end
+
+function _M.access(conf, ctx)
+    local body, err = core.request.get_body(256 * 1024 * 1024, ctx)
+    if not body then
+        return 400, { error = "no batch: " .. tostring(err) }
+    end
+    local batch = json.decode(body)
+    local answers = {}
+    for i, group in ipairs(batch) do
+        answers[i] = evaluate(group)
+    end
+    ngx.header["Content-Type"] = "application/json"
+    ngx.say(json.encode(answers))
+    return ngx.exit(200)
+end
+
+return _M

@@ -1,0 +1,101 @@
+"""One policy, two executions: Python's ``decide()`` and the ``spillway`` Lua plugin's, on the real
+APISIX, agree on every random case (config, route overrides, snapshot, request), and no case a
+residency rule keeps home is given a cloud target by the Lua side.
+
+The cases go through a test-only plugin (``tests/lua/apisix/plugins/spillway-cases.lua``) that runs
+the plugin's own modules on each: the table as the runner encodes it, parsed and compiled by the
+plugin; the route's overrides; the request's features; the decision. Thousands of cases per request
+keep CI time sane. Not covered: invoke mode (the fast path serves upstream-mode targets only) and
+the plugin's reservation of cap, budget and probe (counted in the shared dict, exercised on the
+route by ``test_apisix_fast_path``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devtools import apisix
+from functions.sidecar import free_port
+from gateway_plugin.apisix_fast_route import lua_path
+from gateway_plugin.routing.policy import LOCAL, SHED, Reason, RequestFeatures, may_leave
+from gateway_plugin.routing.spillway import RouteOverrides, _route_policy
+from tests.apisix_support import needs_apisix
+from tests.fast_path_cases import Group, expected, random_group
+from tests.support import ROOT, http
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+SEED = 20261201
+GROUPS, PER_GROUP, PER_BATCH = 250, 48, 50  # 12,000 cases in five requests
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apisix.Apisix]:
+    route = {
+        "id": "cases",
+        "uri": "/spillway-cases",
+        "plugins": {"spillway-cases": {}},
+        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1": 1}},
+    }
+    settings = apisix.ApisixSettings(
+        port=free_port(),
+        routes_yaml=json.dumps({"routes": [route]}),
+        plugins=["spillway-cases"],
+        extra_lua_path=lua_path(),
+        more_lua_paths=[ROOT / "tests" / "lua"],
+    )
+    with apisix.running(settings) as running:
+        yield running
+
+
+def _lua(gateway: apisix.Apisix, groups: list[Group]) -> list[dict[str, object]]:
+    body = json.dumps([{"table": g.table, "cases": g.cases} for g in groups]).encode()
+    status, _, answer = http("POST", gateway.url + "/spillway-cases", body, {"content-type": "application/json"})
+    assert status == 200, answer[:500]
+    decoded: list[dict[str, object]] = json.loads(answer)
+    return decoded
+
+
+def _leaves_allowed(group: Group, case: dict[str, object]) -> bool:
+    route = RouteOverrides.model_validate(case["route"])
+    headers = {k: ", ".join(v) if isinstance(v, list) else v for k, v in case["headers"].items()}  # type: ignore[union-attr]
+    return may_leave(RequestFeatures("/", headers), _route_policy(group.policy, route))
+
+
+def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apisix.Apisix) -> None:
+    rng = random.Random(SEED)
+    groups = [random_group(rng, PER_GROUP) for _ in range(GROUPS)]
+    checked, cloud, kept = 0, 0, 0
+    labels: set[str] = set()
+    mismatches: list[str] = []
+    for start in range(0, len(groups), PER_BATCH):
+        batch = groups[start : start + PER_BATCH]
+        for group, answer in zip(batch, _lua(gateway, batch), strict=True):
+            assert "error" not in answer, f"the plugin refused a table the runner made: {answer}"
+            for case, got in zip(group.cases, answer["results"], strict=True):  # type: ignore[call-overload]
+                got["cost_usd"] = float(got["cost_usd"])
+                want = expected(group, case)
+                checked += 1
+                if got != want:
+                    mismatches.append(f"{json.dumps(case)}\n  python {want}\n  lua    {got}")
+                if got["target"] not in (LOCAL, SHED):
+                    cloud += 1
+                    assert _leaves_allowed(group, case), f"Lua sent an on-prem-only request out: {case}"
+                kept += bool(got["residency_kept"])
+                labels.add(str(got["label"]).partition(":")[0])
+    assert not mismatches, f"{len(mismatches)} of {checked} differ; first:\n" + "\n".join(mismatches[:5])
+    assert checked >= 10_000
+    # The cases reach every branch that matters: some go out, some are kept home by residency.
+    assert cloud > 500 and kept > 500, (cloud, kept)
+    every = {r.value for r in Reason} - {Reason.INVOKE_FAILED.value}
+    assert every | {"rule", "residency+local_saturated", "no_target+local_saturated"} <= labels, labels
+
+
+def test_the_plugin_lives_where_apisix_lua_path_says() -> None:
+    assert (lua_path() / "apisix" / "plugins" / "spillway.lua").is_file()
+    assert Path(lua_path()).is_relative_to(ROOT / "gateway_plugin")
