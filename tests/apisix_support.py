@@ -41,6 +41,9 @@ class Upstream:
     delay_s: float = 0.0
     seen: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
+    in_flight: int = 0
+    max_in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @contextmanager
@@ -54,8 +57,13 @@ def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             seen = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
             state.seen.append(seen)
+            with state.lock:
+                state.in_flight += 1
+                state.max_in_flight = max(state.max_in_flight, state.in_flight)
             if state.delay_s:
                 time.sleep(state.delay_s)
+            with state.lock:
+                state.in_flight -= 1
             reply = json.dumps({"upstream": name, **seen, "body": len(body)}).encode()
             self.send_response(state.status)
             self.send_header("content-type", "application/json")

@@ -1,0 +1,46 @@
+"""The fast path's counters on a real APISIX with two nginx workers: concurrency caps and budgets
+hold under concurrent load (a module of its own: one APISIX per prefix at a time)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from devtools import apisix
+from functions.sidecar import free_port
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.policy_build import build_policy
+from tests.apisix_support import fast_path_settings, metrics_feed, needs_apisix, upstream
+from tests.support import wait_until
+from tests.test_apisix_fast_path import Stack, fast_config, routes_for
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+
+def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Path) -> None:
+    """Two nginx workers, twelve clients, slow functions: aws never has more than its cap of 2 in
+    flight (shared-dict counters), and ali, whose hourly budget covers 3.5 cold requests, gets 3."""
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws", instance="fn-1"))
+        ali = stack.enter_context(upstream("ali"))
+        feed = stack.enter_context(metrics_feed())
+        feed.queue_ms = 500
+        config = fast_config(local, aws, feed)
+        config["targets"][0].update(concurrency_cap=2, signing_key_env=None)
+        config["targets"].append({**config["targets"][0], "name": "ali", "url": ali.url, "concurrency_cap": 100})
+        cold = build_policy(SpillwayConfig.model_validate(config)).targets["ali"].cold_cost_usd
+        config["budgets"] = {"per_target_hourly_usd": {"ali": cold * 3.5}}
+        aws.delay_s = ali.delay_s = 0.3
+        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
+        gateway = stack.enter_context(apisix.running(settings))
+        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        wait_until(lambda: front.decision(front.send("public")).startswith("aws;"), 30, "overflow to aws")
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda _: front.send("public"), range(120)))
+        assert {a["status"] for a in answers} == {200}
+        assert aws.max_in_flight <= 2 and aws.seen, aws.max_in_flight
+        assert len(ali.seen) == 3, len(ali.seen)
