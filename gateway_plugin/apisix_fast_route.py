@@ -30,19 +30,22 @@ def fast_route(
     uri: str = "/v2/*",
     overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The route object for the fast path; invoke-mode targets are refused (the fast path only
-    sets a header for traffic-split: invoke mode stays on the ext-plugin route)."""
-    invoke = sorted(t.name for t in config.targets if t.mode == "invoke")
-    if invoke:
-        raise RouteError(
-            f"targets {invoke} are in invoke mode, which the fast path does not serve: use the "
-            "ext-plugin route (apisix-route without --fast-path) for them"
-        )
+    """The route object for the fast path. The plugin only sets a header for traffic-split, so
+    invoke-mode targets (which the runner itself calls) stay on the ext-plugin route: when the
+    config has some, the route's chain names only the upstream-mode ones (``invoke_targets`` says
+    which were left out), and the plugin never picks an invoke-mode target a rule names."""
     made = route(config, token, route_id, uri)
-    plugins = {"spillway": dict(overrides or {})}
+    conf = dict(overrides or {})
+    if invoke_targets(config) and "targets" not in conf:
+        conf["targets"] = [t.name for t in config.targets if t.mode == "upstream"]
+    plugins: dict[str, Any] = {"spillway": conf}
     if "traffic-split" in made["plugins"]:
         plugins["traffic-split"] = made["plugins"]["traffic-split"]
     return {**made, "name": "triton-with-spillway-fast-path", "plugins": plugins}
+
+
+def invoke_targets(config: SpillwayConfig) -> list[str]:
+    return [t.name for t in config.targets if t.mode == "invoke"]
 
 
 def config_snippet(config: SpillwayConfig) -> dict[str, Any]:

@@ -50,12 +50,28 @@ def _parser() -> argparse.ArgumentParser:
     route.add_argument("--id", default="spillway", help="the route's id (default: spillway)")
     route.add_argument("--uri", default="/v2/*", help="the route's uri (default: /v2/*)")
     route.add_argument(
+        "--fast-path",
+        action="store_true",
+        help="the fast path's route: the spillway Lua plugin decides inside APISIX from the runner's "
+        "decision table (upstream-mode targets only); see apisix-lua-path",
+    )
+    route.add_argument(
         "--lambda-iam",
         metavar="TARGET",
         default=None,
         help="serve this aws_lambda target through APISIX's aws-lambda plugin (SigV4 to an AWS_IAM "
         "function URL) instead of traffic-split",
     )
+    lua = sub.add_parser(
+        "apisix-lua-path",
+        help="print the directory to name in APISIX's extra_lua_path (the fast path's plugin)",
+        description="Print the directory holding apisix/plugins/spillway.lua, the fast path's Lua plugin "
+        "shipped with this package. In APISIX's config.yaml: apisix.extra_lua_path: \"<dir>/?.lua\", "
+        "'spillway' in plugins, nginx_config.http.custom_lua_shared_dict: {spillway: 10m}, the route "
+        "token's variable in nginx_config.envs, and plugin_attr.spillway.runner set to the runner's "
+        "outcomes.listen. --config prints that whole config.yaml excerpt instead.",
+    )
+    lua.add_argument("--config", type=Path, help="spillway.yaml: print the config.yaml excerpt for it")
     imp = sub.add_parser(
         "import-targets",
         help="turn Terraform's spillway_targets output into the targets section",
@@ -76,10 +92,17 @@ def main(argv: list[str] | None = None) -> int:
             raw = args.file.read_text() if args.file else sys.stdin.read()
             print(import_targets(raw), end="")
             return 0
+        if args.command == "apisix-lua-path" and args.config is None:
+            from gateway_plugin.apisix_fast_route import lua_path
+
+            print(lua_path())
+            return 0
         source = args.file if args.command == "check-config" else args.config
         config = load(source) if source else SpillwayConfig()
+        if args.command == "apisix-lua-path":
+            return _print_lua_config(config)
         if args.command == "apisix-route":
-            return _print_route(config, args.format, args.id, args.uri, args.lambda_iam)
+            return _print_route(config, args.format, args.id, args.uri, args.lambda_iam, args.fast_path)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -99,12 +122,41 @@ def main(argv: list[str] | None = None) -> int:
         loop.close()
 
 
-def _print_route(config: SpillwayConfig, fmt: str, route_id: str, uri: str, lambda_iam: str | None) -> int:
+def _print_lua_config(config: SpillwayConfig) -> int:
+    import yaml
+
+    from gateway_plugin.apisix_fast_route import config_snippet
+    from gateway_plugin.apisix_route import RouteError
+
+    try:
+        print(yaml.safe_dump(config_snippet(config), sort_keys=False), end="")
+    except RouteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _print_route(
+    config: SpillwayConfig, fmt: str, route_id: str, uri: str, lambda_iam: str | None, fast_path: bool
+) -> int:
+    from gateway_plugin.apisix_fast_route import fast_route, invoke_targets
     from gateway_plugin.apisix_route import RouteError, admin_json, route, standalone_yaml
     from gateway_plugin.routing.target_header import RouteTokenError, route_token
 
     try:
-        made = route(config, route_token(config.runner.route_token_env), route_id, uri, lambda_iam)
+        token = route_token(config.runner.route_token_env)
+        if fast_path:
+            if lambda_iam is not None:
+                raise RouteError("--lambda-iam and --fast-path do not combine: aws-lambda needs the ext-plugin route")
+            made = fast_route(config, token, route_id if route_id != "spillway" else "spillway-fast", uri)
+            if invoke_targets(config):
+                print(
+                    f"note: targets {invoke_targets(config)} are in invoke mode, which the fast path does "
+                    "not serve; this route's chain leaves them out (the ext-plugin route reaches them)",
+                    file=sys.stderr,
+                )
+        else:
+            made = route(config, token, route_id, uri, lambda_iam)
     except (RouteError, RouteTokenError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

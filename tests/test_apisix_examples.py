@@ -17,7 +17,7 @@ import yaml
 
 from devtools import apisix
 from functions.sidecar import free_port
-from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, upstream
+from tests.apisix_support import apisix_settings, fast_path_settings, metrics_feed, needs_apisix, upstream
 from tests.cloud_fakes import AWS_KEY, AWS_SECRET, function_url_fake
 from tests.support import ADD_SUB_BODY, ROOT, Running, function_server, http, model_repository, wait_until
 
@@ -43,6 +43,8 @@ def _generated(*args: str) -> str:
         ("route.json", ()),
         ("apisix.yaml", ("--format", "yaml")),
         ("route-lambda-iam.json", ("--lambda-iam", "aws", "--id", "spillway-lambda-iam")),
+        ("route-fast-path.json", ("--fast-path",)),
+        ("apisix-fast-path.yaml", ("--fast-path", "--format", "yaml")),
     ],
 )
 def test_the_examples_are_what_the_generator_makes(name: str, args: tuple[str, ...]) -> None:
@@ -211,14 +213,38 @@ def test_an_invoke_mode_answer_reaches_the_client(
     assert local.seen == [], "nothing went on premises"
 
 
+def test_the_fast_path_config_excerpt_holds_what_the_plugin_needs() -> None:
+    from gateway_plugin.apisix_fast_route import SHARED_DICT, config_snippet
+    from gateway_plugin.config import load
+
+    example = yaml.safe_load((EXAMPLES / "config-fast-path.yaml").read_text())
+    wanted = config_snippet(load(ROOT / "examples" / "spillway.yaml"))
+    assert example["apisix"]["extra_lua_path"].endswith("/gateway_plugin/apisix_lua/?.lua")
+    assert example["nginx_config"]["http"]["custom_lua_shared_dict"][SHARED_DICT]
+    assert set(wanted["nginx_config"]["envs"]) <= set(example["nginx_config"]["envs"])
+    assert wanted["plugin_attr"]["spillway"].items() <= example["plugin_attr"]["spillway"].items()
+    assert {"spillway", "traffic-split"} <= set(example["plugins"])
+
+
+def _example_apisix(config: dict[str, Any], tmp: Path, fast_path: bool) -> apisix.ApisixSettings:
+    """APISIX serving the example route of one mode or the other (hosts moved to loopback)."""
+    name = "apisix-fast-path.yaml" if fast_path else "apisix.yaml"
+    route = _loopback_route(yaml.safe_load((EXAMPLES / name).read_text())["routes"][0], config)
+    if fast_path:
+        return fast_path_settings(config, tmp, free_port(), [route], envs=ENVS)
+    return apisix_settings(config, tmp, free_port(), routes=[route], envs=ENVS)
+
+
 @pytest.mark.integration
 @needs_apisix()
+@pytest.mark.parametrize("fast_path", [False, True], ids=["ext-plugin", "fast-path"])
 @pytest.mark.parametrize("sign_body", [False, True])
 def test_signatures_made_from_the_call_verify_at_the_function_whatever_the_target_looks_like(
-    tmp_path: Path, cloud_env: None, sign_body: bool
+    tmp_path: Path, cloud_env: None, sign_body: bool, fast_path: bool
 ) -> None:
-    """The runner signs nginx's decoded path and argument table, the function the raw request line
-    APISIX forwards: escapes, dot segments, repeated and valueless arguments must not tell them apart."""
+    """The gateway signs nginx's decoded path and argument table (the runner in Python, the fast
+    path in Lua), the function the raw request line APISIX forwards: escapes, dot segments, repeated
+    and valueless arguments must not tell them apart."""
     key = os.environ["SPILLWAY_SIGNING_KEY"]
     env = {"SPILLWAY_SIGNING_KEY": key, "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD": "0" if sign_body else "1"}
     with ExitStack() as stack:
@@ -227,9 +253,7 @@ def test_signatures_made_from_the_call_verify_at_the_function_whatever_the_targe
         feed = stack.enter_context(metrics_feed())
         config = _example_config(local.url, fn.url, feed.url, f"127.0.0.1:{free_port()}")
         config["targets"][0]["sign_body"] = sign_body
-        route = _loopback_route(yaml.safe_load((EXAMPLES / "apisix.yaml").read_text())["routes"][0], config)
-        settings = apisix_settings(config, tmp_path, free_port(), routes=[route], envs=ENVS)
-        gateway = stack.enter_context(apisix.running(settings))
+        gateway = stack.enter_context(apisix.running(_example_apisix(config, tmp_path, fast_path)))
         headers = {"x-data-classification": "public", "content-type": "application/json"}
         feed.queue_ms = 500
         plain = gateway.url + "/v2/models/add_sub/infer"
