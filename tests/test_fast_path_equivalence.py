@@ -99,3 +99,30 @@ def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apis
 def test_the_plugin_lives_where_apisix_lua_path_says() -> None:
     assert (lua_path() / "apisix" / "plugins" / "spillway.lua").is_file()
     assert Path(lua_path()).is_relative_to(ROOT / "gateway_plugin")
+
+
+def _broken(table: str, old: str, new: str) -> str:
+    assert old in table, old
+    return table.replace(old, new, 1)
+
+
+def test_the_plugin_refuses_a_malformed_table_and_says_why(gateway: apisix.Apisix) -> None:
+    """What the fetching worker checks before storing a table; a refused one leaves the last good
+    table in place (ageing towards stale, tested on the route in test_apisix_fast_path)."""
+    group = random_group(random.Random(SEED), 1)
+    good = group.table
+    first_target = next(iter(group.policy.targets))
+    bad = {
+        "not JSON": "{",
+        "format 2": _broken(good, '"format":1', '"format":2'),
+        "no policy": _broken(good, '"policy":', '"policie":'),
+        "a pattern PCRE cannot compile": _broken(good, '"rules":[', '"rules":[{"name":"x","action":"local","targets":[],"headers":[],"args":[],"models":[],"uri":"(unclosed"},'),
+        "an unknown action": _broken(good, '"rules":[', '"rules":[{"name":"x","action":"cloud","targets":[],"headers":[],"args":[],"models":[]},'),
+        "a NaN latency": _broken(good, '"latency_ms":', '"latency_ms":NaN,"was":'),
+        "a cap that is text": _broken(good, f'"{first_target}":{{"cap":', f'"{first_target}":{{"cap":"many","was":'),
+        "a cloud target without its value": _broken(good, '"value":', '"valeu":'),
+    }
+    answers = _lua(gateway, [Group(group.policy, group.snapshot, text, group.cases) for text in bad.values()])
+    for what, answer in zip(bad, answers, strict=True):
+        assert "error" in answer and "results" not in answer, f"{what}: {answer}"
+    assert "results" in _lua(gateway, [group])[0]

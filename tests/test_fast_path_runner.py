@@ -1,0 +1,152 @@
+"""The runner's side of the fast path: the decision table it publishes, the counters the plugin
+reports with each fetch, the fast path's outcomes, and the endpoint serving all of it (real
+sockets, the runner's own app)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from functions.sidecar import free_port
+from gateway_plugin.app import RunnerApp
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing import outcomes
+from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport
+from gateway_plugin.routing.policy import BreakerState
+from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.target_header import target_value
+from tests.support import http
+
+TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+AWS = target_value("aws", TOKEN)
+
+
+def config(port: int = 0, **extra: Any) -> SpillwayConfig:
+    return SpillwayConfig.model_validate(
+        {
+            "targets": [
+                {"name": "aws", "kind": "http", "url": "https://fn.example", "signing_key_env": "MY_KEY"},
+                {"name": "fc", "kind": "aliyun_fc", "mode": "invoke", "function_name": "f", "service_name": "s"},
+            ],
+            "tenants": {"quotas": {"t1": {"requests_per_minute": 5, "hourly_usd": 1.0}}},
+            "rules": [{"name": "keep", "match": {"uri": "health"}, "action": "local"}],
+            "metrics": {"listen": None},
+            "outcomes": {"listen": f"127.0.0.1:{port or free_port()}"},
+            **extra,
+        }
+    )
+
+
+def report(**fields: Any) -> FastPathReport:
+    return FastPathReport.model_validate({"node": "n-1", **fields})
+
+
+def test_the_table_carries_the_policy_the_state_and_how_to_reach_each_target(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MY_KEY", "the-signing-key-itself-0123456789")
+    book = FastPathBook(GatewayState(config()))
+    table = json.loads(book.exchange(report()))
+    assert table["format"] == 1 and table["version"] == 1 and table["decision_header"] is True
+    aws, fc = table["targets"]["aws"], table["targets"]["fc"]
+    assert aws["value"] == AWS and aws["key_env"] == "MY_KEY" and not aws["invoke"]
+    assert fc["invoke"] and "value" not in fc, "invoke mode is the runner's alone"
+    assert aws["breaker"] == "closed" and aws["spent_mark"] == 0.0
+    assert table["policy"]["rules"][0] == {
+        "name": "keep", "action": "local", "targets": [], "headers": [], "args": [], "models": [], "uri": "health"
+    }
+    assert table["policy"]["quotas"] == {"t1": {"requests_per_minute": 5, "hourly_usd": 1.0}}
+    text = json.dumps(table)
+    assert "the-signing-key-itself" not in text and TOKEN.decode() not in text, "no secret in the table"
+    assert json.loads(book.exchange(report()))["version"] == 2
+
+
+def test_reported_counters_are_taken_once_and_a_restarted_node_starts_afresh() -> None:
+    state = GatewayState(config())
+    book = FastPathBook(state)
+    spent = lambda: state.ledger.spent("target:aws", state.wall())[0]  # noqa: E731
+    table = json.loads(book.exchange(report(spent={"aws": 0.5, "nope": 9.0})))
+    assert spent() == 0.5 and table["targets"]["aws"]["spent_mark"] == 0.5
+    book.exchange(report(spent={"aws": 0.5}))
+    assert spent() == 0.5, "the same cumulative count is not spent twice"
+    book.exchange(report(spent={"aws": 0.75}))
+    assert spent() == 0.75
+    book.exchange(report(spent={"aws": 0.25}))  # nginx restarted: its counters began at zero
+    assert spent() == 1.0
+    book.exchange(report(local_sent={"": 7}, hot={"": True}, fail_safe=3, dropped=1))
+    load = state.load.snapshot(None)[""]
+    assert load.sent_since_scrape == 7 and load.overflowing
+    assert state.metrics.fast_path_fail_safe._value.get() == 3
+
+
+def test_a_report_is_bounded_and_its_node_named_plainly() -> None:
+    for bad in (
+        {"node": ""},
+        {"node": "a b"},
+        {"node": "n", "spent": {f"t{i}": 1.0 for i in range(1001)}},
+        {"node": "n", "fail_safe": -1},
+        {"node": "n", "spent": {"aws": float("inf")}},
+    ):
+        with pytest.raises(ValidationError):
+            FastPathReport.model_validate(bad)
+
+
+def test_fast_path_outcomes_count_decisions_tenants_and_residency() -> None:
+    state = GatewayState(config())
+    entries = [
+        {"target": "local", "decision": "local;residency", "upstream_status": "200", "uri": "/v2/x"},
+        {"target": AWS, "decision": "aws;overflow_cold", "status": 200, "upstream_status": "200",
+         "tenant": "t1", "cost_usd": 0.25},
+        {"decision": "shed;table_stale+local_saturated", "status": 503},
+        {"decision": "aws;made_up"},
+        {"decision": "elsewhere;local_ok"},
+    ]
+    outcomes.apply(state, outcomes.parse_batch(json.dumps(entries).encode()))
+    counted = {k: c._value.get() for k, c in state.metrics._decision_children.items()}
+    assert counted == {
+        ("local", "residency"): 1,
+        ("aws", "overflow_cold"): 1,
+        ("shed", "table_stale+local_saturated"): 1,
+    }
+    assert state.metrics.residency_kept._value.get() == 1
+    book = state.tenants.get("t1")
+    assert book is not None and book.last_minute(state.wall()) == 1 and book.spent(state.wall())[0] == 0.25
+
+
+def _post(port: int, path: str, body: bytes, auth: str | None) -> tuple[int, bytes]:
+    headers = {"authorization": auth} if auth else {}
+    status, _, answer = http("POST", f"http://127.0.0.1:{port}{path}", body, headers)
+    return status, answer
+
+
+def test_the_endpoint_serves_tables_only_to_apisix_and_only_for_good_reports() -> None:
+    port = free_port()
+    auth = outcomes.auth_header(TOKEN)
+
+    async def go() -> list[tuple[int, bytes]]:
+        app = RunnerApp(config(port, targets=[{"name": "aws", "kind": "http", "url": "https://fn.example"}]))
+        app.start()
+        try:
+            app.state.breakers["aws"].state = BreakerState.OPEN
+            app.state.breakers["aws"].cooldown_s = 60
+            app.state.breakers["aws"].opened_at = app.state.clock()
+            good = json.dumps({"node": "n-1"}).encode()
+            return [
+                await asyncio.to_thread(_post, port, "/spillway/table", good, auth),
+                await asyncio.to_thread(_post, port, "/spillway/table", good, None),
+                await asyncio.to_thread(_post, port, "/spillway/table", b"{}", auth),
+                await asyncio.to_thread(_post, port, "/spillway/table", b"x" * (300 << 10), auth),
+            ]
+        finally:
+            await app.aclose()
+
+    ok, unauthenticated, malformed, too_big = asyncio.run(go())
+    assert ok[0] == 200 and json.loads(ok[1])["targets"]["aws"]["breaker"] == "open"
+    assert unauthenticated[0] == 401
+    assert malformed[0] == 400 and b"node" in malformed[1]
+    assert too_big[0] == 413
