@@ -19,6 +19,15 @@ MAC'd value) and whose default upstream is the "local" one:
                      UNSIGNED-PAYLOAD; its concurrency_cap is --cloud-cap (the example config's 50 by
                      default; wrk's connections are never more than that in flight)
     spillway-local-nologger   optional: spillway-local with ``outcomes.listen: null`` (no http-logger)
+    fast-local       the fast path: the route ``gateway_plugin.apisix_fast_route.fast_route`` makes
+                     (the ``spillway`` Lua plugin + traffic-split), the runner as ext-plugin.cmd
+                     serving the decision table; calm feed, every request ``local;local_ok``
+    fast-cloud       the same with the overloaded feed: every request spills to "aws", signed in Lua
+
+After the rounds, when a fast case ran, ``--budget-seconds`` of wrk go through the fast path with
+an hourly budget on aws of ``--budget-requests`` cold requests: what aws answered and what the
+runner's ledger holds, against the budget (the overshoot). The table's age at each fast-path
+decision comes from the runner's ``spillway_fast_path_table_age_seconds`` histogram.
 
 The local and aws upstreams are one Debian nginx of their own (own prefix, config and pid file,
 one worker) answering ``return 200 '{"ok":true}'`` on two loopback ports; it logs each answer's
@@ -90,8 +99,10 @@ from harness import (
     say,
 )
 
+from gateway_plugin.apisix_fast_route import config_snippet, fast_route
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.policy_build import build_policy
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
 from devtools import apisix
@@ -117,8 +128,18 @@ INSTANCE = "fn-bench-1"
 DEFAULT_PREFIX = Path("/opt/spillway-apisix-bench")
 BASELINE = "split"
 SECOND_BASELINE = "trivial"
-ALL_CASES = ("split", "trivial", "go-noop", "spillway-local", "spillway-cloud", "spillway-local-nologger")
-DEFAULT_CASES = ALL_CASES[:5]
+ALL_CASES = (
+    "split",
+    "trivial",
+    "go-noop",
+    "spillway-local",
+    "spillway-cloud",
+    "spillway-local-nologger",
+    "fast-local",
+    "fast-cloud",
+)
+DEFAULT_CASES = (*ALL_CASES[:5], "fast-local", "fast-cloud")
+FAST_PLUGINS = ("spillway", "traffic-split", "ext-plugin-pre-req", "http-logger", "proxy-rewrite")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,6 +334,7 @@ class Case:
     feed_mode: str = "calm"
     metrics_url: str | None = None  # the runner's /metrics (decision counters)
     logger: bool = False  # the route posts outcomes to the runner
+    fast_path: dict[str, Any] | None = None  # config_snippet: the Lua plugin's path, dict, attrs
 
 
 @dataclass
@@ -358,6 +380,8 @@ def make_case(name: str, setup: Setup) -> Case:
     outcomes_port = None if name == "spillway-local-nologger" else free_port()
     config = spillway_config(setup, metrics_port, outcomes_port)
     made = route(SpillwayConfig.model_validate(config), setup.token.encode())
+    if name.startswith("fast-"):
+        return fast_case(name, setup, config, metrics_port)
     if name.startswith("spillway-"):
         config_path = setup.work / f"{name}.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -389,6 +413,44 @@ def make_case(name: str, setup: Setup) -> Case:
         "upstream": made["upstream"],
     }
     return Case(name, runner_cmd, yaml.safe_dump({"routes": [plain]}, sort_keys=False) + "#END\n", "local")
+
+
+def fast_case(name: str, setup: Setup, config: dict[str, Any], metrics_port: int) -> Case:
+    config_path = setup.work / f"{name}.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    validated = SpillwayConfig.model_validate(config)
+    cloud = name == "fast-cloud"
+    return Case(
+        name,
+        [sys.executable, "-m", "gateway_plugin", "run", "--config", str(config_path)],
+        standalone_yaml(fast_route(validated, setup.token.encode())),
+        "aws" if cloud else "local",
+        "aws;" if cloud else "local;local_ok",
+        "overloaded" if cloud else "calm",
+        f"http://{LOOPBACK}:{metrics_port}/metrics",
+        fast_path=config_snippet(validated),
+    )
+
+
+def apisix_settings(case: Case, setup: Setup, workers: int, port: int) -> apisix.ApisixSettings:
+    extra: dict[str, Any] = {}
+    if case.fast_path is not None:
+        snippet = case.fast_path
+        extra = {
+            "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
+            "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
+            "plugin_attr": snippet["plugin_attr"],
+            "plugins": FAST_PLUGINS,
+        }
+    return apisix.ApisixSettings(
+        port=port,
+        routes_yaml=case.routes_yaml,
+        runner_cmd=case.runner_cmd,
+        envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
+        env={"SPILLWAY_ROUTE_TOKEN": setup.token, "SPILLWAY_SIGNING_KEY": setup.signing_key},
+        workers=workers,
+        **extra,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,10 +546,28 @@ def log_findings(text: str) -> tuple[dict[str, int], list[str]]:
 _DECISION = re.compile(r"^spillway_decisions_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 _GAUGE = re.compile(
-    r"^(spillway_(?:warm_instances|target_in_flight|signals_fresh|overflowing|breaker_open)(?:\{[^}]*\})?)"
+    r"^(spillway_(?:warm_instances|target_in_flight|signals_fresh|overflowing|breaker_open"
+    r"|fast_path_table_age_seconds_bucket|fast_path_table_age_seconds_count|fast_path_fail_safe_total"
+    r"|cloud_spend_usd_total)(?:\{[^}]*\})?)"
     r" (\S+)$",
     re.M,
 )
+_AGE_BUCKET = re.compile(r'^spillway_fast_path_table_age_seconds_bucket\{le="([^"]+)"\}$')
+
+
+def table_age(gauges: dict[str, float]) -> dict[str, float]:
+    """From the runner's histogram: decisions counted, the share made from a table at most 100 ms
+    old, and the bucket bounds holding 99 % and all of them (seconds)."""
+    buckets = sorted(
+        (float(m.group(1)), v) for k, v in gauges.items() if (m := _AGE_BUCKET.match(k)) is not None
+    )
+    total = gauges.get("spillway_fast_path_table_age_seconds_count", 0.0)
+    if not total:
+        return {}
+    within = next((v for le, v in buckets if le == 0.1), 0.0)
+    p99 = next((le for le, v in buckets if v >= 0.99 * total), float("inf"))
+    top = next((le for le, v in buckets if v >= total), float("inf"))
+    return {"decisions": total, "within_100ms": within / total, "p99_le_s": p99, "max_le_s": top}
 
 
 def runner_metrics(metrics_url: str | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -611,14 +691,7 @@ def measure(
 ) -> Sample:
     setup.feed.mode = case.feed_mode
     port = free_port()
-    settings = apisix.ApisixSettings(
-        port=port,
-        routes_yaml=case.routes_yaml,
-        runner_cmd=case.runner_cmd,
-        envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
-        env={"SPILLWAY_ROUTE_TOKEN": setup.token, "SPILLWAY_SIGNING_KEY": setup.signing_key},
-        workers=args.workers,
-    )
+    settings = apisix_settings(case, setup, args.workers, port)
     url = f"http://{LOOPBACK}:{port}{INFER_PATH}"
     began = time.monotonic()
     gateway = apisix.Apisix(settings)
@@ -707,6 +780,59 @@ def measure(
     )
 
 
+def budget_check(setup: Setup, args: argparse.Namespace, script: Path) -> dict[str, Any]:
+    """The fast path under wrk with an hourly budget on aws worth ``--budget-requests`` cold
+    requests: what aws answered and what the runner's ledger holds against the budget."""
+    metrics_port = free_port()
+    config = spillway_config(setup, metrics_port, free_port())
+    costs = build_policy(SpillwayConfig.model_validate(config)).targets["aws"]
+    budget = costs.cold_cost_usd * args.budget_requests
+    config["budgets"] = {"per_target_hourly_usd": {"aws": budget}}
+    case = fast_case("fast-cloud", setup, config, metrics_port)
+    setup.feed.mode = case.feed_mode
+    port = free_port()
+    gateway = apisix.Apisix(apisix_settings(case, setup, args.workers, port))
+    offsets = setup.upstreams.offsets()
+    try:
+        gateway.start()
+        wait_for_expected(gateway, case, port)
+        url = f"http://{LOOPBACK}:{port}{INFER_PATH}"
+        got, _ = run_wrk(wrk_command(url, args.connections, args.budget_seconds, script), args.budget_seconds)
+        time.sleep(1.0)  # the next table fetches report the last of the spend
+        decisions, gauges = runner_metrics(case.metrics_url)
+    finally:
+        runners = gateway.runner_pids() if gateway.master_pid is not None else []
+        gateway.stop()
+        stop_leftover_runners(gateway, runners)
+    served = setup.upstreams.served_since(offsets)
+    ledger = gauges.get('spillway_cloud_spend_usd_total{target="aws"}', 0.0)
+    return {
+        "kind": "budget",
+        "requests": int(got["requests"]),
+        "budget_usd": budget,
+        "cold_cost_usd": costs.cold_cost_usd,
+        "warm_cost_usd": costs.cost_usd,
+        "aws_answers": sum(served.get("aws", {}).values()),
+        "local_answers": sum(served.get("local", {}).values()),
+        "ledger_usd": ledger,
+        "overshoot_usd": ledger - budget,
+        "overshoot_cold_requests": (ledger - budget) / costs.cold_cost_usd,
+        "decisions": decisions,
+    }
+
+
+def budget_markdown(check: dict[str, Any]) -> list[str]:
+    return [
+        "",
+        f"Budget under load (`wrk -c{{c}}` for the budget run, fast path, aws budget "
+        f"{check['budget_usd']:.6g} USD = {check['budget_usd'] / check['cold_cost_usd']:,.0f} cold requests "
+        f"of {check['cold_cost_usd']:.3g} USD; warm ones cost {check['warm_cost_usd']:.3g}): "
+        f"{check['requests']:,} requests; aws answered {check['aws_answers']:,}, local "
+        f"{check['local_answers']:,}; the runner's ledger holds {check['ledger_usd']:.6g} USD, "
+        f"overshoot {check['overshoot_usd']:.3g} USD ({check['overshoot_cold_requests']:.3g} cold requests).",
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # Summary and output.
 
@@ -763,6 +889,10 @@ def summarise(samples: list[Sample], cases: Sequence[str]) -> list[dict[str, Any
                 "p99_us": median([s.p99_us for s in mine]),
                 "p50_of_split": _ratios(mine, split, lambda s: s.p50_us),
                 "p99_of_split": _ratios(mine, split, lambda s: s.p99_us),
+                "p99_minus_split_us": median(
+                    [s.p99_us - split[s.round].p99_us for s in mine if s.round in split]
+                ),
+                "table_age": [table_age(s.runner_gauges) for s in mine if table_age(s.runner_gauges)],
                 "runner_cpu_us_per_req": median([s.runner_cpu_us_per_req for s in mine]),
                 "runner_cpu_of_trivial": _ratios(mine, trivial, lambda s: s.runner_cpu_us_per_req),
                 "apisix_cpu_us_per_req": median([s.apisix_cpu_us_per_req for s in mine]),
@@ -858,6 +988,8 @@ def _fmt(value: object, digits: int = 0) -> str:
 
 
 DESCRIPTIONS = {
+    "fast-local": "fast path (Lua), decides local",
+    "fast-cloud": "fast path (Lua), decides cloud (signed)",
     "split": "traffic-split only",
     "trivial": "trivial Python runner (testbed)",
     "go-noop": "Go runner, no-op `say`",
@@ -898,15 +1030,16 @@ def markdown(
         f"{start['rounds']} rounds of {start['seconds']} s per case after {start['warmup_seconds']} s of "
         "warm-up.",
         "",
-        "| case | req/s | of split | of trivial | p50 µs | p99 µs | p99 of split | runner cpu µs/req "
-        "| runner cpu of trivial | non-2xx + errors |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| case | req/s | of split | of trivial | p50 µs | p99 µs | p99 of split | p99 − split µs "
+        "| runner cpu µs/req | runner cpu of trivial | non-2xx + errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
             f"| {DESCRIPTIONS.get(r['case'], r['case'])} | {_fmt(r['req_per_s'])} | "
             f"{_fmt(r['of_split'], 2)} | {_fmt(r['of_trivial'], 2)} | "
             f"{_fmt(r['p50_us'])} | {_fmt(r['p99_us'])} | {_fmt(r['p99_of_split'], 2)} | "
+            f"{_fmt(r['p99_minus_split_us'])} | "
             f"{_fmt(r['runner_cpu_us_per_req'])} | {_fmt(r['runner_cpu_of_trivial'], 2)} | {r['errors']} |"
         )
     lines += [
@@ -956,6 +1089,13 @@ def markdown(
             )
             + "."
         )
+    for r in rows:
+        for n, age in enumerate(r["table_age"]):
+            lines.append(
+                f"- {r['case']} run {n + 1}: {age['decisions']:,.0f} fast-path decisions, "
+                f"{age['within_100ms']:.4f} of them from a table at most 100 ms old; 99 % within "
+                f"{age['p99_le_s'] * 1000:.0f} ms, all within {age['max_le_s'] * 1000:.0f} ms (histogram bounds)."
+            )
     startup = _startup_messages(samples)
     if startup:
         lines += ["", "Warn-or-worse lines outside the measured windows (start, probe, warm-up, stop):", ""]
@@ -1030,6 +1170,18 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=50,
         help="the aws target's concurrency_cap (default 50, as in examples/spillway.yaml)",
+    )
+    parser.add_argument(
+        "--budget-seconds",
+        type=int,
+        default=4,
+        help="wrk seconds of the fast path's budget check, after the rounds when a fast case ran (0: none)",
+    )
+    parser.add_argument(
+        "--budget-requests",
+        type=int,
+        default=2000,
+        help="the budget check's hourly aws budget, in cold requests (default 2000)",
     )
     parser.add_argument("--markdown-out", type=Path, default=None, help="also write the summary as markdown")
     parser.add_argument(
@@ -1109,6 +1261,11 @@ def main(argv: list[str] | None = None) -> int:
                         + (f"; ERRORS {bad}" if bad else "")
                         + (f"; error.log under load {s.error_log_load}" if s.error_log_load else "")
                     )
+            check: dict[str, Any] | None = None
+            if args.budget_seconds > 0 and any(c.startswith("fast-") for c in args.cases):
+                check = budget_check(setup, args, script)
+                out.record(jsonable(check))
+                say(f"budget check: {check}")
             nginx_counts, nginx_messages = log_findings((ups.dir / "error.log").read_text(errors="replace"))
         rows = summarise(samples, args.cases)
         for row in rows:
@@ -1126,7 +1283,10 @@ def main(argv: list[str] | None = None) -> int:
         if out.table:
             print(table(rows))
         if args.markdown_out is not None:
-            args.markdown_out.write_text(markdown(rows, samples, notes, command))
+            text = markdown(rows, samples, notes, command)
+            if check is not None:
+                text += "\n".join(budget_markdown(check)).replace("{c}", str(args.connections)) + "\n"
+            args.markdown_out.write_text(text)
     finally:
         out.close()
     return 0

@@ -15,7 +15,7 @@ from gateway_plugin.outcome_listener import OutcomeListener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.fast_path import FastPathBook
+from gateway_plugin.routing.fast_path import FastPathBook, apply_outcomes
 from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
@@ -111,6 +111,7 @@ class RunnerApp:
                 asyncio.get_running_loop(),
                 deliver,
                 self.fast_path.exchange,
+                functools.partial(apply_outcomes, self.state),
             )
         except OSError as exc:
             log.error("cannot serve outcomes on %s: %s", config.outcomes.listen, exc)

@@ -19,19 +19,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from pydantic import ValidationError
 
-from gateway_plugin.routing.fast_path import FastPathReport
+from gateway_plugin.routing.fast_path import FastOutcomes, FastPathReport
 from gateway_plugin.routing.outcomes import Outcome, parse_batch
 
 log = logging.getLogger("spillway.outcomes")
 
 PATH = "/spillway/outcomes"
 TABLE_PATH = "/spillway/table"
+FAST_OUTCOMES_PATH = "/spillway/fast-outcomes"
 MAX_BODY_BYTES = 8 << 20
 MAX_REPORT_BYTES = 256 << 10
 READ_TIMEOUT_S = 10.0
 TABLE_TIMEOUT_S = 2.0
 # Builds the fast path's decision table from a node's report; runs on the event loop.
 TableSource = Callable[[FastPathReport], bytes]
+# Takes a fast-path worker's summary of outcomes; runs on the event loop.
+FastSink = Callable[[FastOutcomes], None]
 
 
 class OutcomeListener:
@@ -44,9 +47,10 @@ class OutcomeListener:
         loop: asyncio.AbstractEventLoop,
         deliver: Callable[[list[Outcome]], None],
         table: TableSource | None = None,
+        fast: FastSink | None = None,
     ) -> None:
         host, _, port = listen.rpartition(":")
-        handler = _handler(auth, loop, deliver, table)
+        handler = _handler(auth, loop, deliver, table, fast)
         self._server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
         self._server.daemon_threads = True
         self.port: int = self._server.server_address[1]
@@ -79,14 +83,17 @@ def _handler(
     loop: asyncio.AbstractEventLoop,
     deliver: Callable[[list[Outcome]], None],
     table: TableSource | None,
+    fast: FastSink | None,
 ) -> type[BaseHTTPRequestHandler]:
+    served = {PATH: True, TABLE_PATH: table is not None, FAST_OUTCOMES_PATH: fast is not None}
+
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
             path = self.path.partition("?")[0]  # http-logger may add an empty query
-            if path not in (PATH, TABLE_PATH) or (path == TABLE_PATH and table is None):
+            if not served.get(path):
                 self._answer(404, f"no such path; outcomes are posted to {PATH}, tables fetched at {TABLE_PATH}")
                 return
             given = self.headers.get("authorization", "")
@@ -101,6 +108,9 @@ def _handler(
             body = self.rfile.read(int(length))
             if path == TABLE_PATH and table is not None:
                 self._table(table, body)
+                return
+            if path == FAST_OUTCOMES_PATH and fast is not None:
+                self._fast(fast, body)
                 return
             try:
                 entries = parse_batch(body)
@@ -123,6 +133,15 @@ def _handler(
                 self._answer(500, "the decision table could not be built; see the runner's log")
                 return
             self._send(200, answer)
+
+        def _fast(self, sink: FastSink, body: bytes) -> None:
+            try:
+                summary = FastOutcomes.model_validate_json(body)
+            except ValidationError as exc:
+                self._answer(400, f"not a summary of fast-path outcomes: {str(exc)[:300]}")
+                return
+            loop.call_soon_threadsafe(sink, summary)
+            self._answer(204, "")
 
         def _answer(self, status: int, message: str) -> None:
             self._send(status, json.dumps({"error": message}).encode() if message else b"")

@@ -60,6 +60,10 @@ class Stack:
     def metrics(self) -> str:
         return http("GET", self.metrics_url)[2].decode()
 
+    def local_wait_s(self) -> float:
+        found = re.search(r'spillway_local_wait_seconds\{model="add_sub"\} ([0-9.e+-]+)', self.metrics())
+        return float(found.group(1)) if found else 0.0
+
     def set_load(self, queue_ms: float) -> None:
         self.feed.queue_ms = queue_ms
         want = "aws;" if queue_ms > 200 else "local;local_ok"
@@ -154,6 +158,8 @@ def test_a_stale_table_keeps_everything_local_and_sheds_when_the_last_table_said
     for queue_ms, want in ((500, "local;table_stale"), (5000, "shed;table_stale+local_saturated")):
         stack.feed.queue_ms = queue_ms
         wait_until(lambda: stack.decision(stack.send("public")).startswith("aws;"), 30, "overflow to aws")
+        # The runner's gauge (refreshed every second) trails the tables the plugin fetches.
+        wait_until(lambda: stack.local_wait_s() >= queue_ms / 1000, 30, "the runner's estimate")
         runner = stack.gateway.runner_pids()[-1]
         os.kill(runner, signal.SIGKILL)
         wait_until(lambda: stack.decision(stack.send("public")) == want, 10, want)

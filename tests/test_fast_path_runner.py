@@ -16,7 +16,7 @@ from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport
+from gateway_plugin.routing.fast_path import FastOutcomes, FastPathBook, FastPathReport, apply_outcomes
 from gateway_plugin.routing.policy import BreakerState
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_header import target_value
@@ -96,26 +96,60 @@ def test_a_report_is_bounded_and_its_node_named_plainly() -> None:
             FastPathReport.model_validate(bad)
 
 
-def test_fast_path_outcomes_count_decisions_tenants_and_residency() -> None:
-    state = GatewayState(config())
-    entries = [
-        {"target": "local", "decision": "local;residency", "upstream_status": "200", "uri": "/v2/x"},
-        {"target": AWS, "decision": "aws;overflow_cold", "status": 200, "upstream_status": "200",
-         "tenant": "t1", "cost_usd": 0.25},
-        {"decision": "shed;table_stale+local_saturated", "status": 503},
-        {"decision": "aws;made_up"},
-        {"decision": "elsewhere;local_ok"},
-    ]
-    outcomes.apply(state, outcomes.parse_batch(json.dumps(entries).encode()))
+def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_residency_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = GatewayState(config(breaker={"consecutive_failures": 3}))
+    summary = FastOutcomes.model_validate_json(
+        json.dumps(
+            {
+                "decisions": {
+                    "local;residency": 2,
+                    "aws;overflow_cold": 5,
+                    "shed;table_stale+local_saturated": 1,
+                    "aws;made_up": 9,
+                    "elsewhere;local_ok": 9,
+                },
+                "local_s": {"": [4, 1.2]},
+                "cloud": {"aws": [0, 5, 0.5], "nope": [1, 1, 0.1]},
+                "instances": {"aws": {"i-1": True, "i-2": False}},
+                "tenants": {"t1": [2, 0.25], "free": [3, 1.0]},
+                "residency": [{"path": "/v2/models/m/infer", "classification": "secret"}],
+                "table_ages": [3, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                "table_age_sum": 2.5,
+            }
+        )
+    )
+    with caplog.at_level("INFO", "spillway.residency"):
+        apply_outcomes(state, summary)
     counted = {k: c._value.get() for k, c in state.metrics._decision_children.items()}
     assert counted == {
-        ("local", "residency"): 1,
-        ("aws", "overflow_cold"): 1,
+        ("local", "residency"): 2,
+        ("aws", "overflow_cold"): 5,
         ("shed", "table_stale+local_saturated"): 1,
-    }
-    assert state.metrics.residency_kept._value.get() == 1
+    }, "labels outside the config's reasons are not counted"
+    assert state.metrics.residency_kept._value.get() == 2
+    assert any('"via": "fast_path"' in r.message and "secret" in r.message for r in caplog.records)
+    now = state.clock()
+    assert state.breakers["aws"].current(now) is BreakerState.OPEN
+    assert state.pools["aws"].warm(now) == 2
+    assert state.load.snapshot(None)[""].observed_ms == pytest.approx(300.0)
     book = state.tenants.get("t1")
-    assert book is not None and book.last_minute(state.wall()) == 1 and book.spent(state.wall())[0] == 0.25
+    assert book is not None and book.last_minute(state.wall()) == 2 and book.spent(state.wall())[0] == 0.25
+    assert state.tenants.get("free") is None, "a tenant without a quota has no book"
+    assert state.metrics.fast_path_table_age.counts[:2] == [3, 2] and state.metrics.fast_path_table_age.counts[-1] == 1
+
+
+def test_a_summary_is_bounded() -> None:
+    for bad in (
+        {"decisions": {f"local;r{i}": 1 for i in range(1001)}},
+        {"decisions": {"local;local_ok": -1}},
+        {"cloud": {"aws": [1, 2]}},
+        {"table_ages": [1] * 65},
+        {"local_s": {"": [1, float("nan")]}},
+    ):
+        with pytest.raises(ValidationError):
+            FastOutcomes.model_validate(bad)
 
 
 def _post(port: int, path: str, body: bytes, auth: str | None) -> tuple[int, bytes]:
@@ -141,12 +175,15 @@ def test_the_endpoint_serves_tables_only_to_apisix_and_only_for_good_reports() -
                 await asyncio.to_thread(_post, port, "/spillway/table", good, None),
                 await asyncio.to_thread(_post, port, "/spillway/table", b"{}", auth),
                 await asyncio.to_thread(_post, port, "/spillway/table", b"x" * (300 << 10), auth),
+                await asyncio.to_thread(_post, port, "/spillway/fast-outcomes", b'{"decisions": {}}', auth),
+                await asyncio.to_thread(_post, port, "/spillway/fast-outcomes", b'{"cloud": 1}', auth),
             ]
         finally:
             await app.aclose()
 
-    ok, unauthenticated, malformed, too_big = asyncio.run(go())
+    ok, unauthenticated, malformed, too_big, summary, bad_summary = asyncio.run(go())
     assert ok[0] == 200 and json.loads(ok[1])["targets"]["aws"]["breaker"] == "open"
     assert unauthenticated[0] == 401
     assert malformed[0] == 400 and b"node" in malformed[1]
     assert too_big[0] == 413
+    assert summary[0] == 204 and bad_summary[0] == 400

@@ -1,6 +1,12 @@
 """The runner's side of the fast path: what the ``spillway`` Lua plugin reports, and the table
 it gets back.
 
+Outcomes come in summaries, one per worker every few hundred milliseconds (``FastOutcomes``):
+decisions per label, local answer times per model, cloud answers ok and failed per target with
+the instances that answered, quota'd tenants' arrivals and spend, the table's age at each
+decision, and the requests residency kept home. They feed the same books the ext-plugin path's
+outcomes do: breakers, warm pools, the local latency estimate, tenants, metrics, the residency log.
+
 Every fetch is a POST carrying the node's cumulative counters (spend per target, requests sent
 local per model, the overflow flag it last decided, fail-safe decisions, outcomes it dropped).
 The runner takes each counter's growth since the node's previous report into its state (the
@@ -11,18 +17,25 @@ only what it spent past that mark. Counters restart at zero when nginx restarts 
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_plugin.routing import decision_table
-from gateway_plugin.routing.policy import Snapshot, TenantState
-from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.policy import LOCAL, SHED, Reason, Snapshot, TenantState
+from gateway_plugin.routing.state import GatewayState, residency_log
 
 MAX_NODES = 16
 MAX_KEYS = 1000
+# The reason of a fast-path decision made without a usable decision table.
+FAIL_SAFE = "table_stale"
 _Counters = dict[str, float]
+_Count = Annotated[int, Field(ge=0, le=10_000_000)]
+_Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_Text = Annotated[str, Field(max_length=4096)]
 
 
 class FastPathReport(BaseModel):
@@ -36,6 +49,30 @@ class FastPathReport(BaseModel):
     hot: dict[str, bool] = Field(default_factory=dict, max_length=MAX_KEYS)
     fail_safe: float = Field(default=0.0, ge=0)
     dropped: float = Field(default=0.0, ge=0)
+
+
+class KeptHome(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    path: _Text | None = None
+    model: _Text | None = None
+    classification: _Text | None = None
+
+
+class FastOutcomes(BaseModel):
+    """One worker's summary of what happened since its previous one; every map is bounded."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    decisions: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
+    local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    tenants: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    residency: list[KeptHome] = Field(default_factory=list, max_length=MAX_KEYS)
+    table_ages: list[_Count] = Field(default_factory=list, max_length=64)
+    table_age_sum: _Amount = 0.0
+    dropped: _Count = 0
 
 
 @dataclass
@@ -110,3 +147,52 @@ class FastPathBook:
         state.metrics.fast_path_dropped.inc(_growth(report.dropped, node.dropped))
         node.fail_safe, node.dropped = report.fail_safe, report.dropped
         return node
+
+
+def _labels(state: GatewayState) -> set[str]:
+    """Every reason a decision may carry under the current config (bounded metric labels)."""
+    return {*(r.value for r in Reason), FAIL_SAFE, *(f"rule:{r.name}" for r in state.policy.rules)}
+
+
+def _records(count: int, state: GatewayState) -> int:
+    """Only the last ``window`` answers (and a run of ``consecutive_failures``) move a breaker."""
+    settings = state.config.breaker
+    return min(count, max(settings.window, settings.consecutive_failures) + 1)
+
+
+def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
+    """Take one worker's summary into the gateway's books."""
+    labels, now, wall = _labels(state), state.clock(), state.wall()
+    for key, count in summary.decisions.items():
+        target, _, label = key.partition(";")
+        if (target in state.targets or target in (LOCAL, SHED)) and label.split("+")[0] in labels:
+            state.metrics.decided(target, label, count)
+            if label.startswith(Reason.RESIDENCY):
+                state.metrics.residency_kept.inc(count)
+    for kept in summary.residency:
+        seen = {"event": "residency_kept", **kept.model_dump(), "via": "fast_path"}
+        residency_log.info(json.dumps(seen))
+    for model, (count, seconds) in summary.local_s.items():
+        if count:
+            state.answered_local(model or None, seconds / count * 1000)
+    for name, (ok, failed, _) in summary.cloud.items():
+        breaker = state.breakers.get(name)
+        if breaker is not None:
+            for result, count in ((True, ok), (False, failed)):
+                for _ in range(_records(count, state)):
+                    breaker.record(result, now)
+    for name, instances in summary.instances.items():
+        pool = state.pools.get(name)
+        for instance, cold in list(instances.items())[:64] if pool is not None else ():
+            pool.seen(instance, now, cold)
+            if cold:
+                state.metrics.cold_hits.labels(name).inc()
+    for tenant, (arrivals, spend) in summary.tenants.items():
+        quota = state.policy.quota_of(tenant)
+        if quota.limits_anything:
+            book = state.tenants.book(tenant)
+            if quota.requests_per_minute is not None:
+                book.arrivals.extend([wall] * min(arrivals, quota.requests_per_minute))
+            book.add_spend(spend, wall)
+    state.metrics.fast_path_table_age.add(summary.table_ages, summary.table_age_sum)
+    state.metrics.fast_path_dropped.inc(summary.dropped)

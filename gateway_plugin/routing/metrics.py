@@ -3,8 +3,37 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+# Upper bounds (seconds) of the fast path's table-age buckets, as apisix/plugins/spillway/report.lua.
+TABLE_AGE_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+
+
+class BucketCounts(Collector):
+    """A histogram whose observations arrive already counted per bucket (the fast path's workers
+    sum them up), so that thousands of them cost one addition per bucket."""
+
+    def __init__(self, name: str, documentation: str, bounds: Sequence[float]) -> None:
+        self.name, self.documentation, self.bounds = name, documentation, tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def add(self, counts: Sequence[int], total: float) -> None:
+        """Per-bucket counts (the last one past every bound) and the sum of what they counted."""
+        for i, n in enumerate(counts[: len(self.counts)]):
+            self.counts[i] += n
+        self.sum += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        cumulative, running = [], 0
+        for bound, n in zip((*(str(b) for b in self.bounds), "+Inf"), self.counts, strict=True):
+            running += n
+            cumulative.append((bound, running))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=self.sum)
 
 
 class RunnerMetrics:
@@ -63,18 +92,24 @@ class RunnerMetrics:
             "Fast-path decisions made without a usable table (stale, missing or malformed): local or shed.",
             registry=r,
         )
+        self.fast_path_table_age = BucketCounts(
+            "spillway_fast_path_table_age_seconds",
+            "Age of the decision table each fast-path decision was made from.",
+            TABLE_AGE_BOUNDS,
+        )
+        r.register(self.fast_path_table_age)
         self.fast_path_dropped = Counter(
             "spillway_fast_path_outcomes_dropped",
             "Outcomes the fast path dropped because its buffer was full.",
             registry=r,
         )
 
-    def decided(self, target: str, reason: str) -> None:
+    def decided(self, target: str, reason: str, count: int = 1) -> None:
         key = (target, reason)
         child = self._decision_children.get(key)
         if child is None:
             child = self._decision_children[key] = self.decisions.labels(target, reason)
-        child.inc()
+        child.inc(count)
 
     def serve(self, listen: str) -> bool:
         """Start ``/metrics``; a taken port is logged, not fatal: routing matters more than metrics."""

@@ -57,9 +57,6 @@ class Outcome(BaseModel):
     cold: str | None = Field(default=None, max_length=20)
     tenant: str | None = Field(default=None, max_length=200)
     uri: str | None = Field(default=None, max_length=4096)
-    # Only the fast path (decisions made in APISIX) sends these: "target;label" and the cost.
-    decision: str | None = Field(default=None, max_length=300)
-    cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 _BATCH = TypeAdapter(list[Outcome] | Outcome)
@@ -94,9 +91,6 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
     itself (shed, or invoke mode): its books were closed, or never opened, there.
     """
     for outcome in outcomes:
-        if outcome.decision is not None:
-            decided, _, label = outcome.decision.partition(";")
-            state.decided_in_gateway(decided, label, outcome.tenant or None, outcome.cost_usd or 0.0, outcome.uri)
         target = state.target_by_value.get(outcome.target or "")
         upstream_status = _last_number(outcome.upstream_status)
         if upstream_status is None and target is not None and outcome.status:

@@ -24,7 +24,6 @@ from gateway_plugin.routing.policy import (
     BreakerState,
     Decision,
     Policy,
-    Reason,
     Snapshot,
     TargetState,
     TenantState,
@@ -38,8 +37,6 @@ from gateway_plugin.targets.signing import TargetSigner
 log = logging.getLogger("spillway.state")
 residency_log = logging.getLogger("spillway.residency")
 
-# The reason of a fast-path decision made without a usable decision table.
-FAIL_SAFE = "table_stale"
 # What the residency log says of the request a decision was for (request id, path, model, class).
 RequestSeen = dict[str, object]
 
@@ -192,33 +189,6 @@ class GatewayState:
             if book is not None:
                 book.add_spend(decision.cost_usd, wall)
             self.metrics.spend.labels(name).inc(decision.cost_usd)
-
-    def decided_in_gateway(
-        self, target: str, label: str, tenant: str | None, cost: float, path: str | None = None
-    ) -> None:
-        """A decision the fast path made in APISIX, reported from its log phase: what ``commit`` does
-        for the runner's own, less what the plugin counts itself (in-flight, target spend)."""
-        if target not in self.targets and target not in (LOCAL, SHED):
-            return
-        if label.split("+")[0] not in self.decision_reasons():
-            return
-        self.metrics.decided(target, label)
-        if label.startswith("residency"):
-            self.metrics.residency_kept.inc()
-            seen = {"event": "residency_kept", "path": path, "decision": target, "reason": label}
-            residency_log.info(json.dumps({**seen, "via": "fast_path"}))
-        quota = self.policy.quota_of(tenant)
-        if tenant is None or target == SHED or not quota.limits_anything:
-            return
-        book, wall = self.tenants.book(tenant), self.wall()
-        if quota.requests_per_minute is not None:
-            book.arrivals.append(wall)
-        if cost > 0:
-            book.add_spend(cost, wall)
-
-    def decision_reasons(self) -> set[str]:
-        """Every reason label a decision may carry under the current config (bounded metric labels)."""
-        return {*(r.value for r in Reason), FAIL_SAFE, *(f"rule:{r.name}" for r in self.policy.rules)}
 
     def _tenant_book(self, decision: Decision) -> TenantBook | None:
         """Only tenants under a quota are kept, and only as many as ``tenants.max_tracked``."""

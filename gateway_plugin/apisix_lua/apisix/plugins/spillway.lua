@@ -18,6 +18,7 @@ local hmac = require("resty.hmac")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
+local report = require("apisix.plugins.spillway.report")
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -54,7 +55,6 @@ local attr_schema = {
         stale_after_s = { type = "number", exclusiveMinimum = 0, default = 1 },
         timeout_s = { type = "number", exclusiveMinimum = 0, default = 0.5 },
         batch_s = { type = "number", minimum = 0.05, maximum = 60, default = 0.2 },
-        max_buffer = { type = "integer", minimum = 1, default = 10000 },
     },
 }
 
@@ -68,7 +68,7 @@ local _M = {
 -- This worker's view: the table as last compiled, route policies per conf, outcomes to send.
 local worker = {
     attr = nil, auth = nil, tbl = nil, version = nil, policies = setmetatable({}, { __mode = "k" }),
-    buffer = {}, keys = {}, logged = {}, fetching = false, flushing = false,
+    agg = report.new(), logged = {}, fetching = false, flushing = false,
 }
 
 local function dict()
@@ -215,11 +215,16 @@ end
 local function account(ctx, d, f, tbl, policy)
     local d_ = dict()
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
-    local seen = { target = d.target, label = decide.label(d), tenant = d.tenant, cost = d.cost_usd }
+    local seen = { target = d.target, label = decide.label(d), tenant = d.tenant, cost = d.cost_usd,
+                   model = model_key }
     if d.target == decide.LOCAL then
         d_:incr("ls:" .. model_key, 1, 0)
     elseif d.target ~= decide.SHED then
         seen.cloud = true
+    end
+    if d.residency_kept then
+        report.kept_home(worker.agg, { path = ctx.var.uri, model = f.model,
+                                       classification = f.headers[policy.classification_header] })
     end
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
@@ -246,14 +251,23 @@ function _M.rewrite(conf, ctx)
         d = decide_and_reserve(f, tbl, policy)
     end
     account(ctx, d, f, tbl, policy)
+    if tbl then
+        ctx.spillway.table_age_s = math.max(0, ngx_now() - tbl.built_at)
+    end
     if d.target == decide.SHED then
         core.response.set_header("Retry-After", tostring(d.retry_after_s))
         return d.status, { error = "overloaded (" .. ctx.spillway.label .. "); retry after "
                                    .. d.retry_after_s .. " s" }
     end
     if d.target == decide.LOCAL then
-        core.request.set_header(ctx, TARGET_HEADER, decide.LOCAL)
-        core.request.set_header(ctx, SIGNATURE_HEADER, nil)
+        -- Only a client's own values need replacing: without the header traffic-split stays local.
+        local raw = core.request.headers(ctx)
+        if raw["x-spillway-target"] ~= nil then
+            core.request.set_header(ctx, TARGET_HEADER, decide.LOCAL)
+        end
+        if raw["x-spillway-signature"] ~= nil then
+            core.request.set_header(ctx, SIGNATURE_HEADER, nil)
+        end
         return
     end
     local spec = tbl.targets[d.target]
@@ -280,25 +294,8 @@ function _M.log(conf, ctx)
     if seen.tenant_counted then
         d_:incr("tif:" .. seen.tenant, -1, 0)
     end
-    local buffer = worker.buffer
-    if #buffer >= worker.attr.max_buffer then
-        d_:incr("dropped", 1, 0)
-        return
-    end
-    local var = ctx.var
-    buffer[#buffer + 1] = {
-        target = seen.value or seen.target,
-        status = ngx.status,
-        upstream_status = var.upstream_status,
-        upstream_s = var.upstream_response_time,
-        request_s = var.request_time,
-        instance = ngx.var.upstream_http_x_spillway_instance,
-        cold = ngx.var.upstream_http_x_spillway_cold,
-        tenant = seen.tenant,
-        uri = var.uri,
-        decision = seen.target .. ";" .. seen.label,
-        cost_usd = seen.cost,
-    }
+    report.add(worker.agg, seen, ctx.var, ngx.status, ngx.var.upstream_http_x_spillway_instance,
+               ngx.var.upstream_http_x_spillway_cold)
 end
 
 local function post(path, body)
@@ -321,7 +318,7 @@ local function counters(prefix, names)
     return out
 end
 
-local function report()
+local function node_counters()
     local tbl = worker.tbl
     local targets, models = tbl and tbl.targets or {}, tbl and tbl["local"] or {}
     local d_ = dict()
@@ -335,14 +332,24 @@ local function report()
     })
 end
 
-local function fetch(premature)
-    if premature or worker.fetching then
-        return
+-- A timer's body, never left half-done: an error is logged and the next tick starts afresh.
+local function guarded(flag, body)
+    return function(premature)
+        if premature or worker[flag] then
+            return
+        end
+        worker[flag] = true
+        local ok, err = pcall(body)
+        worker[flag] = false
+        if not ok then
+            log_sometimes(flag, "spillway: ", flag, " failed: ", err)
+        end
     end
-    worker.fetching = true
+end
+
+local function fetch()
     current()
-    local res, err = post("/spillway/table", report())
-    worker.fetching = false
+    local res, err = post("/spillway/table", node_counters())
     if not res or res.status ~= 200 then
         log_sometimes("fetch", "spillway: decision table not fetched from ", worker.attr.runner, ": ",
                       err or ("status " .. res.status .. " " .. tostring(res.body)))
@@ -359,19 +366,17 @@ local function fetch(premature)
     dict():incr("version", 1, 0)
 end
 
-local function flush(premature)
-    if worker.flushing or #worker.buffer == 0 then
+local function flush()
+    local agg = worker.agg
+    if agg.n == 0 then
         return
     end
-    worker.flushing = true
-    local batch = worker.buffer
-    worker.buffer = {}
-    local res, err = post("/spillway/outcomes", cjson.encode(batch))
-    worker.flushing = false
+    worker.agg = report.new()
+    local res, err = post("/spillway/fast-outcomes", cjson.encode(report.body(agg)))
     if not res or res.status >= 300 then
-        dict():incr("dropped", #batch, 0)
-        log_sometimes("flush", "spillway: ", #batch, " outcomes not delivered to ", worker.attr.runner,
-                      ": ", err or ("status " .. res.status))
+        dict():incr("dropped", agg.n, 0)
+        log_sometimes("flush", "spillway: outcomes of ", agg.n, " requests not delivered to ",
+                      worker.attr.runner, ": ", err or ("status " .. res.status .. " " .. tostring(res.body)))
     end
 end
 
@@ -404,10 +409,10 @@ function _M.init()
     end
     started = true
     if ngx.worker.id() == 0 then
-        ngx.timer.every(attr.fetch_interval_s, fetch)
-        ngx.timer.at(0, fetch)
+        ngx.timer.every(attr.fetch_interval_s, guarded("fetching", fetch))
+        ngx.timer.at(0, guarded("fetching", fetch))
     end
-    ngx.timer.every(attr.batch_s, flush)
+    ngx.timer.every(attr.batch_s, guarded("flushing", flush))
 end
 
 return _M

@@ -273,28 +273,26 @@ end
 -- A request's features as the runner builds them (routing/spillway.py): the normalised path,
 -- the model from it, headers with repeated ones joined by ", ", arguments (the last value of a
 -- repeated one; none without "=" reads "").
-local function join_values(raw)
-    return setmetatable({}, { __index = function(_, name)
-        local v = raw[name]
-        if type(v) == "table" then
-            return table.concat(v, ", ")
-        end
-        return v
-    end })
-end
+local RAW = {}  -- a key no header or argument name can be
 
-local function last_values(raw)
-    return setmetatable({}, { __index = function(_, name)
-        local v = raw[name]
-        if type(v) == "table" then
-            v = v[#v]
-        end
-        if v == true then
-            return ""
-        end
-        return v
-    end })
-end
+local JOINED = { __index = function(view, name)
+    local v = rawget(view, RAW)[name]
+    if type(v) == "table" then
+        return table.concat(v, ", ")
+    end
+    return v
+end }
+
+local LAST = { __index = function(view, name)
+    local v = rawget(view, RAW)[name]
+    if type(v) == "table" then
+        v = v[#v]
+    end
+    if v == true then
+        return ""
+    end
+    return v
+end }
 
 local function needs_normalising(path)
     return path:sub(1, 1) ~= "/" or path:find("%", 1, true) or path:find("//", 1, true)
@@ -309,8 +307,8 @@ function _M.features(uri, raw_headers, raw_args, normalise)
     return {
         path = path,
         model = path:match("^/v2/models/([^/]+)"),
-        headers = join_values(raw_headers),
-        args = last_values(raw_args),
+        headers = setmetatable({ [RAW] = raw_headers }, JOINED),
+        args = setmetatable({ [RAW] = raw_args }, LAST),
     }
 end
 

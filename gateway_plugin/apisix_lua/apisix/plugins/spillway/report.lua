@@ -1,0 +1,138 @@
+-- What happened to the requests this worker decided, summed up between two posts to the runner.
+--
+-- One entry per request would cost more than the decision itself (encoding here, parsing in the
+-- runner), so each worker keeps sums: decisions per label, local answer times per model, cloud
+-- answers ok and failed per target with the instances that answered, quota'd tenants' arrivals
+-- and spend, the table's age at each decision (histogram buckets), and the few requests residency
+-- kept home (for the runner's residency log). Every map is bounded; what does not fit is counted
+-- as dropped.
+
+local array_mt = require("cjson.safe").array_mt
+local tonumber, pairs, setmetatable, type = tonumber, pairs, setmetatable, type
+
+local _M = {}
+
+-- Upper bounds (seconds) of the table-age buckets; the runner's histogram has the same.
+_M.AGE_BOUNDS = { 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5 }
+local AGE_BOUNDS, N_BOUNDS = _M.AGE_BOUNDS, #_M.AGE_BOUNDS
+local MAX_KEYS = 1000
+local MAX_INSTANCES = 64
+local MAX_RESIDENCY = 100
+
+function _M.new()
+    local ages = {}
+    for i = 1, N_BOUNDS + 1 do
+        ages[i] = 0
+    end
+    return { n = 0, keys = 0, dropped = 0, decisions = {}, local_s = {}, cloud = {}, instances = {},
+             tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
+end
+
+-- The last of nginx's comma-separated values (one per upstream tried), as a number.
+local function last_number(raw)
+    if type(raw) ~= "string" then
+        return tonumber(raw)  -- APISIX's ctx.var gives some of them as numbers already
+    end
+    return tonumber(raw:match("([%d%.]+)%s*$"))
+end
+_M.last_number = last_number
+
+local function bounded(agg, map, key, fresh)
+    local entry = map[key]
+    if entry == nil then
+        if agg.keys >= MAX_KEYS then
+            agg.dropped = agg.dropped + 1
+            return nil
+        end
+        agg.keys = agg.keys + 1
+        entry = fresh()
+        map[key] = entry
+    end
+    return entry
+end
+
+local function pair() return { 0, 0 } end
+local function triple() return { 0, 0, 0 } end
+
+-- seen: what the rewrite phase decided; var: ctx.var; instance, cold: the function's headers.
+function _M.add(agg, seen, var, status, instance, cold)
+    agg.n = agg.n + 1
+    local decision = seen.target .. ";" .. seen.label
+    agg.decisions[decision] = (agg.decisions[decision] or 0) + 1
+    local age = seen.table_age_s
+    if age then
+        local i = 1
+        while i <= N_BOUNDS and age > AGE_BOUNDS[i] do
+            i = i + 1
+        end
+        agg.ages[i] = agg.ages[i] + 1
+        agg.age_sum = agg.age_sum + age
+    end
+    if seen.tenant_counted then
+        local t = bounded(agg, agg.tenants, seen.tenant, pair)
+        if t then
+            t[1], t[2] = t[1] + 1, t[2] + (seen.cost or 0)
+        end
+    end
+    local upstream_status = last_number(var.upstream_status)
+    if seen.cloud then
+        upstream_status = upstream_status or status
+        local c = bounded(agg, agg.cloud, seen.target, triple)
+        if c then
+            if upstream_status > 0 and upstream_status < 500 then
+                c[1] = c[1] + 1
+            else
+                c[2] = c[2] + 1
+            end
+            c[3] = c[3] + (last_number(var.upstream_response_time) or 0)
+        end
+        if instance then
+            local seen_here = agg.instances[seen.target]
+            if seen_here == nil then
+                seen_here = { [0] = 0 }
+                agg.instances[seen.target] = seen_here
+            end
+            if seen_here[instance] == nil and seen_here[0] < MAX_INSTANCES then
+                seen_here[0] = seen_here[0] + 1
+                seen_here[instance] = cold == "1"
+            end
+        end
+    elseif seen.target == "local" and upstream_status then
+        local seconds = last_number(var.upstream_response_time)
+        if seconds then
+            local l = bounded(agg, agg.local_s, seen.model or "", pair)
+            if l then
+                l[1], l[2] = l[1] + 1, l[2] + seconds
+            end
+        end
+    end
+end
+
+function _M.kept_home(agg, request)
+    if #agg.residency < MAX_RESIDENCY then
+        agg.residency[#agg.residency + 1] = request
+    else
+        agg.dropped = agg.dropped + 1
+    end
+end
+
+-- The summary as the runner reads it (POST /spillway/fast-outcomes).
+function _M.body(agg)
+    local instances = {}
+    for target, seen in pairs(agg.instances) do
+        local ids = {}
+        for id, cold in pairs(seen) do
+            if id ~= 0 then
+                ids[id] = cold
+            end
+        end
+        instances[target] = ids
+    end
+    return {
+        decisions = agg.decisions, local_s = agg.local_s, cloud = agg.cloud, instances = instances,
+        tenants = agg.tenants, residency = agg.residency, table_ages = agg.ages,
+        table_age_sum = agg.age_sum, dropped = agg.dropped,
+    }
+end
+
+return _M
