@@ -294,8 +294,7 @@ function _M.log(conf, ctx)
     if seen.tenant_counted then
         d_:incr("tif:" .. seen.tenant, -1, 0)
     end
-    report.add(worker.agg, seen, ctx.var, ngx.status, ngx.var.upstream_http_x_spillway_instance,
-               ngx.var.upstream_http_x_spillway_cold)
+    report.add(worker.agg, seen, ctx.var, ngx.status)
 end
 
 local function post(path, body)

@@ -8,7 +8,7 @@
 
 local re_find = ngx.re.find
 local str_lower = string.lower
-local str_gsub = string.gsub
+local str_byte, str_sub = string.byte, string.sub
 local pairs, ipairs, type = pairs, ipairs, type
 
 local _M = {}
@@ -22,8 +22,22 @@ local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd 
 local NO_QUOTA = {}
 
 -- Python's str.strip(): ASCII whitespace including the four separators \x1c-\x1f.
+local function space(b)
+    return b == 32 or (b >= 9 and b <= 13) or (b >= 28 and b <= 31)
+end
+
 local function strip(s)
-    return (str_gsub(str_gsub(s, "^[ \t\n\r\v\f\28-\31]+", ""), "[ \t\n\r\v\f\28-\31]+$", ""))
+    local first, last = 1, #s
+    while first <= last and space(str_byte(s, first)) do
+        first = first + 1
+    end
+    while last >= first and space(str_byte(s, last)) do
+        last = last - 1
+    end
+    if first == 1 and last == #s then
+        return s
+    end
+    return str_sub(s, first, last)
 end
 
 local function full_match(pattern, subject)
@@ -227,13 +241,14 @@ function _M.decide(f, tbl, policy, live)
 end
 
 -- What operators see in X-Spillway-Decision after the target: rule:<name>, +local_saturated.
-function _M.label(d)
+local function label(d)
     local base = d.reason == "rule" and ("rule:" .. d.rule) or d.reason
     if d.local_saturated then
         return base .. "+local_saturated"
     end
     return base
 end
+_M.label = label
 
 -- The route's overrides over the table's policy, as routing/spillway.py's _route_policy.
 function _M.route_policy(tbl, conf)

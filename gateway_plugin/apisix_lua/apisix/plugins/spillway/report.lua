@@ -54,8 +54,9 @@ end
 local function pair() return { 0, 0 } end
 local function triple() return { 0, 0, 0 } end
 
--- seen: what the rewrite phase decided; var: ctx.var; instance, cold: the function's headers.
-function _M.add(agg, seen, var, status, instance, cold)
+-- seen: what the rewrite phase decided; var: ctx.var (the function's headers read from it only
+-- for cloud answers).
+function _M.add(agg, seen, var, status)
     agg.n = agg.n + 1
     local decision = seen.target .. ";" .. seen.label
     agg.decisions[decision] = (agg.decisions[decision] or 0) + 1
@@ -86,6 +87,7 @@ function _M.add(agg, seen, var, status, instance, cold)
             end
             c[3] = c[3] + (last_number(var.upstream_response_time) or 0)
         end
+        local instance = var.upstream_http_x_spillway_instance
         if instance then
             local seen_here = agg.instances[seen.target]
             if seen_here == nil then
@@ -94,7 +96,7 @@ function _M.add(agg, seen, var, status, instance, cold)
             end
             if seen_here[instance] == nil and seen_here[0] < MAX_INSTANCES then
                 seen_here[0] = seen_here[0] + 1
-                seen_here[instance] = cold == "1"
+                seen_here[instance] = var.upstream_http_x_spillway_cold == "1"
             end
         end
     elseif seen.target == "local" and upstream_status then

@@ -92,9 +92,18 @@ function _M.body_digest(body)
     return to_hex(h:final())
 end
 
+-- One HMAC context per key, reset after each use (a worker signs one request at a time).
+local contexts = {}
+
 function _M.mac(key, t, nonce, method, target, digest)
-    local h = hmac:new(key, hmac.ALGOS.SHA256)
-    return h:final(t .. "\n" .. nonce .. "\n" .. method:upper() .. "\n" .. target .. "\n" .. digest, true)
+    local h = contexts[key]
+    if h == nil then
+        h = hmac:new(key, hmac.ALGOS.SHA256)
+        contexts[key] = h
+    end
+    local mac = h:final(t .. "\n" .. nonce .. "\n" .. method:upper() .. "\n" .. target .. "\n" .. digest, true)
+    h:reset()
+    return mac
 end
 
 -- The header value; body nil signs UNSIGNED-PAYLOAD.
