@@ -78,9 +78,8 @@ def test_reported_counters_are_taken_once_and_a_restarted_node_starts_afresh() -
     assert spent() == 0.75
     book.exchange(report(spent={"aws": 0.25}))  # nginx restarted: its counters began at zero
     assert spent() == 1.0
-    book.exchange(report(local_sent={"": 7}, hot={"": True}, fail_safe=3, dropped=1))
-    load = state.load.snapshot(None)[""]
-    assert load.sent_since_scrape == 7 and load.overflowing
+    book.exchange(report(hot={"": True}, fail_safe=3, dropped=1))
+    assert state.load.snapshot(None)[""].overflowing
     assert state.metrics.fast_path_fail_safe._value.get() == 3
 
 
@@ -110,6 +109,7 @@ def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_res
                     "aws;made_up": 9,
                     "elsewhere;local_ok": 9,
                 },
+                "sent_local": {"": 7},
                 "local_s": {"": [4, 1.2]},
                 "cloud": {"aws": [0, 5, 0.5], "nope": [1, 1, 0.1]},
                 "instances": {"aws": {"i-1": True, "i-2": False}},
@@ -133,7 +133,8 @@ def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_res
     now = state.clock()
     assert state.breakers["aws"].current(now) is BreakerState.OPEN
     assert state.pools["aws"].warm(now) == 2
-    assert state.load.snapshot(None)[""].observed_ms == pytest.approx(300.0)
+    local = state.load.snapshot(None)[""]
+    assert local.observed_ms == pytest.approx(300.0) and local.sent_since_scrape == 7
     book = state.tenants.get("t1")
     assert book is not None and book.last_minute(state.wall()) == 2 and book.spent(state.wall())[0] == 0.25
     assert state.tenants.get("free") is None, "a tenant without a quota has no book"

@@ -7,10 +7,10 @@ the instances that answered, quota'd tenants' arrivals and spend, the table's ag
 decision, and the requests residency kept home. They feed the same books the ext-plugin path's
 outcomes do: breakers, warm pools, the local latency estimate, tenants, metrics, the residency log.
 
-Every fetch is a POST carrying the node's cumulative counters (spend per target, requests sent
-local per model, the overflow flag it last decided, fail-safe decisions, outcomes it dropped).
+Every fetch is a POST carrying the node's cumulative counters (spend per target, the overflow flag
+it last decided, fail-safe decisions, outcomes it dropped).
 The runner takes each counter's growth since the node's previous report into its state (the
-spend ledger, the local backlog estimate, metrics) and answers with a table built from the state
+spend ledger, metrics) and answers with a table built from the state
 as it now is, marking per target how much of the node's spend it includes, so the plugin adds
 only what it spent past that mark. Counters restart at zero when nginx restarts (new node id).
 """
@@ -45,7 +45,6 @@ class FastPathReport(BaseModel):
 
     node: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     spent: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
-    local_sent: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
     hot: dict[str, bool] = Field(default_factory=dict, max_length=MAX_KEYS)
     fail_safe: float = Field(default=0.0, ge=0)
     dropped: float = Field(default=0.0, ge=0)
@@ -65,6 +64,7 @@ class FastOutcomes(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     decisions: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
+    sent_local: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
@@ -78,7 +78,6 @@ class FastOutcomes(BaseModel):
 @dataclass
 class _Node:
     spent: _Counters = field(default_factory=dict)
-    local_sent: _Counters = field(default_factory=dict)
     fail_safe: float = 0.0
     dropped: float = 0.0
 
@@ -137,10 +136,6 @@ class FastPathBook:
                 if usd > 0:
                     state.ledger.spend(f"target:{name}", usd, wall)
                     state.metrics.spend.labels(name).inc(usd)
-        for model, total in report.local_sent.items():
-            sent = int(_growth(total, node.local_sent.get(model, 0.0)))
-            node.local_sent[model] = total
-            state.load.sent_local_many(model or None, sent)
         for model, hot in report.hot.items():
             state.load.set_overflowing(model or None, hot)
         state.metrics.fast_path_fail_safe.inc(_growth(report.fail_safe, node.fail_safe))
@@ -172,6 +167,8 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
     for kept in summary.residency:
         seen = {"event": "residency_kept", **kept.model_dump(), "via": "fast_path"}
         residency_log.info(json.dumps(seen))
+    for model, sent in summary.sent_local.items():
+        state.load.sent_local_many(model or None, sent)
     for model, (count, seconds) in summary.local_s.items():
         if count:
             state.answered_local(model or None, seconds / count * 1000)

@@ -218,7 +218,7 @@ local function account(ctx, d, f, tbl, policy)
     local seen = { target = d.target, label = decide.label(d), tenant = d.tenant, cost = d.cost_usd,
                    model = model_key }
     if d.target == decide.LOCAL then
-        d_:incr("ls:" .. model_key, 1, 0)
+        report.sent_local(worker.agg, model_key)
     elseif d.target ~= decide.SHED then
         seen.cloud = true
     end
@@ -241,7 +241,7 @@ end
 
 function _M.rewrite(conf, ctx)
     local tbl = current()
-    local f = decide.features(ctx.var.uri, core.request.headers(ctx), core.request.get_uri_args(ctx),
+    local f = decide.features(ctx.var.uri, core.request.headers(ctx), core.request.get_uri_args, ctx,
                               sign.normalise_path)
     local d, policy
     if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
@@ -324,7 +324,6 @@ local function node_counters()
     return cjson.encode({
         node = d_:get("node"),
         spent = counters("sp:", targets),
-        local_sent = counters("ls:", models),
         hot = counters("hot:", models),
         fail_safe = d_:get("failsafe") or 0,
         dropped = d_:get("dropped") or 0,

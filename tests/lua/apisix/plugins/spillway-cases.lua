@@ -32,7 +32,8 @@ local function evaluate(group)
     end
     local out = {}
     for i, case in ipairs(group.cases) do
-        local f = decide.features(case.uri, case.headers, case.args, sign.normalise_path)
+        local f = decide.features(case.uri, case.headers, function(c) return c.args end, case,
+                                  sign.normalise_path)
         local d = decide.decide(f, tbl, decide.route_policy(tbl, case.route), live_of(case))
         out[i] = {
             target = d.target, label = decide.label(d), status = d.status,

@@ -288,7 +288,7 @@ end
 -- A request's features as the runner builds them (routing/spillway.py): the normalised path,
 -- the model from it, headers with repeated ones joined by ", ", arguments (the last value of a
 -- repeated one; none without "=" reads "").
-local RAW = {}  -- a key no header or argument name can be
+local RAW, LOAD, SOURCE = {}, {}, {}  -- keys no header or argument name can be
 
 local JOINED = { __index = function(view, name)
     local v = rawget(view, RAW)[name]
@@ -298,8 +298,14 @@ local JOINED = { __index = function(view, name)
     return v
 end }
 
+-- Arguments are read from nginx only when a rule asks for one.
 local LAST = { __index = function(view, name)
-    local v = rawget(view, RAW)[name]
+    local raw = rawget(view, RAW)
+    if raw == nil then
+        raw = rawget(view, LOAD)(rawget(view, SOURCE))
+        rawset(view, RAW, raw)
+    end
+    local v = raw[name]
     if type(v) == "table" then
         v = v[#v]
     end
@@ -314,7 +320,8 @@ local function needs_normalising(path)
         or path:find("/.", 1, true) or (path ~= "/" and path:sub(-1) == "/")
 end
 
-function _M.features(uri, raw_headers, raw_args, normalise)
+-- args_of(source) gives the argument table, called at most once and only if a rule needs it.
+function _M.features(uri, raw_headers, args_of, source, normalise)
     local path = uri
     if needs_normalising(path) then
         path = normalise(path)
@@ -323,7 +330,7 @@ function _M.features(uri, raw_headers, raw_args, normalise)
         path = path,
         model = path:match("^/v2/models/([^/]+)"),
         headers = setmetatable({ [RAW] = raw_headers }, JOINED),
-        args = setmetatable({ [RAW] = raw_args }, LAST),
+        args = setmetatable({ [LOAD] = args_of, [SOURCE] = source }, LAST),
     }
 end
 
