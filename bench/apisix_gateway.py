@@ -1030,7 +1030,7 @@ def markdown(
         f"{start['rounds']} rounds of {start['seconds']} s per case after {start['warmup_seconds']} s of "
         "warm-up.",
         "",
-        "| case | req/s | of split | of trivial | p50 µs | p99 µs | p99 of split | p99 − split µs "
+        "| case | req/s | of split | of trivial | p50 µs | p99 µs | p99 of split | p99 minus split µs "
         "| runner cpu µs/req | runner cpu of trivial | non-2xx + errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -1094,7 +1094,8 @@ def markdown(
             lines.append(
                 f"- {r['case']} run {n + 1}: {age['decisions']:,.0f} fast-path decisions, "
                 f"{age['within_100ms']:.4f} of them from a table at most 100 ms old; 99 % within "
-                f"{age['p99_le_s'] * 1000:.0f} ms, all within {age['max_le_s'] * 1000:.0f} ms (histogram bounds)."
+                f"{age['p99_le_s'] * 1000:.0f} ms, all within {age['max_le_s'] * 1000:.0f} ms "
+                "(histogram bounds)."
             )
     startup = _startup_messages(samples)
     if startup:

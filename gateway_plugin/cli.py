@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         "apisix-lua-path",
         help="print the directory to name in APISIX's extra_lua_path (the fast path's plugin)",
         description="Print the directory holding apisix/plugins/spillway.lua, the fast path's Lua plugin "
-        "shipped with this package. In APISIX's config.yaml: apisix.extra_lua_path: \"<dir>/?.lua\", "
+        'shipped with this package. In APISIX\'s config.yaml: apisix.extra_lua_path: "<dir>/?.lua", '
         "'spillway' in plugins, nginx_config.http.custom_lua_shared_dict: {spillway: 10m}, the route "
         "token's variable in nginx_config.envs, and plugin_attr.spillway.runner set to the runner's "
         "outcomes.listen. --config prints that whole config.yaml excerpt instead.",
@@ -147,7 +147,9 @@ def _print_route(
         token = route_token(config.runner.route_token_env)
         if fast_path:
             if lambda_iam is not None:
-                raise RouteError("--lambda-iam and --fast-path do not combine: aws-lambda needs the ext-plugin route")
+                raise RouteError(
+                    "--lambda-iam and --fast-path do not combine: aws-lambda needs the ext-plugin route"
+                )
             made = fast_route(config, token, route_id if route_id != "spillway" else "spillway-fast", uri)
             if invoke_targets(config):
                 print(

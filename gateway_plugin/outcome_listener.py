@@ -94,7 +94,9 @@ def _handler(
         def do_POST(self) -> None:
             path = self.path.partition("?")[0]  # http-logger may add an empty query
             if not served.get(path):
-                self._answer(404, f"no such path; outcomes are posted to {PATH}, tables fetched at {TABLE_PATH}")
+                self._answer(
+                    404, f"no such path; outcomes are posted to {PATH}, tables fetched at {TABLE_PATH}"
+                )
                 return
             given = self.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode("latin-1", "replace"), auth.encode()):

@@ -41,7 +41,19 @@ PATHS = (
     "/v2/models/%61dd_sub/infer",
     "/v2/models/add_sub/../resnet/infer",
 )
-CLASSES = (None, "public", "PUBLIC ", " internal", "secret", "", "  ", "Internal", "confidential", "public", "public")
+CLASSES = (
+    None,
+    "public",
+    "PUBLIC ",
+    " internal",
+    "secret",
+    "",
+    "  ",
+    "Internal",
+    "confidential",
+    "public",
+    "public",
+)
 PRIORITIES = (None, "high", "low", "HIGH", "", "medium", "hx", "12", "b")
 
 
@@ -62,7 +74,10 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "url": f"http://127.0.0.1:1/{n}",
             "concurrency_cap": rng.randint(1, 4),
             "cold_start_ms": rng.choice([0, 50, 400, 5000]),
-            "cost": {"memory_gb": rng.choice([1, 2, 4, 10]), "expected_duration_ms": rng.choice([20, 100, 900])},
+            "cost": {
+                "memory_gb": rng.choice([1, 2, 4, 10]),
+                "expected_duration_ms": rng.choice([20, 100, 900]),
+            },
         }
         for n in names
     ]
@@ -103,7 +118,8 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         "rules": rules,
         "residency": {
             "header": rng.choice(["x-data-classification", "X-Class"]),
-            "cloud_allowed": rng.sample(["public", "internal", "PUBLIC"], rng.randint(0, 2)) + ["public"] * (rng.random() < 0.7),
+            "cloud_allowed": rng.sample(["public", "internal", "PUBLIC"], rng.randint(0, 2))
+            + ["public"] * (rng.random() < 0.7),
             "unclassified_may_leave": rng.random() < 0.3,
         },
         "overflow": {
@@ -113,7 +129,9 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "retry_after_s": rng.randint(1, 3),
         },
         "budgets": {
-            "per_target_hourly_usd": {n: rng.choice([0.0, 0.00001, 0.001, 1.0]) for n in names if rng.random() < 0.3},
+            "per_target_hourly_usd": {
+                n: rng.choice([0.0, 0.00001, 0.001, 1.0]) for n in names if rng.random() < 0.3
+            },
             "per_target_daily_usd": {n: rng.choice([0.0, 0.0001, 1.0]) for n in names if rng.random() < 0.3},
         },
         "tenants": {
@@ -142,7 +160,9 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
     for name, spec in policy.targets.items():
         hourly = spec.hourly_usd or 0.0
         targets[name] = TargetState(
-            breaker=rng.choice([BreakerState.CLOSED, BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN]),
+            breaker=rng.choice(
+                [BreakerState.CLOSED, BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN]
+            ),
             probe_allowed=rng.random() < 0.5,
             in_flight=rng.randint(0, spec.concurrency_cap + 1),
             warm_instances=rng.randint(0, 4),
@@ -150,7 +170,9 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
             spent_day_usd=rng.choice([0.0, 0.5, 0.0001]),
         )
     tenants = {
-        t: TenantState(rng.randint(0, 6), rng.randint(0, 4), rng.choice([0.0, 0.00009, 2.0]), rng.choice([0.0, 2.0]))
+        t: TenantState(
+            rng.randint(0, 6), rng.randint(0, 4), rng.choice([0.0, 0.00009, 2.0]), rng.choice([0.0, 2.0])
+        )
         for t in TENANTS
         if rng.random() < 0.7
     }
@@ -183,7 +205,9 @@ def random_request(rng: random.Random, residency_header: str) -> dict[str, Any]:
     return {"uri": rng.choice(PATHS), "headers": headers, "args": args}
 
 
-def python_decision(request: dict[str, Any], route: dict[str, Any], policy: Policy, snap: Snapshot) -> Decision:
+def python_decision(
+    request: dict[str, Any], route: dict[str, Any], policy: Policy, snap: Snapshot
+) -> Decision:
     """What the runner decides: features as ``SpillwayPlugin.request_filter`` builds them."""
     headers = {k: ", ".join(v) if isinstance(v, list) else v for k, v in request["headers"].items()}
     args = {k: ("" if v is True else v[-1] if isinstance(v, list) else v) for k, v in request["args"].items()}

@@ -18,8 +18,8 @@ import yaml
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.apisix_fast_route import fast_route
 from functions.signature import Verifier
+from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.target_header import target_value
 from tests.apisix_support import (
@@ -46,7 +46,9 @@ class Stack:
     feed: MetricsFeed
     metrics_url: str
 
-    def send(self, classification: str | None = None, path: str = "/v2/models/add_sub/infer", **headers: str) -> dict[str, Any]:
+    def send(
+        self, classification: str | None = None, path: str = "/v2/models/add_sub/infer", **headers: str
+    ) -> dict[str, Any]:
         sent = {"content-type": "application/json", **headers}
         if classification is not None:
             sent["x-data-classification"] = classification
@@ -146,28 +148,38 @@ def test_the_signature_made_in_lua_verifies_at_the_function(stack: Stack) -> Non
     stack.set_load(500)
     key = os.environ["SPILLWAY_SIGNING_KEY"].encode()
     verifier = Verifier(key, allow_unsigned_payload=True)
-    for path in ("/v2/models/add_sub/infer", "/v2/models/add_sub/infer?b=2&a=x+y&c&a=%2F", "/v2//models/a%20b/./infer"):
+    for path in (
+        "/v2/models/add_sub/infer",
+        "/v2/models/add_sub/infer?b=2&a=x+y&c&a=%2F",
+        "/v2//models/a%20b/./infer",
+    ):
         answer = stack.send("public", path=path)
         assert answer["upstream"] == "aws", answer
         verifier.verify(answer["headers"]["x-spillway-signature"], "POST", answer["path"], b"{}", time.time())
 
 
-def test_a_stale_table_keeps_everything_local_and_sheds_when_the_last_table_said_saturated(stack: Stack) -> None:
+def test_a_stale_table_keeps_everything_local_and_sheds_when_the_last_table_said_saturated(
+    stack: Stack,
+) -> None:
     """The runner dies (APISIX respawns it after 3 s): once the table is older than stale_after_s
     (0.5 s here), no request goes out, whatever its class; local saturation per the last table sheds."""
     for queue_ms, want in ((500, "local;table_stale"), (5000, "shed;table_stale+local_saturated")):
         stack.feed.queue_ms = queue_ms
         wait_until(lambda: stack.decision(stack.send("public")).startswith("aws;"), 30, "overflow to aws")
         # The runner's gauge (refreshed every second) trails the tables the plugin fetches.
-        wait_until(lambda: stack.local_wait_s() >= queue_ms / 1000, 30, "the runner's estimate")
+        wait_until(lambda q=queue_ms: stack.local_wait_s() >= q / 1000, 30, "the runner's estimate")
         runner = stack.gateway.runner_pids()[-1]
         os.kill(runner, signal.SIGKILL)
-        wait_until(lambda: stack.decision(stack.send("public")) == want, 10, want)
+        wait_until(lambda w=want: stack.decision(stack.send("public")) == w, 10, want)
         while stack.gateway.runner_pids()[-1] == runner:
             answer = stack.send("public")
             assert answer.get("upstream") != "aws" and stack.decision(answer) == want, answer
             time.sleep(0.05)
-        wait_until(lambda: stack.decision(stack.send("public")).startswith("aws;"), 30, "the respawned runner's table")
+        wait_until(
+            lambda: stack.decision(stack.send("public")).startswith("aws;"),
+            30,
+            "the respawned runner's table",
+        )
     failsafe = re.search(r"spillway_fast_path_fail_safe_total ([0-9.e+]+)", stack.metrics())
     assert failsafe and float(failsafe.group(1)) > 0
 
@@ -175,11 +187,16 @@ def test_a_stale_table_keeps_everything_local_and_sheds_when_the_last_table_said
 def test_outcomes_reach_the_runner_spend_is_counted_and_failures_open_the_breaker(stack: Stack) -> None:
     stack.set_load(500)
     stack.send("public")
-    wait_until(lambda: 'spillway_decisions_total{reason="overflow_cold",target="aws"}' in stack.metrics(), 10, "decisions counted")
+    wait_until(
+        lambda: 'spillway_decisions_total{reason="overflow_cold",target="aws"}' in stack.metrics(),
+        10,
+        "decisions counted",
+    )
     assert re.search(r'spillway_cloud_spend_usd_total\{target="aws"\} [0-9.e-]+', stack.metrics())
     stack.aws.status = 502
     try:
-        wait_until(lambda: stack.decision(stack.send("public")) == "local;no_target", 30, "the aws breaker open")
+        wait_until(
+            lambda: stack.decision(stack.send("public")) == "local;no_target", 30, "the aws breaker open"
+        )
     finally:
         stack.aws.status = 200
-

@@ -31,7 +31,9 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Pa
         feed.queue_ms = 500
         config = fast_config(local, aws, feed)
         config["targets"][0].update(concurrency_cap=2, signing_key_env=None)
-        config["targets"].append({**config["targets"][0], "name": "ali", "url": ali.url, "concurrency_cap": 100})
+        config["targets"].append(
+            {**config["targets"][0], "name": "ali", "url": ali.url, "concurrency_cap": 100}
+        )
         cold = build_policy(SpillwayConfig.model_validate(config)).targets["ali"].cold_cost_usd
         config["budgets"] = {"per_target_hourly_usd": {"ali": cold * 3.5}}
         aws.delay_s = ali.delay_s = 0.3

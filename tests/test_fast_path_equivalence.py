@@ -55,7 +55,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apisix.Apisix]
 
 def _lua(gateway: apisix.Apisix, groups: list[Group]) -> list[dict[str, object]]:
     body = json.dumps([{"table": g.table, "cases": g.cases} for g in groups]).encode()
-    status, _, answer = http("POST", gateway.url + "/spillway-cases", body, {"content-type": "application/json"})
+    status, _, answer = http(
+        "POST", gateway.url + "/spillway-cases", body, {"content-type": "application/json"}
+    )
     assert status == 200, answer[:500]
     decoded: list[dict[str, object]] = json.loads(answer)
     return decoded
@@ -116,10 +118,20 @@ def test_the_plugin_refuses_a_malformed_table_and_says_why(gateway: apisix.Apisi
         "not JSON": "{",
         "format 2": _broken(good, '"format":1', '"format":2'),
         "no policy": _broken(good, '"policy":', '"policie":'),
-        "a pattern PCRE cannot compile": _broken(good, '"rules":[', '"rules":[{"name":"x","action":"local","targets":[],"headers":[],"args":[],"models":[],"uri":"(unclosed"},'),
-        "an unknown action": _broken(good, '"rules":[', '"rules":[{"name":"x","action":"cloud","targets":[],"headers":[],"args":[],"models":[]},'),
+        "a pattern PCRE cannot compile": _broken(
+            good,
+            '"rules":[',
+            '"rules":[{"name":"x","action":"local","targets":[],"headers":[],"args":[],"models":[],"uri":"(unclosed"},',
+        ),
+        "an unknown action": _broken(
+            good,
+            '"rules":[',
+            '"rules":[{"name":"x","action":"cloud","targets":[],"headers":[],"args":[],"models":[]},',
+        ),
         "a NaN latency": _broken(good, '"latency_ms":', '"latency_ms":NaN,"was":'),
-        "a cap that is text": _broken(good, f'"{first_target}":{{"cap":', f'"{first_target}":{{"cap":"many","was":'),
+        "a cap that is text": _broken(
+            good, f'"{first_target}":{{"cap":', f'"{first_target}":{{"cap":"many","was":'
+        ),
         "a cloud target without its value": _broken(good, '"value":', '"valeu":'),
     }
     answers = _lua(gateway, [Group(group.policy, group.snapshot, text, group.cases) for text in bad.values()])

@@ -31,7 +31,13 @@ def config(port: int = 0, **extra: Any) -> SpillwayConfig:
         {
             "targets": [
                 {"name": "aws", "kind": "http", "url": "https://fn.example", "signing_key_env": "MY_KEY"},
-                {"name": "fc", "kind": "aliyun_fc", "mode": "invoke", "function_name": "f", "service_name": "s"},
+                {
+                    "name": "fc",
+                    "kind": "aliyun_fc",
+                    "mode": "invoke",
+                    "function_name": "f",
+                    "service_name": "s",
+                },
             ],
             "tenants": {"quotas": {"t1": {"requests_per_minute": 5, "hourly_usd": 1.0}}},
             "rules": [{"name": "keep", "match": {"uri": "health"}, "action": "local"}],
@@ -58,7 +64,13 @@ def test_the_table_carries_the_policy_the_state_and_how_to_reach_each_target(
     assert fc["invoke"] and "value" not in fc, "invoke mode is the runner's alone"
     assert aws["breaker"] == "closed" and aws["spent_mark"] == 0.0
     assert table["policy"]["rules"][0] == {
-        "name": "keep", "action": "local", "targets": [], "headers": [], "args": [], "models": [], "uri": "health"
+        "name": "keep",
+        "action": "local",
+        "targets": [],
+        "headers": [],
+        "args": [],
+        "models": [],
+        "uri": "health",
     }
     assert table["policy"]["quotas"] == {"t1": {"requests_per_minute": 5, "hourly_usd": 1.0}}
     text = json.dumps(table)
@@ -138,7 +150,10 @@ def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_res
     book = state.tenants.get("t1")
     assert book is not None and book.last_minute(state.wall()) == 2 and book.spent(state.wall())[0] == 0.25
     assert state.tenants.get("free") is None, "a tenant without a quota has no book"
-    assert state.metrics.fast_path_table_age.counts[:2] == [3, 2] and state.metrics.fast_path_table_age.counts[-1] == 1
+    assert (
+        state.metrics.fast_path_table_age.counts[:2] == [3, 2]
+        and state.metrics.fast_path_table_age.counts[-1] == 1
+    )
 
 
 def test_a_summary_is_bounded() -> None:

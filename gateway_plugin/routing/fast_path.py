@@ -180,7 +180,9 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
                     breaker.record(result, now)
     for name, instances in summary.instances.items():
         pool = state.pools.get(name)
-        for instance, cold in list(instances.items())[:64] if pool is not None else ():
+        if pool is None:
+            continue
+        for instance, cold in list(instances.items())[:64]:
             pool.seen(instance, now, cold)
             if cold:
                 state.metrics.cold_hits.labels(name).inc()
