@@ -46,3 +46,26 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Pa
         assert {a["status"] for a in answers} == {200}
         assert aws.max_in_flight <= 2 and aws.seen, aws.max_in_flight
         assert len(ali.seen) == 3, len(ali.seen)
+
+
+def test_a_tenants_concurrency_quota_holds_and_its_counter_goes_when_idle(tmp_path: Path) -> None:
+    """Tenant t1 may have 2 requests in flight: of 8 at once on a slow cluster, 2 reach it and the
+    others get 429; once they are answered, t1 gets through again (its counter was released)."""
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws"))
+        feed = stack.enter_context(metrics_feed())
+        config = fast_config(local, aws, feed)
+        config["tenants"] = {"quotas": {"t1": {"concurrency": 2}}}
+        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
+        gateway = stack.enter_context(apisix.running(settings))
+        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+        local.delay_s = 0.5
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(8)))
+        local.delay_s = 0.0
+        assert sorted(a["status"] for a in answers) == [200, 200] + [429] * 6, answers
+        assert {front.decision(a) for a in answers if a["status"] == 429} == {"shed;tenant_concurrency"}
+        assert local.max_in_flight == 2
+        assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200

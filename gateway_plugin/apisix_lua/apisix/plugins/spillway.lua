@@ -211,6 +211,21 @@ local function to_cloud(ctx, spec)
                             sign.header(key, ngx.req.get_method(), target, body, ngx.time()))
 end
 
+-- A tenant's in-flight count; its key is made without evicting anything (clients choose tenant
+-- names, so a full dict stops counting new tenants rather than forgetting spend or caps).
+local function count_tenant(d_, key)
+    if d_:incr(key, 1) ~= nil then
+        return true
+    end
+    local ok, err = d_:safe_add(key, 1)
+    if ok or (err == "exists" and d_:incr(key, 1) ~= nil) then
+        return true
+    end
+    log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight counts ",
+                  "not kept for new tenants (", err, "); make it larger")
+    return false
+end
+
 -- What the runner learns of this request: counted now, reported from the log phase.
 local function account(ctx, d, f, tbl, policy)
     local d_ = dict()
@@ -232,8 +247,7 @@ local function account(ctx, d, f, tbl, policy)
             d_:set("hot:" .. model_key, d.overflowing or false)
         end
         if d.tenant and d.target ~= decide.SHED and decide.quota_limits(policy, d.tenant) then
-            d_:incr("tif:" .. d.tenant, 1, 0)
-            seen.tenant_counted = true
+            seen.tenant_counted = count_tenant(d_, "tif:" .. d.tenant)
         end
     end
     ctx.spillway = seen
@@ -292,7 +306,11 @@ function _M.log(conf, ctx)
         d_:incr("if:" .. seen.target, -1, 0)
     end
     if seen.tenant_counted then
-        d_:incr("tif:" .. seen.tenant, -1, 0)
+        local key = "tif:" .. seen.tenant
+        local left = d_:incr(key, -1)
+        if left ~= nil and left <= 0 then
+            d_:delete(key)  -- clients name tenants: only those with requests in flight keep a key
+        end
     end
     report.add(worker.agg, seen, ctx.var, ngx.status)
 end
@@ -360,7 +378,12 @@ local function fetch()
                       "); the last good one stays until it is stale")
         return
     end
-    dict():set("table", res.body)
+    local stored, err_set = dict():safe_set("table", res.body)
+    if not stored then
+        log_sometimes("store", "spillway: the decision table does not fit in the shared dict ", DICT,
+                      " (", err_set, "); make it larger")
+        return
+    end
     dict():incr("version", 1, 0)
 end
 
