@@ -230,8 +230,9 @@ end
 local function account(ctx, d, f, tbl, policy)
     local d_ = dict()
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
-    local seen = { target = d.target, label = decide.label(d), tenant = d.tenant, cost = d.cost_usd,
-                   model = model_key }
+    local label = decide.label(d)
+    local seen = { target = d.target, label = label, decision = d.target .. ";" .. label,
+                   tenant = d.tenant, cost = d.cost_usd, model = model_key }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
     elseif d.target ~= decide.SHED then
@@ -292,7 +293,7 @@ end
 function _M.header_filter(conf, ctx)
     local seen = ctx.spillway
     if seen and (worker.tbl == nil or worker.tbl.decision_header ~= false) then
-        ngx.header["X-Spillway-Decision"] = seen.target .. ";" .. seen.label
+        ngx.header["X-Spillway-Decision"] = seen.decision
     end
 end
 

@@ -59,7 +59,7 @@ local function triple() return { 0, 0, 0 } end
 -- for cloud answers).
 function _M.add(agg, seen, var, status)
     agg.n = agg.n + 1
-    local decision = seen.target .. ";" .. seen.label
+    local decision = seen.decision
     agg.decisions[decision] = (agg.decisions[decision] or 0) + 1
     local age = seen.table_age_s
     if age then
