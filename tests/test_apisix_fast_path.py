@@ -36,6 +36,8 @@ pytestmark = [pytest.mark.integration, needs_apisix()]
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 AWS = target_value("aws", TOKEN)
+# Given to APISIX's environment only: the tests' own process keeps no signing key.
+SIGNING_KEY = "fast-path-signing-key-0123456789abcdef"
 
 
 @dataclass
@@ -108,7 +110,6 @@ def routes_for(config: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("apisix-fast")
-    os.environ.setdefault("SPILLWAY_SIGNING_KEY", "fast-path-signing-key-0123456789abcdef")
     with ExitStack() as stack:
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
@@ -120,6 +121,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             free_port(),
             routes_for(config),
             envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
+            env={"SPILLWAY_SIGNING_KEY": SIGNING_KEY},
             attr={"stale_after_s": 0.5},
         )
         gateway = stack.enter_context(apisix.running(settings))
@@ -146,7 +148,7 @@ def test_the_plugin_decides_from_the_table_and_keeps_sensitive_requests_home(sta
 
 def test_the_signature_made_in_lua_verifies_at_the_function(stack: Stack) -> None:
     stack.set_load(500)
-    key = os.environ["SPILLWAY_SIGNING_KEY"].encode()
+    key = SIGNING_KEY.encode()
     verifier = Verifier(key, allow_unsigned_payload=True)
     for path in (
         "/v2/models/add_sub/infer",

@@ -12,17 +12,16 @@
 
 local core = require("apisix.core")
 local plugin = require("apisix.plugin")
-local http = require("resty.http")
-local cjson = require("cjson.safe")
 local hmac = require("resty.hmac")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
 local report = require("apisix.plugins.spillway.report")
+local link = require("apisix.plugins.spillway.link")
 
 local ngx = ngx
 local ngx_now = ngx.now
-local pairs, type, tostring = pairs, type, tostring
+local tostring = tostring
 
 local plugin_name = "spillway"
 local DICT = "spillway"
@@ -316,92 +315,6 @@ function _M.log(conf, ctx)
     report.add(worker.agg, seen, ctx.var, ngx.status)
 end
 
-local function post(path, body)
-    local httpc = http.new()
-    httpc:set_timeout(worker.attr.timeout_s * 1000)
-    return httpc:request_uri("http://" .. worker.attr.runner .. path, {
-        method = "POST", body = body, keepalive_timeout = 60000, keepalive_pool = 4,
-        headers = { ["Authorization"] = worker.auth, ["Content-Type"] = "application/json" },
-    })
-end
-
-local function counters(prefix, names)
-    local out = {}
-    for name in pairs(names) do
-        local v = dict():get(prefix .. name)
-        if v ~= nil then
-            out[name] = v
-        end
-    end
-    return out
-end
-
-local function node_counters()
-    local tbl = worker.tbl
-    local targets, models = tbl and tbl.targets or {}, tbl and tbl["local"] or {}
-    local d_ = dict()
-    return cjson.encode({
-        node = d_:get("node"),
-        spent = counters("sp:", targets),
-        hot = counters("hot:", models),
-        fail_safe = d_:get("failsafe") or 0,
-        dropped = d_:get("dropped") or 0,
-    })
-end
-
--- A timer's body, never left half-done: an error is logged and the next tick starts afresh.
-local function guarded(flag, body)
-    return function(premature)
-        if premature or worker[flag] then
-            return
-        end
-        worker[flag] = true
-        local ok, err = pcall(body)
-        worker[flag] = false
-        if not ok then
-            log_sometimes(flag, "spillway: ", flag, " failed: ", err)
-        end
-    end
-end
-
-local function fetch()
-    current()
-    local res, err = post("/spillway/table", node_counters())
-    if not res or res.status ~= 200 then
-        log_sometimes("fetch", "spillway: decision table not fetched from ", worker.attr.runner, ": ",
-                      err or ("status " .. res.status .. " " .. tostring(res.body)))
-        return
-    end
-    local tbl, problem = table_mod.parse(res.body)
-    if not tbl then
-        dict():incr("malformed", 1, 0)
-        log_sometimes("malformed", "spillway: the runner's decision table is refused (", problem,
-                      "); the last good one stays until it is stale")
-        return
-    end
-    local stored, err_set = dict():safe_set("table", res.body)
-    if not stored then
-        log_sometimes("store", "spillway: the decision table does not fit in the shared dict ", DICT,
-                      " (", err_set, "); make it larger")
-        return
-    end
-    dict():incr("version", 1, 0)
-end
-
-local function flush()
-    local agg = worker.agg
-    if agg.n == 0 then
-        return
-    end
-    worker.agg = report.new()
-    local res, err = post("/spillway/fast-outcomes", cjson.encode(report.body(agg)))
-    if not res or res.status >= 300 then
-        dict():incr("dropped", agg.n, 0)
-        log_sometimes("flush", "spillway: outcomes of ", agg.n, " requests not delivered to ",
-                      worker.attr.runner, ": ", err or ("status " .. res.status .. " " .. tostring(res.body)))
-    end
-end
-
 local started = false
 
 function _M.init()
@@ -430,11 +343,7 @@ function _M.init()
         return
     end
     started = true
-    if ngx.worker.id() == 0 then
-        ngx.timer.every(attr.fetch_interval_s, guarded("fetching", fetch))
-        ngx.timer.at(0, guarded("fetching", fetch))
-    end
-    ngx.timer.every(attr.batch_s, guarded("flushing", flush))
+    link.start(worker, { dict = dict, current = current, log_sometimes = log_sometimes })
 end
 
 return _M
