@@ -203,3 +203,14 @@ def test_the_endpoint_serves_tables_only_to_apisix_and_only_for_good_reports() -
     assert malformed[0] == 400 and b"node" in malformed[1]
     assert too_big[0] == 413
     assert summary[0] == 204 and bad_summary[0] == 400
+
+
+def test_every_file_of_the_lua_plugin_ships_in_the_wheel() -> None:
+    import tomllib
+
+    from gateway_plugin.apisix_fast_route import lua_path
+    from tests.support import ROOT
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {p for pattern in data["gateway_plugin"] for p in (ROOT / "gateway_plugin").glob(pattern)}
+    assert shipped == set(lua_path().rglob("*.lua")) and len(shipped) >= 6
