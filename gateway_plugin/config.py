@@ -40,6 +40,16 @@ class RunnerSettings(_Model):
     )
 
 
+# Platform payload limits. Lambda takes 6 MB per synchronous invocation; Function URL and Invoke
+# events carry a binary body base64-encoded (4 bytes per 3), inside an envelope of headers and
+# context, for which 64 KiB is kept. FC's HTTP trigger passes 32 MB bodies as they are; its
+# InvokeFunction event carries them base64-encoded like Lambda's.
+_ENVELOPE_BYTES = 64 * 1024
+LAMBDA_MAX_REQUEST_BYTES = (6 * 1024 * 1024 - _ENVELOPE_BYTES) * 3 // 4
+FC_MAX_HTTP_BYTES = 32 * 1024 * 1024
+FC_MAX_INVOKE_BYTES = (32 * 1024 * 1024 - _ENVELOPE_BYTES) * 3 // 4
+
+
 class LocalEndpoint(_Model):
     url: str = Field(description="Triton's HTTP endpoint, http://host:port")
     metrics_url: str = Field(description="Triton's Prometheus endpoint, http://host:8002/metrics")
@@ -98,7 +108,23 @@ class Target(_Model):
         description="hash the body into the signature (fetches it from APISIX; else UNSIGNED-PAYLOAD)",
     )
     idle_ttl_s: float = Field(default=300.0, gt=0, description="how long an idle instance stays warm")
+    max_request_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="largest request body (Content-Length) sent here; default: the platform's limit",
+    )
     cost: TargetCost = Field(default_factory=TargetCost)
+
+    @property
+    def request_limit_bytes(self) -> int | None:
+        """The configured limit, else the platform's (None: no limit is known)."""
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        if self.kind == "aws_lambda":
+            return LAMBDA_MAX_REQUEST_BYTES
+        if self.kind == "aliyun_fc":
+            return FC_MAX_INVOKE_BYTES if self.mode == "invoke" else FC_MAX_HTTP_BYTES
+        return None
 
     @model_validator(mode="after")
     def _addressable(self) -> Target:

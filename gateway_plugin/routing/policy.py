@@ -11,7 +11,8 @@ The order of concerns, each able only to narrow the choice:
 4. overflow: stay local while the estimated local wait plus service time meets the latency target,
    with hysteresis; fail safe to local when the signals are missing;
 5. cold starts: a cold target is not worth it when the local queue is shorter than its start;
-6. targets: the first of the chain whose breaker, concurrency cap and budget allow, warm first;
+6. targets: the first of the chain whose breaker, concurrency cap, budget and request size limit
+   allow, warm first (a body too big for one target goes to the next, else stays local);
 7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
 """
 
@@ -64,12 +65,17 @@ class Reason(StrEnum):
 
 
 class RequestFeatures(NamedTuple):
-    """What the policy may know of a request; built at the edge from the APISIX call."""
+    """What the policy may know of a request; built at the edge from the APISIX call.
+
+    ``body_bytes`` is the body's declared size (Content-Length); None when it is not known (a
+    chunked body), which no target with a size limit takes.
+    """
 
     path: str
     headers: Mapping[str, str]
     args: Mapping[str, str] = _EMPTY
     model: str | None = None
+    body_bytes: int | None = 0
 
 
 class LocalLoad(NamedTuple):
@@ -131,6 +137,12 @@ class TargetPolicy:
     cold_cost_usd: float
     hourly_usd: float | None = None
     daily_usd: float | None = None
+    max_request_bytes: int | None = None
+
+    def takes(self, body_bytes: int | None) -> bool:
+        """Whether the platform accepts a body this size (an unknown size only where none is set)."""
+        limit = self.max_request_bytes
+        return limit is None or (body_bytes is not None and body_bytes <= limit)
 
 
 @dataclass(frozen=True)
@@ -277,7 +289,7 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
         if action is RuleAction.OVERFLOW
         else float("inf")
     )
-    choice = _pick_target(chain, snapshot, policy, tenant, local_wait)
+    choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes)
     if choice is not None:
         name, chosen, cost = choice
         return Decision(name, chosen, overflowing=hot, cost_usd=cost, tenant=tenant)
@@ -339,13 +351,18 @@ def _within(spend: float, limit: float | None) -> bool:
 
 
 def _pick_target(
-    chain: tuple[str, ...], snapshot: Snapshot, policy: Policy, tenant: str | None, local_wait_ms: float
+    chain: tuple[str, ...],
+    snapshot: Snapshot,
+    policy: Policy,
+    tenant: str | None,
+    local_wait_ms: float,
+    body_bytes: int | None,
 ) -> tuple[str, Reason, float] | None:
     """The first eligible target of the chain, preferring one with a free warm instance."""
     eligible: list[tuple[str, bool, float]] = []
     for name in chain:
         spec = policy.targets.get(name)
-        if spec is None:
+        if spec is None or not spec.takes(body_bytes):
             continue
         state = snapshot.targets.get(name, _NO_TARGET_STATE)
         if state.breaker == BreakerState.OPEN or (

@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,7 +106,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         match = _MODEL.match(path)
         model = match.group(1) if match else None
         args = request.args
-        features = RequestFeatures(path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model)
+        features = RequestFeatures(
+            path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
+        )
         policy = self.policy_for(conf)
         snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
         decision = decide(features, snapshot, policy)
@@ -182,6 +185,16 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         seconds = time.perf_counter() - started
         self.state.invoke_answered(name, decision.tenant, answer.status, answer_headers, seconds)
         action.stop(answer.status, answer.body, answer.headers)
+
+
+def body_bytes(headers: Mapping[str, str]) -> int | None:
+    """The body's declared size: Content-Length, none without a body, unknown when chunked or
+    malformed (so no target with a size limit takes it)."""
+    declared = headers.get("content-length")
+    if declared is None:
+        return None if "transfer-encoding" in headers else 0
+    declared = declared.strip()
+    return int(declared) if declared.isascii() and declared.isdigit() else None
 
 
 def _shed(decision: Decision, action: RequestAction) -> None:
