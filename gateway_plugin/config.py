@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway_plugin.routing.policy import RuleAction
+from gateway_plugin.simulation.settings import SimulationSettings
 
 
 class ConfigError(ValueError):
@@ -305,6 +306,9 @@ class SpillwayConfig(_Model):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
+    simulation: SimulationSettings = Field(
+        default_factory=SimulationSettings, description="what `simulate` assumes; the runner ignores it"
+    )
 
     def declared_models(self) -> set[str]:
         """Models the config itself names (latency targets, rules)."""
@@ -322,6 +326,10 @@ class SpillwayConfig(_Model):
             unknown = set(rule.targets) - set(names)
             if unknown:
                 raise ValueError(f"rule {rule.name!r} names unknown targets {sorted(unknown)}")
+        if set(self.simulation.targets) - set(names):
+            raise ValueError(
+                f"simulation names unknown targets {sorted(set(self.simulation.targets) - set(names))}"
+            )
         if set(self.warmup.targets) - set(names):
             raise ValueError(f"warmup names unknown targets {sorted(set(self.warmup.targets) - set(names))}")
         for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
