@@ -305,3 +305,14 @@ def test_a_drained_cluster_stops_the_overflow_whatever_earlier_answers_took() ->
         assert estimated_latency_ms(busy, POLICY) >= 300, (
             "while the cluster queues, the observed time is a floor"
         )
+
+
+def test_a_saturated_cluster_starts_a_cold_target_rather_than_shed() -> None:
+    """Past saturation the request would be shed: a cold start answers it, and the instance it
+    starts serves the rest of the burst. Short of saturation, a queue shorter than the start wins."""
+    decision = decide(req(), snap(SATURATED._replace(queue_ms=450, pending=90)), POLICY)
+    assert (decision.target, decision.label) == ("aws", "overflow_cold")
+    assert decide(req(), snap(BUSY), POLICY).target == LOCAL
+    assert (
+        decide(req("confidential"), snap(SATURATED._replace(queue_ms=450, pending=90)), POLICY).target == SHED
+    )

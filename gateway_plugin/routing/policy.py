@@ -284,11 +284,11 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
         return Decision(LOCAL, Reason.SIGNALS_MISSING, tenant=tenant)
     if not wants_out:
         return Decision(LOCAL, Reason.LOCAL_OK, tenant=tenant)
-    local_wait = (
-        estimated_latency_ms(load, policy) - load.compute_ms
-        if action is RuleAction.OVERFLOW
-        else float("inf")
-    )
+    # A cold start is worth it when the local queue is longer than the start, or when local is
+    # saturated: the request would be shed, and the instance started serves the rest of the burst.
+    latency = estimated_latency_ms(load, policy)
+    overflow = action is RuleAction.OVERFLOW and not _saturated(load, latency, policy)
+    local_wait = latency - load.compute_ms if overflow else float("inf")
     choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes)
     if choice is not None:
         name, chosen, cost = choice
@@ -305,23 +305,25 @@ def _stay_local(
     residency_kept: bool = False,
 ) -> Decision:
     """Local, unless local is saturated too: then shed, so the client retries rather than times out."""
-    if load.fresh:
-        latency = estimated_latency_ms(load, policy)
-        if (
-            latency - load.compute_ms > policy.max_queue_ms
-            or latency > policy.latency_target_ms * policy.saturation_ratio
-        ):
-            return Decision(
-                SHED,
-                reason,
-                503,
-                policy.retry_after_s,
-                residency_kept,
-                hot,
-                tenant=tenant,
-                local_saturated=True,
-            )
+    if load.fresh and _saturated(load, estimated_latency_ms(load, policy), policy):
+        return Decision(
+            SHED,
+            reason,
+            503,
+            policy.retry_after_s,
+            residency_kept,
+            hot,
+            tenant=tenant,
+            local_saturated=True,
+        )
     return Decision(LOCAL, reason, residency_kept=residency_kept, overflowing=hot, tenant=tenant)
+
+
+def _saturated(load: LocalLoad, latency_ms: float, policy: Policy) -> bool:
+    return (
+        latency_ms - load.compute_ms > policy.max_queue_ms
+        or latency_ms > policy.latency_target_ms * policy.saturation_ratio
+    )
 
 
 def _over_quota(tenant: str | None, snapshot: Snapshot, policy: Policy) -> Decision | None:
