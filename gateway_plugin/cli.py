@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
+from gateway_plugin.simulation import command as simulation
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,11 +64,14 @@ def _parser() -> argparse.ArgumentParser:
         "validated `targets:` section of spillway.yaml.",
     )
     imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
+    simulation.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "simulate":
+        return simulation.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "import-targets":

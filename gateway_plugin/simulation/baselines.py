@@ -31,6 +31,9 @@ class _Baseline:
         self.policy: Policy = build_policy(config)
         self.chain = self.policy.default_chain
 
+    def route(self, job: Job, now: float, world: World) -> str:
+        raise NotImplementedError
+
     def may_leave(self, job: Job, world: World) -> bool:
         return may_leave(world.features[job.confidential], self.policy)
 
