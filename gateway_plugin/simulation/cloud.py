@@ -93,6 +93,14 @@ class CloudTarget:
         ok = self.error_rate == 0 or self.rng.random() >= self.error_rate
         return Served(done + self.network_s / 2, instance, cold, ok)
 
+    def prewarm(self, count: int, now: float) -> list[str]:
+        """Instances the warm-up pinger has kept warm since before the trace began."""
+        for _ in range(count):
+            self.started += 1
+            self.live += 1
+            self.ready.append(Instance(f"{self.name}-{self.started}", self.slots, now))
+        return [i.id for i in self.ready]
+
     def release(self, instance: Instance, now: float) -> None:
         self.in_flight -= 1
         instance.last_used = now

@@ -1,7 +1,8 @@
 """The discrete-event loop: arrivals from the trace, the cluster and the clouds answering, the
 runner's scrapes, outcome reports and warm-up rounds, one router deciding, everything measured.
 
-Time is simulated seconds from the trace's start. Each request's random draws (service times)
+Time is simulated seconds from the trace's start; the warm-up pinger has been running before it,
+so the instances it keeps are warm at the start. Each request's random draws (service times)
 come from one stream seeded by ``seed`` and are made once, so every policy meets the same
 requests; each cloud target's cold starts and failures come from a stream of their own.
 """
@@ -79,8 +80,11 @@ class Engine:
 
     def run(self, stream: Iterator[Job], progress: Progress | None = None) -> Measures:
         self.push(0.0, SCRAPE, None)
-        if self.config.warmup.targets:
-            self.push(0.0, WARMUP, None)
+        warmup = self.config.warmup
+        for name, spec in warmup.targets.items():
+            self.router.warm_report(name, self.clouds[name].prewarm(spec.instances, 0.0), 0.0)
+        if warmup.targets:
+            self.push(warmup.interval_s, WARMUP, None)
         events, handle, now = self.events, self._handle, 0.0
         for count, job in enumerate(stream):
             now = job.at

@@ -1,0 +1,32 @@
+"""The simulator against reality: the demo's parts (real Triton, runner, development gateway,
+function pools) take a bursty trace; the simulator replays the same requests with the same config.
+The simulated p99 must be within 15 % of the real one, the cloud share within 5 points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from devtools import demo
+from devtools.sim_calibration import real_figures, simulated, simulation_config, trace_file
+
+pytestmark = pytest.mark.integration
+
+P99_TOLERANCE = 0.15
+CLOUD_SHARE_POINTS = 0.05
+
+
+def test_the_simulator_predicts_the_real_stacks_tail_and_cloud_share(tmp_path: Path) -> None:
+    settings = demo.DemoSettings(
+        out_dir=tmp_path / "demo", gateway="dev", steady_s=6, burst_s=12, cooldown_s=6
+    )
+    result = demo.run(settings)
+    samples = result["samples"]
+    assert samples and all(s["status"] == 200 for s in samples), "the real run must answer everything"
+    real = real_figures(samples)
+    config = simulation_config(result, settings.out_dir)
+    sim = simulated(config, trace_file(samples, tmp_path / "trace.csv"))
+    report = f"real {real}, simulated {sim}"
+    assert abs(sim["p99_ms"] - real["p99_ms"]) <= P99_TOLERANCE * real["p99_ms"], report
+    assert abs(sim["cloud_share"] - real["cloud_share"]) <= CLOUD_SHARE_POINTS, report
