@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
-from bench.harness import ROOT
 from gateway_plugin.config import load
 from gateway_plugin.simulation.baselines import AllLocal
 from gateway_plugin.simulation.engine import simulate
 from gateway_plugin.simulation.runner_policy import SpillwayRouter
 from gateway_plugin.simulation.trace import Shaping, generate
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
