@@ -307,12 +307,16 @@ def test_a_drained_cluster_stops_the_overflow_whatever_earlier_answers_took() ->
         )
 
 
-def test_a_saturated_cluster_starts_a_cold_target_rather_than_shed() -> None:
+def test_a_saturated_cluster_starts_one_cold_instance_at_a_time_rather_than_shed() -> None:
     """Past saturation the request would be shed: a cold start answers it, and the instance it
-    starts serves the rest of the burst. Short of saturation, a queue shorter than the start wins."""
-    decision = decide(req(), snap(SATURATED._replace(queue_ms=450, pending=90)), POLICY)
+    starts serves the rest of the burst; the next start waits until it answers, and only the first
+    cold target of the chain starts. Short of saturation, a queue shorter than the start wins."""
+    saturated = SATURATED._replace(queue_ms=450, pending=90)
+    decision = decide(req(), snap(saturated), POLICY)
     assert (decision.target, decision.label) == ("aws", "overflow_cold")
+    starting = TargetState(in_flight=1)
+    assert decide(req(), snap(saturated, aws=starting), POLICY).target == SHED
+    one_warm_busy = TargetState(warm_instances=1, in_flight=1)
+    assert decide(req(), snap(saturated, aws=one_warm_busy), POLICY).target == "aws"
     assert decide(req(), snap(BUSY), POLICY).target == LOCAL
-    assert (
-        decide(req("confidential"), snap(SATURATED._replace(queue_ms=450, pending=90)), POLICY).target == SHED
-    )
+    assert decide(req("confidential"), snap(saturated), POLICY).target == SHED

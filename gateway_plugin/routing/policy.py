@@ -10,7 +10,8 @@ The order of concerns, each able only to narrow the choice:
 3. the first matching rule picks the action (default: overflow over every target);
 4. overflow: stay local while the estimated local wait plus service time meets the latency target,
    with hysteresis; fail safe to local when the signals are missing;
-5. cold starts: a cold target is not worth it when the local queue is shorter than its start;
+5. cold starts: a cold target is not worth it when the local queue is shorter than its start,
+   unless local is saturated (then one instance at a time starts on the first cold target);
 6. targets: the first of the chain whose breaker, concurrency cap, budget and request size limit
    allow, warm first (a body too big for one target goes to the next, else stays local);
 7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
@@ -284,12 +285,10 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
         return Decision(LOCAL, Reason.SIGNALS_MISSING, tenant=tenant)
     if not wants_out:
         return Decision(LOCAL, Reason.LOCAL_OK, tenant=tenant)
-    # A cold start is worth it when the local queue is longer than the start, or when local is
-    # saturated: the request would be shed, and the instance started serves the rest of the burst.
     latency = estimated_latency_ms(load, policy)
-    overflow = action is RuleAction.OVERFLOW and not _saturated(load, latency, policy)
-    local_wait = latency - load.compute_ms if overflow else float("inf")
-    choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes)
+    local_wait = latency - load.compute_ms if action is RuleAction.OVERFLOW else float("inf")
+    saturated = _saturated(load, latency, policy)
+    choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes, saturated)
     if choice is not None:
         name, chosen, cost = choice
         return Decision(name, chosen, overflowing=hot, cost_usd=cost, tenant=tenant)
@@ -359,6 +358,7 @@ def _pick_target(
     tenant: str | None,
     local_wait_ms: float,
     body_bytes: int | None,
+    saturated: bool = False,
 ) -> tuple[str, Reason, float] | None:
     """The first eligible target of the chain, preferring one with a free warm instance."""
     eligible: list[tuple[str, bool, float]] = []
@@ -375,7 +375,11 @@ def _pick_target(
             continue
         warm = state.warm_instances > state.in_flight
         if not warm and local_wait_ms < spec.cold_start_ms:
-            continue
+            # Saturated, the chain's first cold target starts one instance at a time rather than
+            # shed: it serves the rest of the burst, and the next start waits for it to answer.
+            first_cold, saturated = saturated, False
+            if not (first_cold and state.in_flight <= state.warm_instances):
+                continue
         cost = spec.cost_usd if warm else spec.cold_cost_usd
         if not (
             _within(state.spent_hour_usd + cost, spec.hourly_usd)
