@@ -4,6 +4,7 @@ The simulated p99 must be within 15 % of the real one, the cloud share within 5 
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,12 @@ P99_TOLERANCE = 0.15
 CLOUD_SHARE_POINTS = 0.05
 
 
-def test_the_simulator_predicts_the_real_stacks_tail_and_cloud_share(tmp_path: Path) -> None:
+def test_the_simulator_predicts_the_real_stacks_tail_and_cloud_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The demo sets these in the environment when unset: set here, they are gone after the test.
+    monkeypatch.setenv("SPILLWAY_SIGNING_KEY", demo.SIGNING_KEY)
+    monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
     settings = demo.DemoSettings(
         out_dir=tmp_path / "demo", gateway="dev", steady_s=6, burst_s=12, cooldown_s=6
     )
