@@ -320,3 +320,15 @@ def test_a_saturated_cluster_starts_one_cold_instance_at_a_time_rather_than_shed
     assert decide(req(), snap(saturated, aws=one_warm_busy), POLICY).target == "aws"
     assert decide(req(), snap(BUSY), POLICY).target == LOCAL
     assert decide(req("confidential"), snap(saturated), POLICY).target == SHED
+
+
+def test_a_busy_warm_pool_grows_one_instance_at_a_time_while_local_would_miss() -> None:
+    """Local would miss the target (not saturated): a target whose warm instances are all busy
+    starts one more, since the request misses either way and the instance serves the burst; a
+    target with no warm instance, or one already starting, keeps the old rule (local)."""
+    all_busy = TargetState(warm_instances=2, in_flight=2)
+    decision = decide(req(), snap(BUSY, aws=all_busy), POLICY)
+    assert (decision.target, decision.label) == ("aws", "overflow_cold")
+    starting = TargetState(warm_instances=2, in_flight=3)
+    assert decide(req(), snap(BUSY, aws=starting, ali=all_busy), POLICY).target == LOCAL
+    assert decide(req(), snap(CALM, aws=all_busy), POLICY).target == LOCAL

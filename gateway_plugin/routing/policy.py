@@ -11,7 +11,8 @@ The order of concerns, each able only to narrow the choice:
 4. overflow: stay local while the estimated local wait plus service time meets the latency target,
    with hysteresis; fail safe to local when the signals are missing;
 5. cold starts: a cold target is not worth it when the local queue is shorter than its start,
-   unless local is saturated (then one instance at a time starts on the first cold target);
+   unless local would miss anyway with the target's warm instances all busy, or is saturated
+   (then the chain's first cold target starts one instance at a time);
 6. targets: the first of the chain whose breaker, concurrency cap, budget and request size limit
    allow, warm first (a body too big for one target goes to the next, else stays local);
 7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
@@ -287,8 +288,8 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
         return Decision(LOCAL, Reason.LOCAL_OK, tenant=tenant)
     latency = estimated_latency_ms(load, policy)
     local_wait = latency - load.compute_ms if action is RuleAction.OVERFLOW else float("inf")
-    saturated = _saturated(load, latency, policy)
-    choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes, saturated)
+    grow = (latency > target_ms, _saturated(load, latency, policy))
+    choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes, grow)
     if choice is not None:
         name, chosen, cost = choice
         return Decision(name, chosen, overflowing=hot, cost_usd=cost, tenant=tenant)
@@ -305,17 +306,18 @@ def _stay_local(
 ) -> Decision:
     """Local, unless local is saturated too: then shed, so the client retries rather than times out."""
     if load.fresh and _saturated(load, estimated_latency_ms(load, policy), policy):
-        return Decision(
-            SHED,
-            reason,
-            503,
-            policy.retry_after_s,
-            residency_kept,
-            hot,
-            tenant=tenant,
-            local_saturated=True,
-        )
+        retry = policy.retry_after_s
+        return Decision(SHED, reason, 503, retry, residency_kept, hot, tenant=tenant, local_saturated=True)
     return Decision(LOCAL, reason, residency_kept=residency_kept, overflowing=hot, tenant=tenant)
+
+
+def _may_start(state: TargetState, misses: bool, saturated: bool) -> bool:
+    """Whether the chain's first cold target may start an instance though the local queue is
+    shorter than its start: one at a time, when local would miss the target anyway and the
+    target's warm instances are all busy, or local is saturated (the request would be shed). The
+    request misses either way; the instance serves the rest of the burst."""
+    one_at_a_time = state.in_flight <= state.warm_instances
+    return one_at_a_time and (saturated or (misses and state.warm_instances > 0))
 
 
 def _saturated(load: LocalLoad, latency_ms: float, policy: Policy) -> bool:
@@ -358,7 +360,7 @@ def _pick_target(
     tenant: str | None,
     local_wait_ms: float,
     body_bytes: int | None,
-    saturated: bool = False,
+    grow: tuple[bool, bool],
 ) -> tuple[str, Reason, float] | None:
     """The first eligible target of the chain, preferring one with a free warm instance."""
     eligible: list[tuple[str, bool, float]] = []
@@ -375,10 +377,8 @@ def _pick_target(
             continue
         warm = state.warm_instances > state.in_flight
         if not warm and local_wait_ms < spec.cold_start_ms:
-            # Saturated, the chain's first cold target starts one instance at a time rather than
-            # shed: it serves the rest of the burst, and the next start waits for it to answer.
-            first_cold, saturated = saturated, False
-            if not (first_cold and state.in_flight <= state.warm_instances):
+            first_cold, grow = grow, (False, False)
+            if not _may_start(state, *first_cold):
                 continue
         cost = spec.cost_usd if warm else spec.cold_cost_usd
         if not (
