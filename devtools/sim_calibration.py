@@ -1,6 +1,8 @@
 """The simulator's calibration against the demo: the same trace through the real local stack
 (real Triton, runner, development gateway, function pools) and through the simulator.
 
+    python -m devtools.sim_calibration [OUT_DIR]     # prints the real and simulated figures (JSON)
+
 Only the unloaded floor is taken from the real run: the cluster's service time and the gateway's
 own overhead, from the fastest tenth of the requests answered on premises (those that did not
 queue). Everything under load, the queueing, spilling and the tail, is the simulator's prediction.
@@ -78,3 +80,29 @@ def simulated(config: SpillwayConfig, trace: CsvTrace, seeds: int = 5) -> dict[s
     is the real one; the seeds vary service and start times)."""
     runs = [run_policies(config, trace, Shaping(), seed)["spillway"].summary() for seed in range(seeds)]
     return {key: statistics.median(r[key] for r in runs) for key in ("p99_ms", "cloud_share")}
+
+
+def calibrate(out_dir: Path) -> dict[str, Any]:
+    """The demo's short bursty load through the real stack, then the same requests simulated."""
+    from devtools import demo
+
+    settings = demo.DemoSettings(
+        out_dir=out_dir / "demo", gateway="dev", steady_s=6, burst_s=12, cooldown_s=6
+    )
+    result = demo.run(settings)
+    samples = result["samples"]
+    config = simulation_config(result, settings.out_dir)
+    return {
+        "requests": len(samples),
+        "errors": sum(1 for s in samples if s["status"] != 200),
+        "real": real_figures(samples),
+        "simulated": simulated(config, trace_file(samples, out_dir / "trace.csv")),
+    }
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    import tempfile
+
+    print(json.dumps(calibrate(Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()))))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devtools import demo
-from devtools.sim_calibration import real_figures, simulated, simulation_config, trace_file
+from devtools.sim_calibration import calibrate
 
 pytestmark = pytest.mark.integration
 
@@ -24,15 +24,9 @@ def test_the_simulator_predicts_the_real_stacks_tail_and_cloud_share(
     # The demo sets these in the environment when unset: set here, they are gone after the test.
     monkeypatch.setenv("SPILLWAY_SIGNING_KEY", demo.SIGNING_KEY)
     monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
-    settings = demo.DemoSettings(
-        out_dir=tmp_path / "demo", gateway="dev", steady_s=6, burst_s=12, cooldown_s=6
-    )
-    result = demo.run(settings)
-    samples = result["samples"]
-    assert samples and all(s["status"] == 200 for s in samples), "the real run must answer everything"
-    real = real_figures(samples)
-    config = simulation_config(result, settings.out_dir)
-    sim = simulated(config, trace_file(samples, tmp_path / "trace.csv"))
+    figures = calibrate(tmp_path)
+    assert figures["errors"] == 0, "the real run must answer everything"
+    real, sim = figures["real"], figures["simulated"]
     report = f"real {real}, simulated {sim}"
     assert abs(sim["p99_ms"] - real["p99_ms"]) <= P99_TOLERANCE * real["p99_ms"], report
     assert abs(sim["cloud_share"] - real["cloud_share"]) <= CLOUD_SHARE_POINTS, report
