@@ -200,3 +200,30 @@ def test_a_sweep_runs_each_value_and_a_bad_one_is_named() -> None:
     assert bad.returncode == 2 and "local.nothing names no setting" in bad.stderr
     bad = _simulate("--config", "examples/spillway.yaml", "--trace", "mmpp", "--sweep", "local.parallelism=0")
     assert bad.returncode == 2 and "local.parallelism" in bad.stderr
+
+
+def _with(config: SpillwayConfig, **sections: dict[str, object]) -> SpillwayConfig:
+    data = config.model_dump()
+    for key, value in sections.items():
+        data[key] = {**data[key], **value}
+    return SpillwayConfig.model_validate(data)
+
+
+def test_a_failing_target_trips_the_runners_breaker_and_the_chain_moves_on() -> None:
+    """The function fails every request: the breaker the runner keeps opens, so only probes reach
+    it, and the overflow goes to the next target."""
+    broken = _with(BURSTY, simulation={"targets": {"aws": {"error_rate": 1.0}}})
+    runs = run_policies(broken, SHORT, Shaping(), 1)
+    spillway = runs["spillway"].summary()
+    assert spillway["failed"] > 0
+    assert spillway["failed"] < 0.1 * runs["all_cloud"].summary()["failed"]
+    assert runs["spillway"].cost_by_target["aliyun"] > 0
+
+
+def test_a_target_budget_caps_what_the_policy_spends_there() -> None:
+    capped = _with(BURSTY, budgets={"per_target_hourly_usd": {"aws": 0.002, "aliyun": 0.0}})
+    spillway = run_policies(capped, SHORT, Shaping(), 1)["spillway"]
+    warmup = run_policies(capped, SHORT, Shaping(), 1)["all_local"].cost_by_target["aws"]
+    # The budget counts the policy's estimate per request; the bill adds billed init and pings.
+    assert spillway.cost_by_target["aws"] - warmup < 0.004
+    assert spillway.summary()["cloud_share"] > 0
