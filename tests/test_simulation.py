@@ -227,3 +227,13 @@ def test_a_target_budget_caps_what_the_policy_spends_there() -> None:
     # The budget counts the policy's estimate per request; the bill adds billed init and pings.
     assert spillway.cost_by_target["aws"] - warmup < 0.004
     assert spillway.summary()["cloud_share"] > 0
+
+
+def test_tenant_quotas_apply_to_the_tenants_a_csv_trace_names(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.csv"
+    rows = [f"{i * 0.1:.1f},{'small' if i % 2 else 'big'}" for i in range(600)]
+    path.write_text("timestamp,tenant\n" + "\n".join(rows) + "\n")
+    quota = _with(BURSTY, tenants={"quotas": {"small": {"requests_per_minute": 60}}})
+    runs = run_policies(quota, load_trace(str(path)), Shaping(), 1)
+    assert runs["spillway"].summary()["shed"] == 300 - 60
+    assert runs["all_local"].summary()["shed"] == 0

@@ -54,11 +54,18 @@ class _Baseline:
     def scraped(self, counters: Counters, now: float) -> None:
         pass
 
-    def answered_local(self, ms: float, now: float) -> None:
+    def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
         pass
 
     def answered_cloud(
-        self, target: str, instance: str, cold: bool, ok: bool, seconds: float, now: float
+        self,
+        target: str,
+        instance: str,
+        cold: bool,
+        ok: bool,
+        seconds: float,
+        now: float,
+        tenant: str | None = None,
     ) -> None:
         pass
 

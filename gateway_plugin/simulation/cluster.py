@@ -14,7 +14,17 @@ from gateway_plugin.simulation.settings import SimulatedCluster
 class Job:
     """One simulated request; its random draws are made once, so every policy sees the same ones."""
 
-    __slots__ = ("arrived", "at", "body_bytes", "cloud_z", "confidential", "local_ms", "started", "target")
+    __slots__ = (
+        "arrived",
+        "at",
+        "body_bytes",
+        "cloud_z",
+        "confidential",
+        "local_ms",
+        "started",
+        "target",
+        "tenant",
+    )
 
     def __init__(
         self, at: float, body_bytes: int, confidential: bool, local_ms: float, cloud_z: float
@@ -25,6 +35,7 @@ class Job:
         self.local_ms = local_ms
         self.cloud_z = cloud_z
         self.target = ""
+        self.tenant: str | None = None
         self.arrived = at
         self.started = at
 

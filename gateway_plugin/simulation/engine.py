@@ -47,7 +47,9 @@ def jobs(config: SpillwayConfig, trace: Trace, shaping: Shaping, seed: int) -> I
     mu, sigma = lognormal(config.simulation.cluster.service_ms, config.simulation.cluster.service_cv)
     gauss, exp = rng.gauss, math.exp
     for a in arrivals(trace, shaping, rng):
-        yield Job(a.at_s, a.body_bytes, a.confidential, exp(mu + sigma * gauss(0.0, 1.0)), gauss(0.0, 1.0))
+        job = Job(a.at_s, a.body_bytes, a.confidential, exp(mu + sigma * gauss(0.0, 1.0)), gauss(0.0, 1.0))
+        job.tenant = a.tenant
+        yield job
 
 
 class Engine:
@@ -152,7 +154,7 @@ class Engine:
             ms = (now - job.at + net) * 1000
             record(job.at, ms, LOCAL_KIND)
             if listens:
-                self._report((LOCAL_DONE, ms), now)
+                self._report((LOCAL_DONE, (ms, job.tenant)), now)
         self.outstanding -= len(batch)
         started = self.cluster.finish(batch, now)
         if started is not None:
@@ -168,9 +170,16 @@ class Engine:
         if instance is not None:
             self.clouds[job.target].release(instance, now)
         if self.router.listens:
-            answer = (job.target, instance.id if instance else "", served.cold, served.ok, ms / 1000)
+            answer = (
+                job.target,
+                instance.id if instance else "",
+                served.cold,
+                served.ok,
+                ms / 1000,
+                job.tenant,
+            )
             if job.target in self.invoke:
-                self.router.answered_cloud(*answer, now=now)
+                self.router.answered_cloud(*answer[:5], now=now, tenant=job.tenant)
             else:
                 self._report((CLOUD_DONE, answer), now)
 
@@ -185,10 +194,10 @@ class Engine:
         self.pending = []
         for kind, answer in pending:
             if kind == LOCAL_DONE:
-                router.answered_local(answer, now)
+                router.answered_local(answer[0], now, answer[1])
             else:
-                target, instance, cold, ok, seconds = answer
-                router.answered_cloud(target, instance, cold, ok, seconds, now)
+                target, instance, cold, ok, seconds, tenant = answer
+                router.answered_cloud(target, instance, cold, ok, seconds, now, tenant)
 
     def _scrape(self, now: float) -> None:
         period = self.config.local.scrape_period_s

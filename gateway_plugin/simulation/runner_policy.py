@@ -31,7 +31,7 @@ class SpillwayRouter:
         self.now = 0.0
         self.state = _SimulatedState(config, clock=self._clock, wall=self._wall)
         self.model = config.simulation.model
-        self.invoke = {t.name for t in config.targets if t.mode == "invoke"}
+        self.tenant_header = config.tenants.header.lower()
 
     def _clock(self) -> float:
         return self.now
@@ -42,9 +42,10 @@ class SpillwayRouter:
     def route(self, job: Job, now: float, world: World) -> str:
         self.now = now
         base = world.features[job.confidential]
-        features = RequestFeatures(base.path, base.headers, base.args, base.model, job.body_bytes)
+        headers = base.headers if job.tenant is None else {**base.headers, self.tenant_header: job.tenant}
+        features = RequestFeatures(base.path, headers, base.args, base.model, job.body_bytes)
         state = self.state
-        decision = decide(features, state.snapshot(None, self.model), state.policy)
+        decision = decide(features, state.snapshot(job.tenant, self.model), state.policy)
         state.commit(decision, self.model)
         return decision.target
 
@@ -52,16 +53,23 @@ class SpillwayRouter:
         self.now = now
         self.state.load.observe([{self.model: counters}])
 
-    def answered_local(self, ms: float, now: float) -> None:
+    def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
         self.now = now
         self.state.answered_local(self.model, ms)
-        self.state.answered(None, None, True, seconds=ms / 1000)
+        self.state.answered(None, tenant, True, seconds=ms / 1000)
 
     def answered_cloud(
-        self, target: str, instance: str, cold: bool, ok: bool, seconds: float, now: float
+        self,
+        target: str,
+        instance: str,
+        cold: bool,
+        ok: bool,
+        seconds: float,
+        now: float,
+        tenant: str | None = None,
     ) -> None:
         self.now = now
-        self.state.answered(target, None, ok, instance or None, cold, seconds)
+        self.state.answered(target, tenant, ok, instance or None, cold, seconds)
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None:
         self.now = now

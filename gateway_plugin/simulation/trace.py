@@ -2,7 +2,8 @@
 
 A trace is either a text file with one arrival rate (requests/s) per line, one line per interval
 (arrivals are Poisson within an interval), or a CSV with a ``timestamp`` column (seconds, one row
-per request; optional ``bytes`` and ``classification`` columns). The generators make rate traces:
+per request, from the first row's time; optional ``bytes``, ``classification`` and ``tenant``
+columns). The generators make rate traces:
 ``poisson``, ``mmpp`` (a Markov-modulated process: calm and burst states with exponential
 sojourns) and ``diurnal`` (a daily sine with a flash crowd), each tuned by ``name:key=value,...``.
 """
@@ -19,6 +20,7 @@ from typing import NamedTuple
 
 MAX_RATE = 1_000_000.0
 MAX_LINE = 4096
+MAX_TENANT = 200
 GENERATORS = ("poisson", "mmpp", "diurnal")
 
 
@@ -30,6 +32,7 @@ class Arrival(NamedTuple):
     at_s: float
     body_bytes: int
     confidential: bool
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,9 @@ def _csv_arrivals(path: Path, shaping: Shaping, rng: random.Random) -> Iterator[
             raw_size = row.get("bytes")
             size = int(_number(raw_size, path, row_number, "bytes")) if raw_size else None
             label = (row.get("classification") or "").strip().lower() or None
-            yield _labelled(at, size, label, shaping, rng)
+            arrival = _labelled(at, size, label, shaping, rng)
+            tenant = (row.get("tenant") or "").strip()[:MAX_TENANT]
+            yield arrival._replace(tenant=tenant) if tenant else arrival
 
 
 def _number(text: str | None, path: Path, row: int, column: str) -> float:

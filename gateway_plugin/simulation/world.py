@@ -33,10 +33,17 @@ class Router(Protocol):
 
     def scraped(self, counters: Counters, now: float) -> None: ...
 
-    def answered_local(self, ms: float, now: float) -> None: ...
+    def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None: ...
 
     def answered_cloud(
-        self, target: str, instance: str, cold: bool, ok: bool, seconds: float, now: float
+        self,
+        target: str,
+        instance: str,
+        cold: bool,
+        ok: bool,
+        seconds: float,
+        now: float,
+        tenant: str | None = None,
     ) -> None: ...
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None: ...
