@@ -36,7 +36,6 @@ def add_parser(sub: Any) -> None:
     sim.add_argument("--config", type=Path, required=True, help="spillway.yaml")
     sim.add_argument(
         "--trace",
-        required=True,
         metavar="FILE|GENERATOR",
         help="rates (requests/s, one line per --interval-s), a CSV with a timestamp column, or a "
         f"generator: {', '.join(GENERATORS)}, tuned as e.g. "
@@ -57,11 +56,23 @@ def add_parser(sub: Any) -> None:
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object (default off a terminal)")
     sim.add_argument("--report", type=Path, metavar="DIR", help="write report.html and results.json here")
+    cal = sim.add_argument_group(
+        "calibration",
+        "--calibrate measures the config's first local endpoint (its service time, one request at "
+        "a time, and Triton's own compute time) and prints the simulation.cluster settings to use",
+    )
+    cal.add_argument("--calibrate", action="store_true", help="measure instead of simulating")
+    cal.add_argument("--body", type=Path, help="an inference request (KServe v2 JSON) for simulation.model")
+    cal.add_argument("--requests", type=int, default=100, help="requests to time (default 100)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         config = load(args.config)
+        if args.calibrate:
+            return _calibrate(args, config)
+        if not args.trace:
+            raise TraceError("--trace is required: a trace file or a generator (see --help)")
         trace = load_trace(args.trace, args.interval_s)
         shaping = _shaping(args, config)
         sweep = _sweep(config, args.sweep) if args.sweep else None
@@ -91,6 +102,49 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(table(result))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, config: SpillwayConfig) -> int:
+    from gateway_plugin.simulation.calibrate import CalibrationError, measure
+
+    if not config.local.endpoints:
+        raise ConfigError(f"{args.config} names no local endpoint to calibrate against (local.endpoints)")
+    if args.body is None:
+        raise ConfigError(f"--calibrate needs --body: an inference request for {config.simulation.model!r}")
+    if not 10 <= args.requests <= 100_000:
+        raise ConfigError(f"--requests must be between 10 and 100000, not {args.requests}")
+    try:
+        body = args.body.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {args.body}: {exc.strerror}") from None
+    endpoint = config.local.endpoints[0]
+    tty = sys.stderr.isatty()
+
+    def progress(done: int) -> None:
+        if tty:
+            print(f"\rtimed {done}/{args.requests} requests", end="", file=sys.stderr)
+
+    try:
+        found = measure(
+            endpoint.url, endpoint.metrics_url, config.simulation.model, body, args.requests, 30.0, progress
+        )
+    except CalibrationError as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        return 1
+    if tty:
+        print(file=sys.stderr)
+    settings = found.as_settings()
+    if args.json or not sys.stdout.isatty():
+        print(
+            json.dumps(
+                {"requests": found.requests, "client_p99_ms": round(found.client_p99_ms, 3), **settings}
+            )
+        )
+    else:
+        fields = ", ".join(f"{k}: {v}" for k, v in settings.items())
+        print(f"# {found.requests} requests to {endpoint.url}; add to spillway.yaml:")
+        print(f"simulation:\n  cluster: {{{fields}}}")
     return 0
 
 
