@@ -65,7 +65,7 @@ def test_platform_defaults_count_base64_growth_where_the_event_carries_the_body(
         (FC_MAX_HTTP_BYTES + 1, "big"),
         (None, SHED),
     ],
-    ids=["small", "at-lambda-limit", "past-lambda-next-in-chain", "past-fc-last-in-chain", "unknown-size-fits-nowhere"],
+    ids=["small", "at-lambda-limit", "past-lambda-next", "past-fc-last", "unknown-size-fits-nowhere"],
 )
 def test_a_body_too_big_for_a_target_goes_to_the_next_in_the_chain(size: int | None, target: str) -> None:
     """The cluster here is saturated: what no target takes is shed rather than queued."""
