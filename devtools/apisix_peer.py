@@ -101,6 +101,7 @@ class ApisixPeer:
         self._ids = 0
         self._worker = worker_id
         self.prepares = 0
+        self.extra_info_asked = 0
 
     async def request(self, route: RouteConf, request: PeerRequest) -> Outcome:
         """One request through the runner, retried as APISIX retries it."""
@@ -181,6 +182,7 @@ class ApisixPeer:
                 got, answer = await conn.receive()
                 if got != FrameType.EXTRA_INFO:
                     break
+                self.extra_info_asked += 1
                 await conn.send(FrameType.EXTRA_INFO, encode.extra_info_answer(_extra_info(answer, request)))
         except BaseException:
             conn.close()

@@ -31,16 +31,24 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo",
         help="run the whole hybrid locally: on-prem Triton, runner, warm function pools, a burst",
-        description="Start, on loopback: an on-prem Triton with a small capacity, the runner behind the "
-        "development gateway, two cloud targets (local pools of function instances with their own Triton "
-        "sidecars), the warm-up pinger, and a load generator (steady, a burst, steady; a share labelled "
-        "confidential). Shows live progress, then writes results.json and report.html to --out.",
+        description="Start, on loopback: an on-prem Triton with a small capacity, the runner behind a "
+        "gateway (a real Apache APISIX when installed, else the development gateway), two cloud targets "
+        "(local pools of function instances with their own Triton sidecars), the warm-up pinger, and a "
+        "load generator (steady, a burst, steady; a share labelled confidential). Shows live progress, "
+        "then writes results.json and report.html to --out.",
     )
     demo.add_argument(
         "--out", type=Path, default=None, help="folder for the report (default: ./spillway-demo-<time>)"
     )
     demo.add_argument("--short", action="store_true", help="a shorter run (the end-to-end test's)")
     demo.add_argument("--burst-rps", type=float, default=None, help="burst arrival rate (default 30/s)")
+    demo.add_argument(
+        "--gateway",
+        choices=("apisix", "dev", "auto"),
+        default="auto",
+        help="apisix: a real Apache APISIX (scripts/install-apisix.sh; $SPILLWAY_APISIX_PREFIX); dev: the "
+        "development gateway; auto (default): APISIX when installed, else dev",
+    )
     dev = sub.add_parser(
         "devgateway",
         help="a local HTTP stand-in for APISIX in front of a real runner",
@@ -75,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from devtools.demo_cli import run_demo
 
-        return run_demo(args.out, args.short, args.burst_rps)
+        return run_demo(args.out, args.short, args.burst_rps, args.gateway)
     if args.command == "function-demo":
         from devtools.function_demo import run_demo as run_function_demo
 

@@ -1,61 +1,69 @@
 """``python -m devtools demo``: the whole hybrid on one machine, a burst, and what happened.
 
 All real and all on loopback: an "on-prem" Triton with a small, known capacity; the Spillway
-runner (started as APISIX starts it) behind the development gateway; two "cloud" targets, each a
-local pool of function instances with their own Triton sidecars, a start-up delay standing for
-image pull and model load, and idle instances reaped; the warm-up pinger on a schedule; and an
-open-loop load generator sending a steady stream well within the local capacity, a burst past it,
-and a steady stream again, a share of it labelled sensitive.
+runner behind a real Apache APISIX (``scripts/install-apisix.sh``; APISIX starts the runner as its
+ext-plugin.cmd) or behind the development gateway; two "cloud" targets, each a local pool of
+function instances with their own Triton sidecars, a start-up delay standing for image pull and
+model load, and idle instances reaped; the warm-up pinger on a schedule; and an open-loop load
+generator sending a steady stream well within the local capacity, a burst past it, and a steady
+stream again, a share of it labelled sensitive.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import dataclasses
 import os
 import re
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.demo_gateway import cluster_times, start_gateway, wait_for
+from devtools.demo_report import FEEDBACK_S
 from devtools.loadgen import BODY, LoadRun, Phase, generate, phase_bounds
 from devtools.local_pool import PoolSettings, running_pool
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.config import SpillwayConfig
 
-EXAMPLE_MODELS = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_MODELS = ROOT / "examples" / "model_repository"
 SIGNING_KEY = "spillway-demo-signing-key"
 CLOUD = ("aws", "aliyun")
 ONPREM_WARMUP_REQUESTS = 20
+Gateway = Literal["apisix", "dev"]
+# APISIX's http-logger posts outcomes in batches ``outcomes.batch_s`` apart (at least 1 s).
+APISIX_BATCH_S = round(FEEDBACK_S["apisix"])
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """The demo's load and the cluster it meets.
+    """The demo's load, the cluster it meets and the gateway in front.
 
     The on-prem Triton answers one request at a time in ``local_delay_ms`` (50 ms: 20 requests/s).
     The steady phases send half that, which it meets with room to spare; the burst sends one and a
     half times it, which no queue absorbs. The runner spills when its estimate of a new request's
     latency passes ``enter_ratio`` of the target (a head start on the signals' lag: a scrape every
     200 ms) and stops below ``exit_ratio`` of it.
+
+    The gateway reports each answer to the runner one logger batch later (``FEEDBACK_S``: 0.2 s
+    for the development gateway, 1 s for APISIX).
     """
 
     out_dir: Path
+    gateway: Gateway = "dev"
     steady_rps: float = 10.0
     burst_rps: float = 30.0
     steady_s: float = 8.0
@@ -105,21 +113,19 @@ def demo_config(
     pools: dict[str, str],
     runner_metrics_port: int,
     gateway_port: int,
+    outcomes_port: int,
 ) -> dict[str, Any]:
+    """The runner's spillway.yaml; for the development gateway, with its ``devgateway`` section."""
     cost = {
         "usd_per_request": 0.0000002,
         "memory_gb": 4.0,
         "usd_per_gb_second": 0.0000166667,
         "expected_duration_ms": s.local_delay_ms + 5,
     }
-    return {
+    triton = f"http://127.0.0.1:{triton_port}"
+    config: dict[str, Any] = {
         "local": {
-            "endpoints": [
-                {
-                    "url": f"http://127.0.0.1:{triton_port}",
-                    "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
-                }
-            ],
+            "endpoints": [{"url": triton, "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}],
             "latency_target_ms": s.latency_target_ms,
             "parallelism": 1,
             "scrape_period_s": 0.2,
@@ -138,6 +144,7 @@ def demo_config(
         ],
         "overflow": {"enter_ratio": s.enter_ratio, "exit_ratio": s.exit_ratio, "saturation_ratio": 50},
         "metrics": {"listen": f"127.0.0.1:{runner_metrics_port}"},
+        "outcomes": {"listen": f"127.0.0.1:{outcomes_port}", "batch_s": APISIX_BATCH_S},
         "warmup": {
             "interval_s": s.warmup_every_s,
             "waves": 2,
@@ -145,27 +152,14 @@ def demo_config(
             "report_file": str(s.out_dir / "warm.prom"),
             "targets": {name: {"instances": s.warm_instances, "dwell_ms": 300} for name in pools},
         },
-        "devgateway": {
-            "listen": f"127.0.0.1:{gateway_port}",
-            "upstreams": {"local": f"http://127.0.0.1:{triton_port}", **pools},
-            "plugins": [["spillway", {}]],
-        },
     }
-
-
-@contextlib.contextmanager
-def _process(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    if s.gateway == "dev":
+        config["devgateway"] = {
+            "listen": f"127.0.0.1:{gateway_port}",
+            "upstreams": {"local": triton, **pools},
+            "plugins": [["spillway", {}]],
+        }
+    return config
 
 
 class _Warmer:
@@ -230,16 +224,8 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
     os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     metrics_port = free_port()
-    triton = Sidecar(
-        SidecarOptions(
-            repo,
-            ("add_sub",),
-            60,
-            metrics_port=metrics_port,
-            log_prefix="[onprem] ",
-            log_path=s.out_dir / "onprem.log",
-        )
-    )
+    options = SidecarOptions(repo, ("add_sub",), 60, metrics_port=metrics_port, log_prefix="[onprem] ")
+    triton = Sidecar(dataclasses.replace(options, log_path=s.out_dir / "onprem.log"))
     with contextlib.ExitStack() as stack:
         tell.step(
             "starting the on-prem Triton (one instance, "
@@ -252,19 +238,15 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
         triton.wait_ready(60)
         runner_port, gateway_port = free_port(), free_port()
         urls = {name: url for name, (url, _) in pools.items()}
-        config_data = demo_config(s, triton.http_port, metrics_port, urls, runner_port, gateway_port)
+        config_data = demo_config(
+            s, triton.http_port, metrics_port, urls, runner_port, gateway_port, free_port()
+        )
         config_path = s.out_dir / "spillway.yaml"
         config_path.write_text(yaml.safe_dump(config_data, sort_keys=False))
         config = SpillwayConfig.model_validate({k: v for k, v in config_data.items() if k != "devgateway"})
-        tell.step(f"starting the Spillway runner and the development gateway on 127.0.0.1:{gateway_port}")
-        gateway = stack.enter_context(
-            _process(
-                [sys.executable, "-m", "devtools", "devgateway", "--config", str(config_path)],
-                env,
-                s.out_dir / "gateway.log",
-            )
+        gateway = start_gateway(
+            s.gateway, s.out_dir, stack, config, config_path, env, gateway_port, tell.step
         )
-        _wait_port(gateway_port, gateway, 60)
         tell.step(
             f"warming the on-prem Triton ({ONPREM_WARMUP_REQUESTS} requests), as a cluster in service is"
         )
@@ -273,7 +255,7 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
         tell.step(f"warming {s.warm_instances} instance(s) per cloud target every {s.warmup_every_s:g} s")
         warmer.start()
         stack.callback(warmer.stop)
-        _wait_for(lambda: len(warmer.rounds) >= 1, 120)
+        wait_for(lambda: len(warmer.rounds) >= 1, 120)
         tell.step(
             "sending load: " + ", ".join(f"{p.name} {p.rate_per_s:g}/s for {p.seconds:g} s" for p in s.phases)
         )
@@ -286,13 +268,18 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
         metrics = runner_metrics(f"http://127.0.0.1:{runner_port}/metrics")
         stats = {name: vars(pool.stats).copy() for name, (_, pool) in pools.items()}
         tell.step("stopping every process the demo started")
+    samples = [vars(x) for x in load.samples]
+    if s.gateway == "apisix":
+        # APISIX's access log is buffered until it quits: read once every process has stopped.
+        gateway["cluster_times"] = cluster_times(samples, s.out_dir / "apisix-access.log", triton.http_port)
     return {
         "settings": _settings_dict(s),
+        "gateway": gateway,
         "phases": [
             {"name": name, "start_s": start, "end_s": end, "rate_per_s": phase.rate_per_s}
             for (name, start, end), phase in zip(phase_bounds(s.phases), s.phases, strict=True)
         ],
-        "samples": [vars(x) for x in load.samples],
+        "samples": samples,
         "sent": load.sent,
         "answered": load.answered,
         "runner_metrics": metrics,
@@ -356,30 +343,3 @@ def _warm_onprem(port: int, count: int) -> None:
 
 def _settings_dict(s: DemoSettings) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(s).items()}
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    import socket
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"a demo process exited early (status {proc.returncode}); see its log")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-        return False
-
-    _wait_for(up, timeout_s)
-
-
-def _wait_for(check: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the demo did not get ready within {timeout_s:g} s")
-        time.sleep(0.1)
-
-
-def write_results(result: dict[str, Any], out_dir: Path) -> Path:
-    path = out_dir / "results.json"
-    path.write_text(json.dumps(result, indent=1))
-    return path

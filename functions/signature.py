@@ -1,8 +1,10 @@
 """Gateway → function request signing (``X-Spillway-Signature``).
 
-``v1 = hex HMAC-SHA256(key, t \\n n \\n METHOD \\n path \\n hex SHA-256(body))``; ``path`` is the
-request target as sent, query string included. The body hash may be ``UNSIGNED-PAYLOAD`` where the
-signer never holds the body; the verifier accepts that only when told to.
+``v1 = hex HMAC-SHA256(key, t \\n n \\n METHOD \\n target \\n hex SHA-256(body))``, where ``target``
+is the request target in canonical form (``canonical_target``): the gateway sees nginx's decoded path
+and argument table, the function the raw request line, and both must sign the same string. The body
+hash may be ``UNSIGNED-PAYLOAD`` where the signer never holds the body; the verifier accepts that
+only when told to.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import re
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from urllib.parse import parse_qsl, quote, unquote_to_bytes
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_SKEW_S = 300
@@ -22,6 +25,55 @@ MAX_SKEW_S = 300
 
 class SignatureError(Exception):
     """The request's signature is missing, malformed, stale, replayed or wrong (answer 401)."""
+
+
+_PLAIN_PATH = re.compile(r"(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+|/")
+_MAX_DECODE_ROUNDS = 4
+
+
+def _path_bytes(path: bytes) -> bytes:
+    """Percent-decoded to a fixed point, empty and dot segments resolved, as the allow-list reads paths."""
+    for _ in range(_MAX_DECODE_ROUNDS):
+        decoded = unquote_to_bytes(path)
+        if decoded == path:
+            break
+        path = decoded
+    segments: list[bytes] = []
+    for segment in path.split(b"/"):
+        if segment == b"..":
+            if segments:
+                segments.pop()
+        elif segment not in (b"", b"."):
+            segments.append(segment)
+    return b"/" + b"/".join(segments)
+
+
+def canonical_target(path: bytes, args: Iterable[tuple[bytes, bytes]]) -> str:
+    """The target a signature binds: the decoded, normalised path and the decoded arguments sorted,
+    every byte outside the unreserved set percent-encoded. An argument without a value reads
+    ``name=`` and ``+`` reads as a space, whichever way a server's argument parser takes them."""
+    text = path.decode("ascii", "replace")
+    if not _PLAIN_PATH.fullmatch(text):
+        text = quote(_path_bytes(path), safe="/")
+    pairs = sorted((k.replace(b"+", b" "), v.replace(b"+", b" ")) for k, v in args)
+    if not pairs:
+        return text
+    return text + "?" + "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in pairs)
+
+
+def canonical_of(target: str) -> str:
+    """``canonical_target`` of a raw request target (as an HTTP server or a Lambda event gives it)."""
+    path, _, query = target.partition("?")
+    args = parse_qsl(query, keep_blank_values=True, encoding="latin-1") if query else []
+    return canonical_target(_raw_bytes(path), [(_raw_bytes(k), _raw_bytes(v)) for k, v in args])
+
+
+def _raw_bytes(text: str) -> bytes:
+    """Servers hand the request line over as latin-1; an event may carry any text."""
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
 
 
 Pieces = Sequence[bytes | bytearray]
@@ -45,16 +97,17 @@ def _mac(key: bytes, t: str, nonce: str, method: str, path: str, digest: str) ->
 def sign(
     key: bytes,
     method: str,
-    path: str,
+    target: str,
     body: bytes | None,
     now: float | None = None,
     nonce: str | None = None,
 ) -> str:
-    """Header value for one request; ``body=None`` signs ``UNSIGNED-PAYLOAD``."""
+    """Header value for one request to ``target`` (canonical or raw: both read the same);
+    ``body=None`` signs ``UNSIGNED-PAYLOAD``."""
     t = str(int(time.time() if now is None else now))
     n = nonce or secrets.token_hex(12)
     digest = UNSIGNED_PAYLOAD if body is None else body_digest(body)
-    return f"t={t},n={n},v1={_mac(key, t, n, method, path, digest)}"
+    return f"t={t},n={n},v1={_mac(key, t, n, method, canonical_of(target), digest)}"
 
 
 @dataclass(frozen=True)
@@ -146,7 +199,8 @@ class Verifier:
         self._allow_unsigned = allow_unsigned_payload
         self._nonces = NonceCache(max_nonces)
 
-    def verify(self, header: str | None, method: str, path: str, body: bytes | Pieces, now: float) -> None:
+    def verify(self, header: str | None, method: str, target: str, body: bytes | Pieces, now: float) -> None:
+        """``target`` as the request carried it; it is compared in canonical form."""
         if not header:
             raise SignatureError("missing X-Spillway-Signature header")
         sig = parse(header)
@@ -155,11 +209,12 @@ class Verifier:
                 f"stale X-Spillway-Signature: signed at {sig.t}, now {int(now)} "
                 f"(more than {MAX_SKEW_S} s apart; check the gateway's clock)"
             )
+        canonical = canonical_of(target)
         candidates = [body_digest(body)]
         if self._allow_unsigned:
             candidates.append(UNSIGNED_PAYLOAD)
         if not any(
-            hmac.compare_digest(sig.v1, _mac(self._key, str(sig.t), sig.nonce, method, path, digest))
+            hmac.compare_digest(sig.v1, _mac(self._key, str(sig.t), sig.nonce, method, canonical, digest))
             for digest in candidates
         ):
             raise SignatureError("wrong X-Spillway-Signature: it does not match this request and key")

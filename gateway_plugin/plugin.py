@@ -9,7 +9,7 @@ or prefetched when declared), and record only the changes they make.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -74,7 +74,7 @@ class HttpRequest:
         return self._call.headers
 
     @property
-    def headers(self) -> dict[str, str]:
+    def headers(self) -> Mapping[str, str]:
         """Lower-cased names; repeated headers joined with ``", "``."""
         return self._call.header_map
 
@@ -116,7 +116,7 @@ class HttpResponse:
         return self._call.status
 
     @property
-    def headers(self) -> dict[str, str]:
+    def headers(self) -> Mapping[str, str]:
         """Lower-cased names; repeated headers joined with ``", "``."""
         return self._call.header_map
 

@@ -209,3 +209,44 @@ def test_an_invoke_mode_answer_reaches_the_client(
     assert answer_headers.get("x-spillway-instance"), "the function's own headers come through"
     assert lambda_api.valid == 1 and lambda_api.invalid == []
     assert local.seen == [], "nothing went on premises"
+
+
+@pytest.mark.integration
+@needs_apisix()
+@pytest.mark.parametrize("sign_body", [False, True])
+def test_signatures_made_from_the_call_verify_at_the_function_whatever_the_target_looks_like(
+    tmp_path: Path, cloud_env: None, sign_body: bool
+) -> None:
+    """The runner signs nginx's decoded path and argument table, the function the raw request line
+    APISIX forwards: escapes, dot segments, repeated and valueless arguments must not tell them apart."""
+    key = os.environ["SPILLWAY_SIGNING_KEY"]
+    env = {"SPILLWAY_SIGNING_KEY": key, "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD": "0" if sign_body else "1"}
+    with ExitStack() as stack:
+        fn = stack.enter_context(function_server(model_repository(tmp_path, "add_sub"), tmp_path, **env))
+        local = stack.enter_context(upstream("local"))
+        feed = stack.enter_context(metrics_feed())
+        config = _example_config(local.url, fn.url, feed.url, f"127.0.0.1:{free_port()}")
+        config["targets"][0]["sign_body"] = sign_body
+        route = _loopback_route(yaml.safe_load((EXAMPLES / "apisix.yaml").read_text())["routes"][0], config)
+        settings = apisix_settings(config, tmp_path, free_port(), routes=[route], envs=ENVS)
+        gateway = stack.enter_context(apisix.running(settings))
+        headers = {"x-data-classification": "public", "content-type": "application/json"}
+        feed.queue_ms = 500
+        plain = gateway.url + "/v2/models/add_sub/infer"
+        spill = lambda: _decision(http("POST", plain, ADD_SUB_BODY, headers)).startswith("aws;")  # noqa: E731
+        wait_until(spill, 30, "a public request spills")
+        kept_home = len(local.seen)
+        answers = {
+            target: http("POST", gateway.url + target, ADD_SUB_BODY, headers)
+            for target in (
+                "/v2/models/add_sub/infer?b=2&a=x+y&a=%2B&flag&empty=",
+                "/v2/models/add_%73ub/infer",
+                "/v2/models//add_sub/./infer?%E2%9C%93=%C3%A9",
+                "/v2/models/other/../add_sub/infer?a=1&a=1",
+            )
+        }
+    for target, (status, answer_headers, body) in answers.items():
+        assert answer_headers.get("x-spillway-decision", "").startswith("aws;"), target
+        assert status == 200, f"{target}: {body!r}"
+        assert json.loads(body)["outputs"][0]["data"] == [11, 22, 33, 44], target
+    assert len(local.seen) == kept_home, "every request spilled"

@@ -98,7 +98,6 @@ def infer(want: str, classification: str = "public") -> PeerRequest:
             ("x-data-classification", classification),
             ("content-type", "application/json"),
         ],
-        vars={"request_uri": b"/v2/models/add_sub/infer"},
         body=ADD_SUB_BODY,
     )
 

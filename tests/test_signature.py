@@ -16,6 +16,8 @@ from functions.signature import (
     ReplayCacheFull,
     SignatureError,
     Verifier,
+    canonical_of,
+    canonical_target,
     parse,
     sign,
 )
@@ -137,3 +139,36 @@ def test_a_replay_after_200000_other_signed_requests_is_refused() -> None:
 def test_non_ascii_overlong_or_ill_formed_fields_are_malformed_not_errors(header: str) -> None:
     with pytest.raises(SignatureError, match="malformed"):
         Verifier(KEY).verify(header, "GET", "/", b"", NOW)
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        ("/v2/models/m/infer", "/v2/models/m/infer"),
+        ("/v2/models/%6D/infer", "/v2/models/m/infer"),
+        ("//v2/./models/x/../m/infer/", "/v2/models/m/infer"),
+        ("/v2/models/a%253Fb/infer", "/v2/models/a%3Fb/infer"),
+        ("/p?b=2&a=x+y&a=%2B&flag&e=", "/p?a=%20&a=x%20y&b=2&e=&flag="),
+        ("/p?%E2%9C%93=%C3%A9", "/p?%E2%9C%93=%C3%A9"),
+    ],
+)
+def test_targets_are_signed_in_one_canonical_form(raw: str, canonical: str) -> None:
+    assert canonical_of(raw) == canonical
+    assert canonical_of(canonical) == canonical
+    Verifier(KEY).verify(sign(KEY, "GET", canonical, b"", now=NOW), "GET", raw, b"", NOW)
+
+
+def test_the_gateways_view_of_a_target_signs_what_the_function_receives() -> None:
+    """nginx hands the runner a decoded path (a ``?`` inside it is part of the path) and an
+    argument table in no particular order."""
+    gateway = canonical_target(b"/v2/models/a?b/infer", [(b"z", b"1"), (b"a", b"x y"), (b"flag", b"")])
+    assert gateway == canonical_of("/v2/models/a%3Fb/infer?flag&a=x+y&z=1")
+
+
+@pytest.mark.parametrize(
+    "other",
+    ["/v2/models/n/infer", "/v2/models/m/infer?x=1", "/v2/models/m/infer/x", "/v2/models/m/infer?flag"],
+)
+def test_canonical_form_keeps_different_targets_apart(other: str) -> None:
+    with pytest.raises(SignatureError, match="wrong"):
+        Verifier(KEY).verify(sign(KEY, "GET", "/v2/models/m/infer", b"", now=NOW), "GET", other, b"", NOW)

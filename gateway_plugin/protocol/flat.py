@@ -9,7 +9,7 @@ so every unsigned offset points forward as the format requires.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 _U8 = struct.Struct("<B").unpack_from
 _U16 = struct.Struct("<H").unpack_from
@@ -100,22 +100,67 @@ class Table:
             out.append((_string(buf, pos, name_off) or "", _string(buf, pos, value_off)))
         return out
 
-    def entry_dict(self, slot: int) -> dict[str, str]:
-        """The same vector as a dict of lower-cased names; repeated names joined with ", "."""
-        at = self._ref(slot)
+    def entry_map(self, slot: int) -> EntryMap:
+        """A ``[TextEntry]`` vector as a read-only mapping (``EntryMap``)."""
+        return EntryMap(self._buf, self._ref(slot))
+
+
+class EntryMap(Mapping[str, str]):
+    """A ``[TextEntry]`` vector as a mapping of lower-cased names, repeated names joined with ", ".
+
+    The vector is read and checked at once, but no text is decoded until asked for: a filter
+    usually wants three or four of a request's headers.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, buf: bytes, at: int) -> None:
+        values: dict[bytes, list[bytes]] = {}
+        self._values = values
         if not at:
-            return {}
-        buf = self._buf
-        out: dict[str, str] = {}
+            return
         for item in _vector(buf, at):
             pos = item + _U32(buf, item)[0]
             name_off, value_off = _entry_fields(buf, pos)
-            value = _string(buf, pos, value_off)
-            if value is None:
-                continue
-            key = (_string(buf, pos, name_off) or "").lower()
-            out[key] = f"{out[key]}, {value}" if key in out else value
-        return out
+            if value_off:
+                name = _lower(_raw_string(buf, pos + name_off)) if name_off else b""
+                value = _raw_string(buf, pos + value_off)
+                found = values.get(name)
+                if found is None:
+                    values[name] = [value]
+                else:
+                    found.append(value)
+
+    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        found = self._values.get(key.encode("utf-8", "surrogateescape"))
+        return default if found is None else _joined(found)
+
+    def __getitem__(self, key: str) -> str:
+        found = self._values.get(key.encode("utf-8", "surrogateescape"))
+        if found is None:
+            raise KeyError(key)
+        return _joined(found)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.encode("utf-8", "surrogateescape") in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return (name.decode("utf-8", "surrogateescape") for name in self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def _lower(name: bytes) -> bytes:
+    if name.isascii():
+        return name.lower()
+    return name.decode("utf-8", "surrogateescape").lower().encode("utf-8", "surrogateescape")
+
+
+def _joined(values: list[bytes]) -> str:
+    if len(values) == 1:
+        return values[0].decode("utf-8", "surrogateescape")
+    return ", ".join(v.decode("utf-8", "surrogateescape") for v in values)
 
 
 _VTABLE_2 = struct.Struct("<HHHH").unpack_from
@@ -140,15 +185,17 @@ def _vector(buf: bytes, at: int) -> range:
     return range(at + 4, at + 4 + 4 * count, 4)
 
 
-def _string(buf: bytes, table: int, field: int) -> str | None:
-    if not field:
-        return None
-    at = table + field
-    at += _U32(buf, at)[0]
+def _raw_string(buf: bytes, field_at: int) -> bytes:
+    """The string a reference field at ``field_at`` points to."""
+    at = field_at + _U32(buf, field_at)[0]
     end = at + 4 + _U32(buf, at)[0]
     if end > len(buf) or at < 0:
         raise Malformed(f"string at {at} runs past the end of the buffer")
-    return buf[at + 4 : end].decode("utf-8", "surrogateescape")
+    return buf[at + 4 : end]
+
+
+def _string(buf: bytes, table: int, field: int) -> str | None:
+    return _raw_string(buf, table + field).decode("utf-8", "surrogateescape") if field else None
 
 
 _SIZES = {"B": 1, "H": 2, "I": 4, "R": 4}

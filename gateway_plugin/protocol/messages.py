@@ -13,11 +13,10 @@ import ipaddress
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import ParamSpec, TypeVar
 
 from gateway_plugin.protocol import schema
-from gateway_plugin.protocol.flat import Malformed, Table
+from gateway_plugin.protocol.flat import EntryMap, Malformed, Table
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -65,47 +64,56 @@ def prepare_conf(buf: bytes) -> tuple[str, TextEntries]:
 
 
 class HttpReqCall:
-    """An HTTPReqCall request; ``id`` and ``conf_token`` are read at once, the rest on demand.
+    """An HTTPReqCall request; ``id`` and ``conf_token`` are read at once, the rest on first use.
 
-    Read with the fast reader: this is on the path of every request.
+    On the path of every request: plain slots rather than ``cached_property`` (which takes a lock
+    on each first read in Python 3.11).
     """
 
-    __slots__ = ("__dict__", "_t", "conf_token", "id")
+    __slots__ = ("_args", "_header_map", "_headers", "_path", "_t", "conf_token", "id")
 
     @_guard
     def __init__(self, buf: bytes) -> None:
         self._t = Table.root(buf)
         self.id = self._t.u32(_REQ_ID)
         self.conf_token = self._t.u32(_REQ_TOKEN)
+        self._path: str | None = None
+        self._args: TextEntries | None = None
+        self._headers: TextEntries | None = None
+        self._header_map: EntryMap | None = None
 
-    @cached_property
+    @property
     @_guard
     def method(self) -> str:
         index = self._t.u8(_REQ.METHOD)
         return schema.METHODS[index] if index < len(schema.METHODS) else "GET"
 
-    @cached_property
-    @_guard
+    @property
     def path(self) -> str:
-        return self._t.text(_REQ.PATH) or "/"
+        if self._path is None:
+            self._path = _read(self._t.text, _REQ.PATH) or "/"
+        return self._path
 
-    @cached_property
-    @_guard
+    @property
     def headers(self) -> TextEntries:
-        return self._t.entries(_REQ.HEADERS)
+        if self._headers is None:
+            self._headers = _read(self._t.entries, _REQ.HEADERS)
+        return self._headers
 
-    @cached_property
-    @_guard
-    def header_map(self) -> dict[str, str]:
+    @property
+    def header_map(self) -> EntryMap:
         """Lower-cased names; repeated headers joined with ``", "``."""
-        return self._t.entry_dict(_REQ.HEADERS)
+        if self._header_map is None:
+            self._header_map = _read(self._t.entry_map, _REQ.HEADERS)
+        return self._header_map
 
-    @cached_property
-    @_guard
+    @property
     def args(self) -> TextEntries:
-        return self._t.entries(_REQ.ARGS)
+        if self._args is None:
+            self._args = _read(self._t.entries, _REQ.ARGS)
+        return self._args
 
-    @cached_property
+    @property
     @_guard
     def src_ip(self) -> str:
         raw = self._t.blob(_REQ.SRC_IP) or b""
@@ -115,7 +123,7 @@ class HttpReqCall:
 class HttpRespCall:
     """An HTTPRespCall request (``ext-plugin-post-resp``): the upstream's status and headers."""
 
-    __slots__ = ("__dict__", "_t", "conf_token", "id", "status")
+    __slots__ = ("_header_map", "_headers", "_t", "conf_token", "id", "status")
 
     @_guard
     def __init__(self, buf: bytes) -> None:
@@ -123,17 +131,28 @@ class HttpRespCall:
         self.id = self._t.u32(_RESP_CALL.ID)
         self.status = self._t.u16(_RESP_CALL.STATUS)
         self.conf_token = self._t.u32(_RESP_CALL.CONF_TOKEN)
+        self._headers: TextEntries | None = None
+        self._header_map: EntryMap | None = None
 
-    @cached_property
-    @_guard
+    @property
     def headers(self) -> TextEntries:
-        return self._t.entries(_RESP_CALL.HEADERS)
+        if self._headers is None:
+            self._headers = _read(self._t.entries, _RESP_CALL.HEADERS)
+        return self._headers
 
-    @cached_property
-    @_guard
-    def header_map(self) -> dict[str, str]:
+    @property
+    def header_map(self) -> EntryMap:
         """Lower-cased names; repeated headers joined with ``", "``."""
-        return self._t.entry_dict(_RESP_CALL.HEADERS)
+        if self._header_map is None:
+            self._header_map = _read(self._t.entry_map, _RESP_CALL.HEADERS)
+        return self._header_map
+
+
+def _read(reader: Callable[[int], R], slot: int) -> R:
+    try:
+        return reader(slot)
+    except _DECODE_ERRORS as exc:
+        raise DecodeError(f"undecodable message: {exc}") from None
 
 
 @_guard

@@ -11,7 +11,7 @@ from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 
 HOUR, DAY = 3600, 86400
-ANSWER_WINDOW_S = 10.0
+STALE_ANSWERS_S = 20.0
 MIN_HORIZON_S = 0.005
 
 
@@ -36,19 +36,21 @@ class Outstanding:
 
     Answers may be reported late: APISIX's http-logger sends them in batches, up to a second after
     the fact, and counting a request until then would count a second of traffic as in flight. So
-    once answers report how long they took, a dispatch stops counting when it is older than twice
-    the longest answer time of the last ``ANSWER_WINDOW_S`` or so (``horizon_s``); the report that
-    comes for it later closes it, not a dispatch still counted. A dispatch whose answer never comes
-    stops counting after ``ttl_s``. The count can miss a request that runs more than twice as long
-    as any recent one, for the time it runs past that.
+    once answers report how long they took, a dispatch stops counting when it is older than answers
+    usually take (``horizon_s``: their smoothed mean plus their smoothed deviation, kept as TCP
+    keeps round-trip times); the report that comes for it later closes it, not a dispatch still
+    counted. Counting each dispatch for about the mean answer time counts, on average, what is in
+    flight (Little's law); a request slower than usual drops out of the count early. Until answers
+    report their times, or when none has for ``STALE_ANSWERS_S``, a dispatch counts until
+    ``ttl_s``, when its answer is taken as lost.
     """
 
     ttl_s: float
     started: deque[float] = field(default_factory=deque)
     lapsed: deque[float] = field(default_factory=deque)
-    _window: int = -2
-    _longest_now: float = 0.0
-    _longest_before: float = 0.0
+    _mean_s: float = 0.0
+    _deviation_s: float = 0.0
+    _reported_at: float = float("-inf")
 
     def count(self, now: float) -> int:
         horizon = self.horizon_s(now)
@@ -70,23 +72,20 @@ class Outstanding:
             self.lapsed.popleft()
         elif self.started:
             self.started.popleft()
-        if now is not None and seconds is not None and seconds >= 0:
-            window = int(now // ANSWER_WINDOW_S)
-            if window != self._window:
-                self._longest_before = self._longest_now if window == self._window + 1 else 0.0
-                self._longest_now, self._window = 0.0, window
-            self._longest_now = max(self._longest_now, seconds)
+        if now is None or seconds is None or seconds < 0:
+            return
+        if now - self._reported_at > STALE_ANSWERS_S:
+            self._mean_s, self._deviation_s = seconds, seconds / 2
+        else:
+            self._deviation_s += (abs(seconds - self._mean_s) - self._deviation_s) / 4
+            self._mean_s += (seconds - self._mean_s) / 8
+        self._reported_at = now
 
     def horizon_s(self, now: float) -> float:
-        """How long a dispatch counts: the ttl until answers report their times."""
-        window = int(now // ANSWER_WINDOW_S)
-        if window == self._window:
-            longest = max(self._longest_now, self._longest_before)
-        elif window == self._window + 1:
-            longest = self._longest_now
-        else:
+        """How long a dispatch counts as in flight."""
+        if now - self._reported_at > STALE_ANSWERS_S:
             return self.ttl_s
-        return min(self.ttl_s, max(MIN_HORIZON_S, 2 * longest))
+        return min(self.ttl_s, max(MIN_HORIZON_S, self._mean_s + self._deviation_s))
 
 
 @dataclass

@@ -15,7 +15,6 @@ import logging
 import re
 import time
 from typing import Any
-from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +24,7 @@ from functions.contract import (
     HEADER_TARGET,
     normalise_path,
 )
+from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
@@ -34,6 +34,7 @@ from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, htt
 log = logging.getLogger("spillway.plugin")
 
 _MODEL = re.compile(r"^/v2/models/([^/]+)")
+_NO_ARGS: dict[str, str] = {}
 
 
 class RouteOverrides(BaseModel):
@@ -103,20 +104,20 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         path = normalise_path(request.path)
         match = _MODEL.match(path)
         model = match.group(1) if match else None
-        features = RequestFeatures(path, headers, {k: v or "" for k, v in request.args}, model)
+        args = request.args
+        features = RequestFeatures(path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model)
         policy = self.policy_for(conf)
         snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
         decision = decide(features, snapshot, policy)
-        self.state.commit(
-            decision,
-            model,
-            {
+        seen = None
+        if decision.residency_kept:
+            seen = {
                 "request_id": request.id,
                 "path": request.path,
                 "model": model,
                 "classification": headers.get(policy.classification_header),
-            },
-        )
+            }
+        self.state.commit(decision, model, seen)
         if self.state.decision_header:
             action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
         if decision.target == SHED:
@@ -137,7 +138,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         if signer.key is None:
             action.delete_header(HEADER_SIGNATURE)
             return
-        target = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
+        target = _signed_target(request)
         body = await request.body() if signer.sign_body else None
         signature = signer.header(request.method, target, body)
         if signature is not None:
@@ -147,11 +148,11 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         """Call the function; on failure, fall back to local (the request may stay, it may not leave)."""
         name = decision.target
         self.state.invoke_started(name)
-        target_uri = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
-        path, _, query = target_uri.partition("?")
+        target = _signed_target(request)
+        path, _, query = target.partition("?")
         body = await request.body()
         headers = dict(request.headers)
-        signature = self.state.signer(name).header(request.method, target_uri, body)
+        signature = self.state.signer(name).header(request.method, target, body)
         if signature is not None:
             headers[HEADER_SIGNATURE] = signature
         headers.pop(HEADER_TARGET, None)
@@ -169,8 +170,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
                 action.add_response_header(HEADER_DECISION, f"{LOCAL};{Reason.INVOKE_FAILED}")
                 return
             log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
-            shed = dataclasses.replace(
-                decision,
+            shed = decision._replace(
                 target=SHED,
                 reason=Reason.INVOKE_FAILED,
                 status=503,
@@ -193,10 +193,12 @@ def _shed(decision: Decision, action: RequestAction) -> None:
     )
 
 
-def _text(raw: bytes | None) -> str | None:
-    return raw.decode("latin-1") if raw else None
+def _signed_target(request: HttpRequest) -> str:
+    """The target the function will verify, from the call alone (no round trip to APISIX): nginx's
+    decoded path and argument table in the canonical form both sides sign."""
+    args = [(_raw(k), _raw(v or "")) for k, v in request.args]
+    return canonical_target(_raw(request.path), args)
 
 
-def _target_of(request: HttpRequest) -> str:
-    args = [(k, v or "") for k, v in request.args]
-    return f"{request.path}?{urlencode(args)}" if args else request.path
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
