@@ -36,6 +36,7 @@ def is_v2(path: str) -> bool:
 
 
 _CACHE_ENTRIES = 1024
+_CACHE_PATH_CHARS = 256
 _decided: dict[tuple[str, str, bool], Refusal | None] = {}
 
 
@@ -43,8 +44,11 @@ def check(method: str, path: str, expose_statistics: bool) -> Refusal | None:
     """Why a request for the normalised ``path`` under ``/v2`` is refused; None to forward it.
 
     Remembered per (method, path): a function serves few paths, so the regular expressions run
-    once each; the memory is bounded, forgotten whole when full, since clients choose the paths.
+    once each. Clients choose the paths, so the memory is bounded twice: only short paths are
+    remembered, and the whole memo is forgotten when full.
     """
+    if len(path) > _CACHE_PATH_CHARS:
+        return _check(method, path, expose_statistics)
     key = (method, path, expose_statistics)
     try:
         return _decided[key]
