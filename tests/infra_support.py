@@ -161,6 +161,10 @@ def _regex(pattern: str, text: str) -> Any:
     return list(m.groups()) if m.groups() else m.group(0)
 
 
+def _flatten(items: list[Any]) -> list[Any]:
+    return [leaf for item in items for leaf in (_flatten(item) if isinstance(item, list) else [item])]
+
+
 class Evaluator:
     """Evaluates HCL expressions with variable values and the module's locals."""
 
@@ -182,6 +186,7 @@ class Evaluator:
         "regex": _regex,
         "alltrue": lambda items: all(items),
         "concat": lambda *lists: [item for lst in lists for item in lst],
+        "flatten": lambda items: _flatten(items),
     }
 
     def __init__(self, variables: Mapping[str, Any], locals_: Mapping[str, Any]) -> None:
@@ -324,11 +329,26 @@ class Evaluator:
             if self._take()[1] == ".":
                 attr = self._take()[1]
                 value = Unknown(f"{value}.{attr}") if isinstance(value, Unknown) else value[attr]
+            elif self._peek() == "*":
+                self._take("*")
+                self._take("]")
+                value = self._splat(value)
             else:
                 index = self._ternary()
                 self._take("]")
                 value = Unknown(f"{value}[{index}]") if isinstance(value, Unknown) else value[index]
         return value
+
+    def _splat(self, value: Any) -> Any:
+        """``value[*]`` and the attribute traversals after it: null is [], one value [value]."""
+        if isinstance(value, Unknown):
+            return Unknown(f"{value}[*]")
+        items = [] if value is None else value if isinstance(value, list) else [value]
+        while self._peek() == ".":
+            self._take(".")
+            attr = self._take()[1]
+            items = [item[attr] for item in items]
+        return items
 
     def _primary(self) -> Any:
         kind, text = self._take()
