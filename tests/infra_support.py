@@ -422,7 +422,7 @@ class Evaluator:
 
     def _object(self) -> Any:
         if self._peek() == "for":
-            raise Unsupported("for expressions")
+            return self._object_for()
         result = {}
         while self._peek() != "}":
             key = self._take()
@@ -432,6 +432,28 @@ class Evaluator:
             if self._peek() == ",":
                 self._take(",")
         self._take("}")
+        return result
+
+    def _object_for(self) -> dict[Any, Any]:
+        """``{ for [k,] v in source : key => value [if cond] }``."""
+        self._take("for")
+        names = [self._take()[1]]
+        if self._peek() == ",":
+            self._take(",")
+            names.append(self._take()[1])
+        self._take("in")
+        source = self._sub(self._skip((":",)))
+        self._take(":")
+        key = self._skip(("=>",))
+        self._take("=>")
+        value = self._skip(("}", "if"))
+        condition = self._skip(("}",))[1:] if self._peek() == "if" else None
+        self._take("}")
+        result = {}
+        for k, v in source.items() if isinstance(source, dict) else enumerate(source):
+            scope = {names[0]: v} if len(names) == 1 else {names[0]: k, names[1]: v}
+            if condition is None or self._sub(condition, **scope):
+                result[self._sub(key, **scope)] = self._sub(value, **scope)
         return result
 
     def _call(self, name: str) -> Any:

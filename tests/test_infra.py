@@ -199,27 +199,69 @@ def test_function_url_uses_iam_unless_a_signing_secret_is_mandatory(aws: Module)
     assert allowed("AWS_IAM", None)
 
 
-def test_only_a_none_url_gets_a_public_permission(aws: Module) -> None:
-    public = [
-        (name, body)
-        for (kind, name), body in aws.resources.items()
-        if kind == "aws_lambda_permission" and body.get("principal") == "*"
-    ]
-    assert len(public) == 1
-    name, body = public[0]
-    assert body["function_url_auth_type"] == "NONE" and body["action"] == "lambda:InvokeFunctionUrl"
+def permissions(aws: Module) -> dict[str, dict[str, Any]]:
+    return {name: body for (kind, name), body in aws.resources.items() if kind == "aws_lambda_permission"}
+
+
+def test_a_none_url_grants_anyone_invoke_through_the_url_only(aws: Module) -> None:
+    """Since October 2025 a URL call needs lambda:InvokeFunctionUrl and lambda:InvokeFunction.
+    For NONE the URL resource grants anyone the first when it creates the URL; the one public
+    permission here is the second, only through the URL, on the URL's qualifier."""
+    public = {name: body for name, body in permissions(aws).items() if body["principal"] == "*"}
+    assert list(public) == ["public_url"]
+    body = public["public_url"]
+    assert body["action"] == "lambda:InvokeFunction"
+    assert body["invoked_via_function_url"] is True
+    assert "function_url_auth_type" not in body and "source_arn" not in body
+    url = aws.resource("aws_lambda_function_url", "this")
+    assert body["qualifier"] == url["qualifier"] == "${local.qualifier}"
+    assert url["authorization_type"] == "${var.function_url_authorization_type}"
     assert aws_eval(aws).value(body["count"]) == 0
-    assert (
-        aws_eval(aws, function_url_authorization_type="NONE", signing_key_secret_arn=SECRET_ARN).value(
-            body["count"]
-        )
-        == 1
-    )
-    for kind_name, other in aws.resources.items():
-        if kind_name[0] == "aws_lambda_permission" and kind_name[1] != name:
-            assert other["principal"] == "${each.value}"
+    none = {"function_url_authorization_type": "NONE", "signing_key_secret_arn": SECRET_ARN}
+    assert aws_eval(aws, **none).value(body["count"]) == 1
+    assert aws_eval(aws, **none, create_function_url=False).value(body["count"]) == 0
+    assert aws_eval(aws, **none, create=False).value(body["count"]) == 0
+    for name, other in permissions(aws).items():
+        if name != "public_url":
+            assert other["principal"] == "${each.value}", name
     assert not accepts(aws, "invoker_principal_arns", ["*"])
     assert accepts(aws, "invoker_principal_arns", ["arn:aws:iam::123456789012:role/gateway"])
+
+
+def test_a_new_auth_type_replaces_the_url(aws: Module) -> None:
+    """The provider adds a NONE URL's public statements on creation only, never on update."""
+    url = aws.resource("aws_lambda_function_url", "this")
+    [lifecycle] = url["lifecycle"]
+    assert lifecycle["replace_triggered_by"] == ["${terraform_data.url_authorization_type[count.index]}"]
+    trigger = aws.resource("terraform_data", "url_authorization_type")
+    assert trigger["input"] == "${var.function_url_authorization_type}"
+    assert trigger["count"] == url["count"]
+
+
+def test_an_iam_url_grants_its_callers_both_url_actions(aws: Module) -> None:
+    invoke_url, invoke = permissions(aws)["invoke_url"], permissions(aws)["invoke"]
+    assert invoke_url["action"] == "lambda:InvokeFunctionUrl"
+    assert invoke_url["function_url_auth_type"] == "AWS_IAM"
+    assert invoke["action"] == "lambda:InvokeFunction" and "invoked_via_function_url" not in invoke
+    for body in (invoke_url, invoke):
+        assert body["qualifier"] == "${local.qualifier}"
+        assert "local.invoker_principal" in body["for_each"]
+    # Every principal that may call the IAM URL may invoke too: invoke is created whenever
+    # invoke_url is.
+    principals = ["arn:aws:iam::123456789012:role/gateway"]
+    evaluator = aws_eval(aws, invoker_principal_arns=principals)
+    assert evaluator.value(invoke_url["for_each"]) == evaluator.value(invoke["for_each"])
+    assert list(evaluator.value(invoke["for_each"]).values()) == principals
+
+
+def test_url_conditions_only_go_with_the_actions_aws_accepts_them_for(aws: Module) -> None:
+    """AddPermission takes FunctionUrlAuthType only with lambda:InvokeFunctionUrl, and
+    InvokedViaFunctionUrl only with lambda:InvokeFunction."""
+    for name, body in permissions(aws).items():
+        if "function_url_auth_type" in body:
+            assert body["action"] == "lambda:InvokeFunctionUrl", name
+        if "invoked_via_function_url" in body:
+            assert body["action"] == "lambda:InvokeFunction", name
 
 
 def test_signing_key_comes_from_secrets_manager_never_a_literal(aws: Module) -> None:

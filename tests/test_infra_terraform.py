@@ -7,15 +7,79 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from scripts.tf_offline import check, terraform_binary
+from scripts.tf_offline import (
+    UNKNOWN,
+    TerraformFailed,
+    Workspace,
+    cases_root,
+    check,
+    planned_inputs,
+    terraform_binary,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TF = ROOT / "infra" / "terraform"
+SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:spillway-key-AbCdEf"
+GATEWAY = "arn:aws:iam::123456789012:role/spillway-gateway"
+REQUIRED = {
+    "aws_function": {"name": "fn", "reserved_concurrent_executions": 4},
+    "aliyun_function": {
+        "name": "fn",
+        "reserved_concurrency": 8,
+        "image": "registry-vpc.cn-hangzhou.aliyuncs.com/spillway/aliyun-fc:0.1.0",
+    },
+}
+# Known values for the data sources, so that what depends on region and account is known too.
+DATA = {
+    "modules/aws_function": {
+        "aws_region.current": {"region": "us-east-1"},
+        "aws_caller_identity.current": {"account_id": "123456789012"},
+    },
+    "modules/aliyun_function": {
+        "alicloud_regions.current": {"regions": [{"id": "cn-hangzhou"}]},
+        "alicloud_account.current": {"id": "1234567890123456"},
+    },
+}
 
 pytestmark = pytest.mark.skipif(terraform_binary() is None, reason="terraform is not installed")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    return Workspace(TF, tmp_path_factory.mktemp("rendered"), DATA)
+
+
+def plan_cases(workspace: Workspace, module: str, cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One plan of a root calling ``module`` once per case (the required inputs added)."""
+    inputs = {case: {**REQUIRED[module], **values} for case, values in cases.items()}
+    root = cases_root(workspace.dest, f"{module}-{'-'.join(cases)}", f"modules/{module}", inputs)
+    return workspace.plan(root)
+
+
+@pytest.fixture(scope="module")
+def aws_plan(workspace: Workspace) -> dict[str, Any]:
+    none = {"function_url_authorization_type": "NONE", "signing_key_secret_arn": SECRET_ARN}
+    return plan_cases(
+        workspace,
+        "aws_function",
+        {
+            "iam": {"invoker_principal_arns": [GATEWAY]},
+            "none": {**none, "invoker_principal_arns": [GATEWAY]},
+            "none_unaliased": {**none, "create_alias": False},
+        },
+    )
+
+
+def inputs(plan: dict[str, Any], case: str, resource: str) -> list[Any]:
+    """Planned arguments of each instance of a resource (``type.name``) in one case."""
+    kind, name = resource.split(".")
+    rendered = f"r__{kind}__{name}"
+    return planned_inputs(plan, f"module.{case}.terraform_data.{rendered}")
+
 
 # The RAM statements for the signing key written as one conditional: its results, no statements
 # and two statements of different shapes, are tuples of different types.
@@ -86,3 +150,51 @@ def test_check_infra_script_fails_on_a_conditional_whose_results_differ_in_type(
     assert result.returncode == 1, result.stderr
     assert "Inconsistent conditional result types" in result.stderr
     assert "check-infra: FAILED: Terraform rejects infra/terraform" in result.stderr
+
+
+# -- the AWS function URL, retries and statement ids, as planned --
+
+
+def test_planned_none_url_grants_anyone_invoke_through_the_url_only(aws_plan: dict[str, Any]) -> None:
+    public = {
+        "statement_id": "SpillwayPublicUrlInvoke",
+        "action": "lambda:InvokeFunction",
+        "function_name": UNKNOWN,
+        "qualifier": "live",
+        "principal": "*",
+        "invoked_via_function_url": True,
+    }
+    assert inputs(aws_plan, "none", "aws_lambda_permission.public_url") == [public]
+    assert inputs(aws_plan, "none_unaliased", "aws_lambda_permission.public_url") == [
+        {**public, "qualifier": None}
+    ]
+    [url] = inputs(aws_plan, "none", "aws_lambda_function_url.this")
+    assert (url["authorization_type"], url["qualifier"]) == ("NONE", "live")
+    assert inputs(aws_plan, "none", "terraform_data.url_authorization_type") == [{"input": "NONE"}]
+    # No IAM URL grants for a NONE URL; the gateway keeps Invoke.
+    assert inputs(aws_plan, "none", "aws_lambda_permission.invoke_url") == []
+    [invoke] = inputs(aws_plan, "none", "aws_lambda_permission.invoke")
+    assert (invoke["action"], invoke["principal"]) == ("lambda:InvokeFunction", GATEWAY)
+
+
+def test_planned_iam_url_grants_its_callers_both_url_actions(aws_plan: dict[str, Any]) -> None:
+    assert inputs(aws_plan, "iam", "aws_lambda_permission.public_url") == []
+    [url] = inputs(aws_plan, "iam", "aws_lambda_function_url.this")
+    assert url["authorization_type"] == "AWS_IAM"
+    [invoke_url] = inputs(aws_plan, "iam", "aws_lambda_permission.invoke_url")
+    [invoke] = inputs(aws_plan, "iam", "aws_lambda_permission.invoke")
+    assert invoke_url["action"] == "lambda:InvokeFunctionUrl"
+    assert invoke_url["function_url_auth_type"] == "AWS_IAM"
+    assert invoke["action"] == "lambda:InvokeFunction"
+    assert "invoked_via_function_url" not in invoke
+    assert invoke_url["principal"] == invoke["principal"] == GATEWAY
+    assert invoke_url["qualifier"] == invoke["qualifier"] == url["qualifier"] == "live"
+
+
+def test_plan_refuses_a_none_url_without_a_signing_secret(workspace: Workspace) -> None:
+    with pytest.raises(TerraformFailed) as failure:
+        plan_cases(workspace, "aws_function", {"open": {"function_url_authorization_type": "NONE"}})
+    [error] = failure.value.diagnostics
+    assert error.summary == "Resource precondition failed"
+    assert "set signing_key_secret_arn" in error.detail
+    assert error.where.endswith(("modules/aws_function/url.tf:14", "modules/aws_function/url.tf:15"))

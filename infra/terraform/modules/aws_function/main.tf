@@ -108,7 +108,7 @@ data "aws_iam_policy_document" "execution" {
       condition {
         test     = "StringEquals"
         variable = "kms:ViaService"
-        values   = ["secretsmanager.${data.aws_region.current.name}.amazonaws.com"]
+        values   = ["secretsmanager.${data.aws_region.current.region}.amazonaws.com"]
       }
     }
   }

@@ -40,7 +40,7 @@ output "reserved_concurrent_executions" {
 
 output "region" {
   description = "Region the function runs in."
-  value       = try(data.aws_region.current.name, null)
+  value       = try(data.aws_region.current.region, null)
 }
 
 output "ecr_repository_url" {
