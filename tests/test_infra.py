@@ -130,6 +130,27 @@ def test_schedules_send_the_payload_to_the_alias(aws: Module) -> None:
     assert aws_eval(aws, create_alias=False).local("invoke_arn") == "aws_lambda_function.this[0].arn"
 
 
+def test_failed_pings_are_not_retried(aws: Module) -> None:
+    """Scheduler invokes the function asynchronously: Lambda would retry a failed ping twice and
+    keep a throttled one for hours unless the invoke config of the qualifier it calls says not."""
+    config = aws.resource("aws_lambda_function_event_invoke_config", "this")
+    assert config["maximum_retry_attempts"] == 0
+    assert config["maximum_event_age_in_seconds"] == 60
+    assert config["qualifier"] == "${local.qualifier}"
+    for create_alias in (True, False):
+        evaluator = aws_eval(aws, create_alias=create_alias)
+        qualifier = evaluator.local("qualifier")
+        arn = evaluator.local("invoke_arn")
+        assert (qualifier is not None) == arn.startswith("aws_lambda_alias."), (qualifier, arn)
+    schedule = aws.resource("aws_scheduler_schedule", "this")
+    assert schedule["target"][0]["retry_policy"][0]["maximum_retry_attempts"] == 0
+    assert aws_eval(aws).value(config["count"]) == 1
+    assert aws_eval(aws, warmup_pings=0).value(config["count"]) == 0
+    assert aws_eval(aws, create=False).value(config["count"]) == 0
+    readme = (TF / "modules" / "aws_function" / "README.md").read_text()
+    assert "aws_lambda_function_event_invoke_config" in readme
+
+
 def test_fc_timer_triggers_carry_the_payload_in_the_event_fc_sends(aliyun: Module) -> None:
     trigger = aliyun.resource("alicloud_fcv3_trigger", "warmup")
     assert trigger["trigger_type"] == "timer"

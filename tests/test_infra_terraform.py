@@ -70,6 +70,7 @@ def aws_plan(workspace: Workspace) -> dict[str, Any]:
             "iam": {"invoker_principal_arns": [GATEWAY]},
             "none": {**none, "invoker_principal_arns": [GATEWAY]},
             "none_unaliased": {**none, "create_alias": False},
+            "cold": {"warmup_pings": 0},
         },
     )
 
@@ -198,3 +199,18 @@ def test_plan_refuses_a_none_url_without_a_signing_secret(workspace: Workspace) 
     assert error.summary == "Resource precondition failed"
     assert "set signing_key_secret_arn" in error.detail
     assert error.where.endswith(("modules/aws_function/url.tf:14", "modules/aws_function/url.tf:15"))
+
+
+def test_planned_pings_are_not_retried(aws_plan: dict[str, Any]) -> None:
+    config = "aws_lambda_function_event_invoke_config.this"
+    assert inputs(aws_plan, "iam", config) == [
+        {
+            "function_name": UNKNOWN,
+            "qualifier": "live",
+            "maximum_retry_attempts": 0,
+            "maximum_event_age_in_seconds": 60,
+        }
+    ]
+    [schedule] = inputs(aws_plan, "iam", "aws_scheduler_schedule.this")
+    assert schedule["target"][0]["retry_policy"][0]["maximum_retry_attempts"] == 0
+    assert inputs(aws_plan, "cold", config) == inputs(aws_plan, "cold", "aws_scheduler_schedule.this") == []
