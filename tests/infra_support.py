@@ -8,6 +8,7 @@ they are only known after apply.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -187,6 +188,8 @@ class Evaluator:
         "alltrue": lambda items: all(items),
         "concat": lambda *lists: [item for lst in lists for item in lst],
         "flatten": lambda items: _flatten(items),
+        "distinct": lambda items: list(dict.fromkeys(items)),
+        "sha256": lambda text: hashlib.sha256(text.encode()).hexdigest(),
     }
 
     def __init__(self, variables: Mapping[str, Any], locals_: Mapping[str, Any]) -> None:
@@ -473,6 +476,30 @@ class Evaluator:
             return self.FUNCTIONS[name](*args)
         except (TypeError, ValueError, StopIteration) as exc:
             raise Unsupported(f"{name}{tuple(args)}: {exc}") from None
+
+
+# Values the providers and cloud APIs accept, and values they reject, per module variable: the
+# modules' validations must agree. Lambda permission statement ids (at most 100 characters, so
+# IAM names of at most 64).
+LONG_ROLE = "arn:aws:iam::123456789012:role/" + "platform/" * 30 + "g" * 64
+PROVIDER_VALUES: dict[str, dict[str, tuple[list[Any], list[Any]]]] = {
+    "aws_function": {
+        "invoker_principal_arns": (
+            [
+                ["123456789012"],
+                ["arn:aws:iam::123456789012:role/gateway"],
+                ["arn:aws-cn:iam::123456789012:user/ops.gateway@team"],
+                [LONG_ROLE],
+            ],
+            [
+                ["*"],
+                ["arn:aws:iam::123456789012:role/*"],
+                ["arn:aws:iam::123456789012:role/a/*/gateway"],
+                ["arn:aws:iam::123456789012:role/" + "g" * 65],
+            ],
+        ),
+    },
+}
 
 
 def validations(module: Module, variable: str) -> list[dict[str, Any]]:

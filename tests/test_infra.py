@@ -7,6 +7,7 @@ import ast
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from functions.events import parse_event
 from functions.settings import IMAGE_MODEL_REPOSITORY
 from functions.sidecar import free_port
 from tests.infra_support import (
+    LONG_ROLE,
+    PROVIDER_VALUES,
     Module,
     Unknown,
     accepts,
@@ -503,6 +506,40 @@ def test_fc_signing_key_oss_rejects_paths_outside_one_folder(aliyun: Module, cha
     assert accepts(aliyun, "signing_key_oss", KEY_OSS)
     assert accepts(aliyun, "signing_key_oss", None)
     assert not accepts(aliyun, "signing_key_oss", {**KEY_OSS, **change})
+
+
+@pytest.mark.parametrize(
+    ("which", "variable"),
+    [(which, variable) for which, table in PROVIDER_VALUES.items() for variable in table],
+)
+def test_validations_accept_what_the_provider_accepts_and_nothing_else(
+    which: str, variable: str, request: Any
+) -> None:
+    module: Module = request.getfixturevalue("aws" if which == "aws_function" else "aliyun")
+    good, bad = PROVIDER_VALUES[which][variable]
+    assert [v for v in good if not accepts(module, variable, v)] == []
+    assert [v for v in bad if accepts(module, variable, v)] == []
+
+
+def test_permission_statement_ids_fit_lambda_whatever_the_role_path(aws: Module) -> None:
+    """Statement ids are 1-100 letters, digits, '-' and '_', and must differ per principal."""
+    principals = [
+        LONG_ROLE,
+        "arn:aws:iam::123456789012:user/ops.gateway",
+        "arn:aws:iam::123456789012:user/ops-gateway",
+        "arn:aws:iam::123456789012:role/other-path/ops-gateway",
+        "123456789012",
+    ]
+    evaluator = aws_eval(aws, invoker_principal_arns=[*principals, principals[0]])
+    grants = evaluator.local("invoker_principal")
+    assert sorted(grants.values()) == sorted(principals)
+    ids = []
+    for name in ("invoke", "invoke_url"):
+        for key, principal in grants.items():
+            evaluator.scope["each"] = {"key": key, "value": principal}
+            ids.append(evaluator.value(permissions(aws)[name]["statement_id"]))
+    assert len(set(ids)) == len(ids) == 2 * len(principals)
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,100}", i) for i in ids), ids
 
 
 # -- the example and the gateway's targets --

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ from scripts.tf_offline import (
     planned_inputs,
     terraform_binary,
 )
+from tests.infra_support import LONG_ROLE, PROVIDER_VALUES
 
 ROOT = Path(__file__).resolve().parent.parent
 TF = ROOT / "infra" / "terraform"
@@ -71,6 +73,14 @@ def aws_plan(workspace: Workspace) -> dict[str, Any]:
             "none": {**none, "invoker_principal_arns": [GATEWAY]},
             "none_unaliased": {**none, "create_alias": False},
             "cold": {"warmup_pings": 0},
+            "many": {
+                "invoker_principal_arns": [
+                    LONG_ROLE,
+                    "arn:aws:iam::123456789012:user/ops.gateway",
+                    "arn:aws:iam::123456789012:user/ops-gateway",
+                    "123456789012",
+                ]
+            },
         },
     )
 
@@ -153,6 +163,34 @@ def test_check_infra_script_fails_on_a_conditional_whose_results_differ_in_type(
     assert "check-infra: FAILED: Terraform rejects infra/terraform" in result.stderr
 
 
+# -- validations, as Terraform evaluates them, against what the providers accept --
+
+
+@pytest.mark.parametrize("module", sorted(PROVIDER_VALUES))
+def test_terraform_validations_accept_what_the_provider_accepts_and_nothing_else(
+    workspace: Workspace, module: str
+) -> None:
+    table = [
+        (variable, value, rejected)
+        for variable, (good, bad) in PROVIDER_VALUES[module].items()
+        for rejected, values in ((False, good), (True, bad))
+        for value in values
+    ]
+    cases = {f"c{i}": {**REQUIRED[module], variable: value} for i, (variable, value, _) in enumerate(table)}
+    root = cases_root(workspace.dest, f"{module}-validations", f"modules/{module}", cases)
+    found: dict[str, set[str]] = {case: set() for case in cases}
+    for diagnostic in workspace.validate(root):
+        assert diagnostic.summary == "Invalid value for variable", diagnostic
+        case = diagnostic.context.split('"')[1]
+        found[case].add(diagnostic.code.split("=")[0].strip())
+    wrong = [
+        (variable, value)
+        for i, (variable, value, rejected) in enumerate(table)
+        if found[f"c{i}"] != ({variable} if rejected else set())
+    ]
+    assert wrong == []
+
+
 # -- the AWS function URL, retries and statement ids, as planned --
 
 
@@ -214,3 +252,13 @@ def test_planned_pings_are_not_retried(aws_plan: dict[str, Any]) -> None:
     [schedule] = inputs(aws_plan, "iam", "aws_scheduler_schedule.this")
     assert schedule["target"][0]["retry_policy"][0]["maximum_retry_attempts"] == 0
     assert inputs(aws_plan, "cold", config) == inputs(aws_plan, "cold", "aws_scheduler_schedule.this") == []
+
+
+def test_planned_statement_ids_fit_lambda_whatever_the_role_path(aws_plan: dict[str, Any]) -> None:
+    ids = [
+        grant["statement_id"]
+        for resource in ("aws_lambda_permission.invoke", "aws_lambda_permission.invoke_url")
+        for grant in inputs(aws_plan, "many", resource)
+    ]
+    assert len(ids) == len(set(ids)) == 8
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,100}", i) for i in ids), ids
