@@ -96,7 +96,7 @@ class Unsupported(ValueError):
 
 _TOKEN = re.compile(
     r"""\s*(?:
-    (?P<number>\d+(?:\.\d+)?)
+    (?P<number>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
   | (?P<op>==|!=|<=|>=|&&|\|\||=>|[-+*/%<>!?:=,.()\[\]{}])
   | (?P<name>[A-Za-z_][A-Za-z0-9_-]*)
     )""",
@@ -177,6 +177,7 @@ class Evaluator:
         "keys": lambda m: sorted(m),
         "setintersection": lambda *sets: sorted(set.intersection(*(set(s) for s in sets))),
         "floor": math.floor,
+        "abs": abs,
         "join": lambda sep, items: sep.join(items),
         "lower": str.lower,
         "replace": lambda s, old, new: (
@@ -356,7 +357,7 @@ class Evaluator:
     def _primary(self) -> Any:
         kind, text = self._take()
         if kind == "number":
-            return float(text) if "." in text else int(text)
+            return int(text) if text.isdigit() else float(text)
         if kind == "string":
             return self._template(text)
         if text == "(":
@@ -479,10 +480,26 @@ class Evaluator:
 
 
 # Values the providers and cloud APIs accept, and values they reject, per module variable: the
-# modules' validations must agree. Lambda permission statement ids (at most 100 characters, so
-# IAM names of at most 64).
+# modules' validations must agree. alicloud_fcv3_function in aliyun/terraform-provider-alicloud
+# v1.252.0 (gpu_config.gpu_type, memory_size 64-32768, cpu 0.05-16), FC's HTTP trigger authType
+# (function or anonymous; the module refuses anonymous), RAM role and policy names (letters,
+# digits and '-'; the module name also names FC resources and must start with a letter), and
+# Lambda permission statement ids (at most 100 characters, so IAM names of at most 64).
 LONG_ROLE = "arn:aws:iam::123456789012:role/" + "platform/" * 30 + "g" * 64
 PROVIDER_VALUES: dict[str, dict[str, tuple[list[Any], list[Any]]]] = {
+    "aliyun_function": {
+        "gpu_type": (
+            ["fc.gpu.tesla.1", "fc.gpu.ampere.1", "fc.gpu.ada.1", "g1", None],
+            ["fc.gpu.hopper.1", "tesla.1", "fc.gpu.tesla.2", "G1", ""],
+        ),
+        "memory_size": ([64, 128, 4096, 32768], [0, 32, 100, 32832, 65536]),
+        "cpu": ([0.05, 0.35, 1, 8, 16], [0, 0.04, 0.33, 16.05, 32]),
+        "http_auth_type": (["function"], ["anonymous", "jwt", "Function"]),
+        "name": (
+            ["spillway-add-sub", "a", "Fn2", "x" * 48],
+            ["spillway_add_sub", "_fn", "1fn", "-fn", "fn.v2", "x" * 49],
+        ),
+    },
     "aws_function": {
         "invoker_principal_arns": (
             [

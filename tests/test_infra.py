@@ -397,17 +397,16 @@ def test_provisioned_concurrency_cannot_exceed_the_cap(aws: Module) -> None:
 
 
 def test_fc_http_trigger_is_never_anonymous(aliyun: Module) -> None:
+    """FC's HTTP trigger authType is function or anonymous; the module allows function only."""
     trigger = aliyun.resource("alicloud_fcv3_trigger", "http")
     assert trigger["trigger_type"] == "http"
     assert aliyun.defaults()["http_auth_type"] == "function"
-    assert not accepts(aliyun, "http_auth_type", "anonymous")
-    for auth in ("function", "jwt"):
-        config = json.loads(
-            aliyun_eval(aliyun, http_auth_type=auth, http_auth_config="{}").value(trigger["trigger_config"])
-        )
-        assert config["authType"] == auth
-    [check] = preconditions(trigger)
-    assert not aliyun_eval(aliyun, http_auth_type="jwt").value(check["condition"])
+    assert accepts(aliyun, "http_auth_type", "function")
+    for auth in ("anonymous", "jwt", "Function", ""):
+        assert not accepts(aliyun, "http_auth_type", auth), auth
+    config = json.loads(aliyun_eval(aliyun).value(trigger["trigger_config"]))
+    assert config == {"authType": "function", "methods": ["GET", "POST", "HEAD"], "disableURLInternet": False}
+    assert "http_auth_config" not in aliyun.variables
 
 
 def test_fc_concurrency_cap_and_log_retention(aliyun: Module) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TF = ROOT / "infra" / "terraform"
 SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:spillway-key-AbCdEf"
 GATEWAY = "arn:aws:iam::123456789012:role/spillway-gateway"
+KEY_OSS = {"bucket": "spillway-keys", "object_dir": "fn/add-sub", "file_name": "signing.key"}
 REQUIRED = {
     "aws_function": {"name": "fn", "reserved_concurrent_executions": 4},
     "aliyun_function": {
@@ -82,6 +84,15 @@ def aws_plan(workspace: Workspace) -> dict[str, Any]:
                 ]
             },
         },
+    )
+
+
+@pytest.fixture(scope="module")
+def aliyun_plan(workspace: Workspace) -> dict[str, Any]:
+    return plan_cases(
+        workspace,
+        "aliyun_function",
+        {"keyless": {}, "key": {"signing_key_oss": KEY_OSS}},
     )
 
 
@@ -262,3 +273,38 @@ def test_planned_statement_ids_fit_lambda_whatever_the_role_path(aws_plan: dict[
     ]
     assert len(ids) == len(set(ids)) == 8
     assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,100}", i) for i in ids), ids
+
+
+# -- the FC role policy, as planned --
+
+
+def test_planned_fc_role_policy_reads_the_key_folder_only_when_there_is_a_key(
+    aliyun_plan: dict[str, Any],
+) -> None:
+    def statements(case: str) -> list[dict[str, Any]]:
+        [policy] = inputs(aliyun_plan, case, "alicloud_ram_policy.this")
+        assert re.fullmatch(r"[A-Za-z0-9-]{1,128}", policy["policy_name"]), policy["policy_name"]
+        document: dict[str, Any] = json.loads(policy["policy_document"])
+        return list(document["Statement"])
+
+    keyless, key = statements("keyless"), statements("key")
+    assert key[: len(keyless)] == keyless
+    assert not [s for s in keyless for a in s["Action"] if a.startswith("oss:")]
+    assert key[len(keyless) :] == [
+        {
+            "Effect": "Allow",
+            "Action": ["oss:GetObject"],
+            "Resource": [
+                "acs:oss:*:1234567890123456:spillway-keys/fn/add-sub/",
+                "acs:oss:*:1234567890123456:spillway-keys/fn/add-sub/*",
+            ],
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["oss:ListObjects"],
+            "Resource": ["acs:oss:*:1234567890123456:spillway-keys"],
+            "Condition": {"StringLike": {"oss:Prefix": ["fn/add-sub/", "fn/add-sub/*"]}},
+        },
+    ]
+    [role] = inputs(aliyun_plan, "key", "alicloud_ram_role.this")
+    assert re.fullmatch(r"[A-Za-z0-9.-]{1,64}", role["role_name"]), role["role_name"]

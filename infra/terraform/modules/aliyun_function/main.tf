@@ -8,7 +8,7 @@ locals {
   create      = var.create
   region      = try(data.alicloud_regions.current.regions[0].id, "")
   account_id  = try(data.alicloud_account.current.id, "")
-  slug        = replace(lower(var.name), "_", "-")
+  slug        = lower(var.name)
   log_project = substr("spillway-${local.slug}-${local.account_id}", 0, 63)
   log_store   = "function"
   image_repo  = regex("^[^/]+/([^/]+)/([^:@/]+)", var.image)

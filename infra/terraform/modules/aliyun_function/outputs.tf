@@ -24,7 +24,7 @@ output "http_trigger_url_intranet" {
 }
 
 output "http_auth_type" {
-  description = "Auth type of the HTTP trigger (never anonymous)."
+  description = "Auth type of the HTTP trigger (function: FC-signed requests)."
   value       = var.http_auth_type
 }
 
