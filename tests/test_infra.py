@@ -288,6 +288,20 @@ def test_url_conditions_only_go_with_the_actions_aws_accepts_them_for(aws: Modul
             assert body["action"] == "lambda:InvokeFunction", name
 
 
+def test_modules_require_the_provider_versions_they_use(aws: Module, aliyun: Module, example: Module) -> None:
+    """Reusable modules declare minimums, as terraform-aws-modules does; the example, a root,
+    stays on one major version. invoked_via_function_url arrived in hashicorp/aws 6.28."""
+
+    def constraints(module: Module) -> dict[str, str]:
+        [block] = module.terraform
+        [providers] = block["required_providers"]
+        return {name: spec["version"] for name, spec in providers.items() if not name.startswith("__")}
+
+    assert constraints(aws) == {"aws": ">= 6.28"}
+    assert constraints(aliyun) == {"alicloud": ">= 1.252.0"}
+    assert constraints(example) == {"aws": "~> 6.28", "alicloud": "~> 1.252"}
+
+
 def test_signing_key_comes_from_secrets_manager_never_a_literal(aws: Module) -> None:
     for literal in ("SPILLWAY_SIGNING_KEY", "SPILLWAY_SIGNING_KEY_FILE"):
         assert not accepts(aws, "environment_variables", {literal: "hunter2"})

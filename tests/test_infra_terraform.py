@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from functions.contract import warmup_payload
 from scripts.tf_offline import (
     UNKNOWN,
     TerraformFailed,
@@ -20,9 +21,10 @@ from scripts.tf_offline import (
     cases_root,
     check,
     planned_inputs,
+    planned_outputs,
     terraform_binary,
 )
-from tests.infra_support import LONG_ROLE, PROVIDER_VALUES
+from tests.infra_support import LONG_ROLE, PROVIDER_VALUES, load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 TF = ROOT / "infra" / "terraform"
@@ -83,6 +85,7 @@ def aws_plan(workspace: Workspace) -> dict[str, Any]:
                     "123456789012",
                 ]
             },
+            "off": {"create": False, "invoker_principal_arns": [GATEWAY]},
         },
     )
 
@@ -92,7 +95,7 @@ def aliyun_plan(workspace: Workspace) -> dict[str, Any]:
     return plan_cases(
         workspace,
         "aliyun_function",
-        {"keyless": {}, "key": {"signing_key_oss": KEY_OSS}},
+        {"keyless": {}, "key": {"signing_key_oss": KEY_OSS}, "off": {"create": False}},
     )
 
 
@@ -308,3 +311,31 @@ def test_planned_fc_role_policy_reads_the_key_folder_only_when_there_is_a_key(
     ]
     [role] = inputs(aliyun_plan, "key", "alicloud_ram_role.this")
     assert re.fullmatch(r"[A-Za-z0-9.-]{1,64}", role["role_name"]), role["role_name"]
+
+
+# -- outputs without create --
+
+
+@pytest.mark.parametrize("module", ["aws_function", "aliyun_function"])
+def test_every_output_is_null_or_empty_without_create(module: str, request: pytest.FixtureRequest) -> None:
+    plan = request.getfixturevalue("aws_plan" if module == "aws_function" else "aliyun_plan")
+    outputs = planned_outputs(plan)
+    off = outputs["off"]
+    assert set(off) == set(load_module(TF / "modules" / module).outputs)
+    assert {name: value for name, value in off.items() if value not in (None, [])} == {}
+    assert created(plan, "off") == []
+    # The same outputs are set when the module creates the function.
+    on = outputs["iam" if module == "aws_function" else "keyless"]
+    payload = warmup_payload(dwell_ms=250, models=("add_sub",), probe=False)
+    if module == "aws_function":
+        expected = {"qualifier": "live", "region": "us-east-1", "warmup_payload": payload}
+    else:
+        expected = {"qualifier": "LATEST", "http_auth_type": "function", "region": "cn-hangzhou"}
+        expected["warmup_payload"] = payload
+    assert {name: on[name] for name in expected} == expected
+
+
+def created(plan: dict[str, Any], case: str) -> list[str]:
+    """Addresses of the resources (data sources aside) one case would create."""
+    prefix = f"module.{case}.terraform_data.r__"
+    return [c["address"] for c in plan.get("resource_changes", []) if c["address"].startswith(prefix)]
