@@ -715,11 +715,21 @@ def test_constraints_pin_every_image_package() -> None:
         assert name in pins
 
 
+def test_fc_image_readme_names_only_drivers_triton_supports() -> None:
+    """Triton 24.10 (CUDA 12.6) runs on data-centre drivers R470, R525, R535 or R545 through CUDA
+    forward compatibility, or on 560 and newer."""
+    readme = (IMAGES / "README.md").read_text()
+    section = readme.split("## GPU driver and CUDA on FC", 1)[1].split("\n## ", 1)[0]
+    branches = {int(b) for b in re.findall(r"\bR?(\d{3})\b", section)}
+    assert branches, section
+    assert all(b in (470, 525, 535, 545) or b >= 560 for b in branches), branches
+
+
 @pytest.mark.parametrize(
     ("driver_line", "uses_compat"),
     [
         ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.07  Sat Feb 17 22:55:48 UTC 2024", True),
-        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build", True),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  545.23.08  Release Build", True),
         ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Thu Jan 23 21:33:15 UTC 2025", False),
         (None, False),
     ],
