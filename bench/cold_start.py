@@ -50,6 +50,7 @@ from harness import (
     warn_leaked,
 )
 
+from functions.cli import serve_command
 from functions.contract import WARMUP_KEY
 from functions.triton_install import locate
 
@@ -167,20 +168,7 @@ class ColdStarts:
 
     def fc_server(self, rep: int) -> dict[str, float]:
         port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "functions",
-            "serve",
-            "--platform",
-            "aliyun-fc",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(port),
-            "--model-repository",
-            str(self.repository),
-        ]
+        cmd = serve_command(port, self.repository, "aliyun-fc", LOOPBACK)
         env = {**os.environ, "SPILLWAY_MODELS": MODEL}
 
         def start(launched: list[Launched]) -> Launched:

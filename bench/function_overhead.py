@@ -45,6 +45,8 @@ from harness import (
     warn_leaked,
 )
 
+from functions.cli import serve_command
+
 TARGET_RATIO_AT_C4 = 0.80
 TARGET_ADDED_P50_AT_C1_US = 500.0
 
@@ -113,18 +115,7 @@ class Bench:
             "SPILLWAY_TRITON_HTTP_PORT": str(self.triton_port),
             "SPILLWAY_MODELS": ",".join(models),
         }
-        cmd = [
-            sys.executable,
-            "-m",
-            "functions",
-            "serve",
-            "--platform",
-            "local",
-            "--port",
-            str(self.function_port),
-            "--model-repository",
-            str(repository),
-        ]
+        cmd = serve_command(self.function_port, repository)
         say(f"starting the function on {self.function_port}, its Triton sidecar on {self.triton_port}")
         self.function = launch(cmd, env, self.work / "function.log")
         launched.append(self.function)

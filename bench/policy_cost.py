@@ -16,8 +16,15 @@ import sys
 import time
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.policy import LocalLoad, RequestFeatures, Snapshot, TargetState, TenantState, decide
-from gateway_plugin.policy_build import build_policy
+from gateway_plugin.routing.policy import (
+    LocalLoad,
+    RequestFeatures,
+    Snapshot,
+    TargetState,
+    TenantState,
+    decide,
+)
+from gateway_plugin.routing.policy_build import build_policy
 
 CONFIG = SpillwayConfig.model_validate(
     {
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         got = timings(lambda f=features, s=snapshot: decide(f, s, POLICY), args.calls)
         row = {
             "case": name,
-            "decision": f"{decision.target};{decision.reason}",
+            "decision": f"{decision.target};{decision.label}",
             "p50_us": round(got[len(got) // 2] / 1000, 2),
             "p99_us": round(got[int(len(got) * 0.99)] / 1000, 2),
             "baseline_p50_us": round(base_p50, 3),

@@ -17,6 +17,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -29,10 +30,18 @@ from pydantic import BaseModel
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
-from gateway_plugin.protocol import encode, messages
+from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import FrameReader, FrameType, frame
-from gateway_plugin.registry import default_plugins
-from gateway_plugin.server import Runner, serve
+from gateway_plugin.runner import Runner, serve
+
+
+def shipped_plugins(config: SpillwayConfig) -> dict[str, Plugin[Any]]:
+    """The plugins the runner serves for ``config`` (``spillway`` and ``headers``)."""
+    from gateway_plugin.app import RunnerApp
+
+    os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
+    return RunnerApp(config).plugins
+
 
 HEADERS = [
     ("host", "gateway.internal"),
@@ -125,7 +134,7 @@ def _echo_server(sock: Path, use_uvloop: bool, ready: Any) -> None:
 def _runner_server(sock: Path, use_uvloop: bool, ready: Any) -> None:
     os.environ["SPILLWAY_SIGNING_KEY"] = "bench-signing-key"
     plugins: dict[str, Plugin[Any]] = {
-        **default_plugins(SpillwayConfig.model_validate(SPILLWAY_CONFIG)),
+        **shipped_plugins(SpillwayConfig.model_validate(SPILLWAY_CONFIG)),
         "noop": NoopPlugin(),
     }
 
@@ -151,8 +160,8 @@ async def _client(sock: Path, case: Case, concurrency: int, seconds: float) -> l
     latencies: list[float] = []
     name, value, extra = case
     answers = {
-        messages.INFO_VAR: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(b"/v2/models/add_sub/infer")),
-        messages.INFO_REQ_BODY: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(BODY)),
+        schema.Info.VAR: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(b"/v2/models/add_sub/infer")),
+        schema.Info.REQ_BODY: frame(FrameType.EXTRA_INFO, encode.extra_info_answer(BODY)),
     }
 
     async def worker() -> None:

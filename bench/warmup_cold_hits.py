@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devtools.local_pool import PoolSettings, running_pool
 from functions.contract import HEADER_COLD, warmup_payload
-from functions.local_pool import PoolSettings, running_pool
 from gateway_plugin.config import Target
 from warmup.pinger import warm_target
-from warmup.transports import HttpTransport
+from warmup.transports import HttpTransport, pooled_session
 
 EXAMPLE_MODELS = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 ADD_SUB_BODY = json.dumps(
@@ -75,7 +75,8 @@ def scenario(repo: Path, args: argparse.Namespace, warm: bool) -> dict[str, Any]
         repo, max_instances=args.clients, idle_ttl_s=args.ttl, start_delay_s=args.start_delay
     )
     with running_pool(settings) as (url, pool):
-        transport = HttpTransport(Target(name="pool", kind="http", url=url, signing_key_env=None))
+        target = Target(name="pool", kind="http", url=url, signing_key_env=None)
+        transport = HttpTransport(target, pooled_session())
         payload = warmup_payload(dwell_ms=args.dwell_ms, models=("add_sub",))
 
         def pinger() -> None:

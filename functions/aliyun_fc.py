@@ -12,8 +12,8 @@ import json
 
 from functions.core import FunctionCore
 from functions.events import UnknownEvent
+from functions.http_types import Request, Response, error_response, json_response
 from functions.invocation import answer_event
-from functions.messages import Request, Response, error_response, json_response
 from functions.sidecar import SidecarFailed
 
 FAILED = [("x-fc-status", "404")]

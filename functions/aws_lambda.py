@@ -24,11 +24,11 @@ import asyncio  # noqa: E402  (after the sidecar's start, so that the two overla
 from functions.core import FunctionCore  # noqa: E402
 from functions.invocation import answer_event  # noqa: E402
 from functions.loop import new_event_loop  # noqa: E402
-from functions.warming import preload  # noqa: E402
+from functions.model_probe import preload  # noqa: E402
 
 preload()
 _loop: asyncio.AbstractEventLoop = new_event_loop()
-_core = FunctionCore(_settings, _sidecar, _instance)
+_core = FunctionCore.on_sidecar(_settings, _sidecar, _instance)
 _sidecar.wait_ready(_settings.ready_timeout_s + 1)
 
 

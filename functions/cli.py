@@ -1,4 +1,4 @@
-"""``python -m functions`` (also ``spillway-function``): serve a function, or try one locally."""
+"""``python -m functions`` (also ``spillway-function``): serve a function."""
 
 from __future__ import annotations
 
@@ -8,9 +8,27 @@ import os
 import sys
 from pathlib import Path
 
-from functions.server import PLATFORMS
+from functions.serve import PLATFORMS
 
-EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
+
+def serve_command(
+    port: int, model_repository: Path | None = None, platform: str = "local", host: str = "127.0.0.1"
+) -> list[str]:
+    """The command that serves one function with this interpreter: the one way pools, tests and
+    benchmarks start a function (the images run the same ``serve`` as their command)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "functions",
+        "serve",
+        "--platform",
+        platform,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    return cmd + ([] if model_repository is None else ["--model-repository", str(model_repository)])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,18 +63,6 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="Triton model repository (default: $SPILLWAY_MODEL_REPOSITORY, else /opt/spillway/models)",
     )
-    demo = sub.add_parser(
-        "demo",
-        help="serve the example model through a local function and answer one inference",
-        description="Start a local function with its Triton sidecar on the example add_sub model, "
-        "send one inference with tritonclient, print the answer and stop.",
-    )
-    demo.add_argument(
-        "--model-repository",
-        type=Path,
-        default=EXAMPLE_REPOSITORY,
-        help="model repository holding add_sub (default: the bundled example)",
-    )
     return parser
 
 
@@ -66,14 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     from functions.settings import SettingsError
 
     try:
-        if args.command == "serve":
-            from functions import server
+        from functions import serve
 
-            host = args.host or ("0.0.0.0" if args.platform == "aliyun-fc" else "127.0.0.1")
-            return server.run(args.platform, host, args.port, args.model_repository)
-        from functions.demo import run_demo
-
-        return run_demo(args.model_repository)
+        host = args.host or ("0.0.0.0" if args.platform == "aliyun-fc" else "127.0.0.1")
+        return serve.run(args.platform, host, args.port, args.model_repository)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

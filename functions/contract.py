@@ -5,6 +5,8 @@ The gateway and the warm-up pinger import this module, so it stays free of heavy
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 from pydantic import BaseModel, ConfigDict, Field
 
 HEADER_INSTANCE = "x-spillway-instance"
@@ -57,3 +59,31 @@ def warmup_payload(dwell_ms: int = 0, models: tuple[str, ...] = (), probe: bool 
     """The exact JSON a scheduler (EventBridge, FC timer, cron) sends to warm an instance."""
     ping = WarmupPing(dwell_ms=dwell_ms, models=models, probe=probe)
     return WarmupEvent(spillway_warmup=ping).model_dump_json()
+
+
+_MAX_DECODE_ROUNDS = 4
+
+
+def normalise_path(raw: str) -> str:
+    """The one form of a request path that the gateway's rules and the function's allow-list see.
+
+    Percent-escapes are decoded (repeatedly, so double encoding cannot hide a segment), repeated
+    slashes merged and dot segments removed (RFC 3986, 5.2.4), so ``//v2/./%72epository`` and
+    ``/v2/models/../repository`` both read ``/v2/repository``.
+    """
+    if raw[:1] == "/" and not ("%" in raw or "//" in raw or "/." in raw or (raw[-1] == "/" and raw != "/")):
+        return raw
+    path = raw
+    for _ in range(_MAX_DECODE_ROUNDS):
+        decoded = unquote(path, errors="replace")
+        if decoded == path:
+            break
+        path = decoded
+    segments: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment not in ("", "."):
+            segments.append(segment)
+    return "/" + "/".join(segments)

@@ -10,18 +10,20 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Iterable
+from typing import Protocol
 
 from pydantic import ValidationError
 
-from functions import contract
+from functions import contract, surface
+from functions.http_types import Request, Response, body_too_large, error_response, internal_error
 from functions.instance import Instance
-from functions.messages import Request, Response, body_too_large, error_response
 from functions.metrics import CONTENT_TYPE, FunctionMetrics
+from functions.model_probe import ModelProber
 from functions.settings import FunctionSettings
 from functions.sidecar import Sidecar, SidecarState
-from functions.signature import SignatureError, Verifier
-from functions.upstream import UpstreamPool, UpstreamUnavailable
-from functions.warming import ModelProber
+from functions.sidecar_client import Headers, UpstreamPool, UpstreamResponse, UpstreamUnavailable
+from functions.signature import ReplayCacheFull, SignatureError, Verifier
 
 MIN_TIMEOUT_S = 0.05
 RETRY_AFTER_S = "1"
@@ -36,6 +38,28 @@ _FORWARD_RESPONSE_HEADERS = frozenset(
     (b"content-type", b"inference-header-content-length", b"content-encoding")
 )
 _CLIENT_ERROR_PREFIXES = (b'{"error":"failed to parse', b'{"error":"Unable to parse')
+# Triton's Python backend, when the stub process of a model instance has died.
+_BROKEN_BACKEND = b"is not healthy"
+
+
+class Upstream(Protocol):
+    """How requests reach the sidecar (``UpstreamPool`` in production, a handler in tests)."""
+
+    async def request(
+        self, method: str, target: str, headers: Headers, body: bytes, timeout: float | None
+    ) -> UpstreamResponse: ...
+
+    def close(self) -> None: ...
+
+
+class Prober(Protocol):
+    """How warm-up pings check the models (``ModelProber`` in production)."""
+
+    async def ready_models(self, models: Iterable[str]) -> tuple[str, ...]: ...
+
+    async def probe_models(self, models: Iterable[str]) -> tuple[str, ...]: ...
+
+    async def close(self) -> None: ...
 
 
 class FunctionCore:
@@ -43,6 +67,8 @@ class FunctionCore:
         self,
         settings: FunctionSettings,
         sidecar: Sidecar,
+        upstream: Upstream,
+        prober: Prober,
         instance: Instance | None = None,
         metrics: FunctionMetrics | None = None,
     ) -> None:
@@ -51,12 +77,22 @@ class FunctionCore:
         self.instance = instance or Instance()
         self.metrics = metrics or FunctionMetrics()
         self._served = False
-        self._pool = UpstreamPool("127.0.0.1", sidecar.http_port)
-        self._prober = ModelProber(f"127.0.0.1:{sidecar.http_port}")
+        self._pool = upstream
+        self._prober = prober
         self._verifier = (
-            Verifier(settings.signing_key, settings.allow_unsigned_payload) if settings.signing_key else None
+            Verifier(settings.signing_key, settings.allow_unsigned_payload, settings.replay_cache_entries)
+            if settings.signing_key
+            else None
         )
         self._restarts_seen = 0
+
+    @classmethod
+    def on_sidecar(cls, settings: FunctionSettings, sidecar: Sidecar, instance: Instance) -> FunctionCore:
+        """The production wiring: keep-alive HTTP to the sidecar, tritonclient for warm-up probes."""
+        address = f"127.0.0.1:{sidecar.http_port}"
+        return cls(
+            settings, sidecar, UpstreamPool("127.0.0.1", sidecar.http_port), ModelProber(address), instance
+        )
 
     @property
     def init_ms(self) -> float:
@@ -84,8 +120,8 @@ class FunctionCore:
         kind = "infer" if request.path.endswith("/infer") else "control"
         try:
             response = await self._route(request, self._timeout(time_left_s), cold)
-        except Exception as exc:  # the one answer every request is owed
-            response = error_response(500, f"internal error in the function handler: {exc!r}")
+        except Exception:  # the one answer every request is owed
+            response = internal_error(f"{request.method} {request.path[:200]}")
         self.identify(response, cold)
         elapsed = time.perf_counter() - started
         self.metrics.observe(kind, response.status, elapsed)
@@ -176,9 +212,15 @@ class FunctionCore:
                 )
             except SignatureError as exc:
                 return error_response(401, str(exc))
-        path = request.path
-        if path.startswith("/v2/") or path == "/v2":
-            return await self._forward(request, timeout)
+            except ReplayCacheFull as exc:
+                return error_response(503, str(exc), [("retry-after", str(exc.retry_after_s))])
+        path = contract.normalise_path(request.path)
+        if surface.is_v2(path):
+            refusal = surface.check(request.method, path, self.settings.expose_statistics)
+            if refusal is not None:
+                allow = [("allow", refusal.allow)] if refusal.allow else None
+                return error_response(refusal.status, refusal.message, allow)
+            return await self._forward(request, path, timeout)
         if path == contract.WARMUP_PATH and request.method == "POST":
             return await self._warmup_over_http(request, timeout, cold)
         if path == contract.METRICS_PATH and request.method == "GET":
@@ -189,7 +231,7 @@ class FunctionCore:
             f"/v2/..., POST {contract.WARMUP_PATH} and GET {contract.METRICS_PATH}",
         )
 
-    async def _forward(self, request: Request, timeout: float | None) -> Response:
+    async def _forward(self, request: Request, path: str, timeout: float | None) -> Response:
         if self.sidecar.state is not SidecarState.READY:
             return sidecar_unavailable(self.sidecar.state)
         headers = [
@@ -197,10 +239,10 @@ class FunctionCore:
             for name in _FORWARD_REQUEST_HEADERS
             if name in request.headers
         ]
+        query = request.target.partition("?")[2]
+        target = f"{path}?{query}" if query else path
         try:
-            upstream = await self._pool.request(
-                request.method, request.target, headers, request.body, timeout
-            )
+            upstream = await self._pool.request(request.method, target, headers, request.body, timeout)
         except TimeoutError:
             return error_response(
                 504,
@@ -212,6 +254,9 @@ class FunctionCore:
         status = upstream.status
         if status == 500 and upstream.body.startswith(_CLIENT_ERROR_PREFIXES):
             status = 400
+        elif status == 500 and _BROKEN_BACKEND in upstream.body:
+            self.sidecar.report_broken(upstream.body.decode("utf-8", "replace")[:300])
+            return sidecar_unavailable(self.sidecar.state, "a model backend died; restarting it")
         kept = [
             (k.decode(), v.decode("latin-1")) for k, v in upstream.headers if k in _FORWARD_RESPONSE_HEADERS
         ]

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from functions.contract import WARMUP_KEY, WarmupEvent, WarmupPing
-from functions.messages import Request, Response
+from functions.http_types import Request, Response
 
 _TEXT_TYPES = ("application/json", "text/")
 

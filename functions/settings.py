@@ -6,6 +6,7 @@ sidecar must start before anything heavy is imported.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,31 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
+class HttpLimits:
+    """What one client may hold of the HTTP server (FC and local): every read is timed, every buffer
+    and the number of connections bounded."""
+
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 1024
+    max_pipelined: int = 16
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> HttpLimits:
+        return cls(
+            max_header_bytes=_whole(env, "SPILLWAY_MAX_HEADER_BYTES", cls.max_header_bytes),
+            max_headers=_whole(env, "SPILLWAY_MAX_HEADERS", cls.max_headers),
+            header_timeout_s=_number(env, "SPILLWAY_HEADER_TIMEOUT_S", cls.header_timeout_s),
+            idle_timeout_s=_number(env, "SPILLWAY_IDLE_TIMEOUT_S", cls.idle_timeout_s),
+            body_timeout_s=_number(env, "SPILLWAY_BODY_TIMEOUT_S", cls.body_timeout_s),
+            max_connections=_whole(env, "SPILLWAY_MAX_CONNECTIONS", cls.max_connections),
+        )
+
+
+@dataclass(frozen=True)
 class FunctionSettings:
     model_repository: Path
     models: tuple[str, ...]
@@ -34,9 +60,20 @@ class FunctionSettings:
     allow_unsigned_payload: bool = False
     triton_http_port: int = 0
     access_log_headers: tuple[str, ...] | None = None
+    expose_statistics: bool = False
+    triton_env: tuple[str, ...] = ()
+    replay_cache_entries: int = 500_000
+    http: HttpLimits = HttpLimits()
 
     def sidecar_options(self) -> SidecarOptions:
-        return SidecarOptions(self.model_repository, self.models, self.ready_timeout_s, self.triton_http_port)
+        return SidecarOptions(
+            self.model_repository,
+            self.models,
+            self.ready_timeout_s,
+            self.triton_http_port,
+            expose_statistics=self.expose_statistics,
+            env_names=self.triton_env,
+        )
 
     @classmethod
     def from_env(
@@ -65,6 +102,10 @@ class FunctionSettings:
             allow_unsigned_payload=_flag(env, "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD"),
             triton_http_port=int(_number(env, "SPILLWAY_TRITON_HTTP_PORT", 0, allow_zero=True)),
             access_log_headers=_access_log(env),
+            expose_statistics=_flag(env, "SPILLWAY_EXPOSE_STATISTICS"),
+            triton_env=_triton_env(env),
+            replay_cache_entries=_whole(env, "SPILLWAY_REPLAY_CACHE_ENTRIES", 500_000),
+            http=HttpLimits.from_env(env),
         )
 
 
@@ -81,9 +122,18 @@ def _number(env: Mapping[str, str], name: str, default: float, allow_zero: bool 
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SettingsError(f"{name}={raw!r} must be a finite number")
     if value < 0 or (value == 0 and not allow_zero):
         raise SettingsError(f"{name}={raw!r} must be greater than zero")
     return value
+
+
+def _whole(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _number(env, name, default)
+    if value != int(value):
+        raise SettingsError(f"{name}={env[name]!r} must be a whole number")
+    return int(value)
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -126,8 +176,8 @@ def _signing_key(env: Mapping[str, str]) -> bytes | None:
             "SPILLWAY_SIGNING_KEY_SECRET_NAME (Alibaba KMS) cannot be read by this version; refusing to "
             "start without the signature check: mount the key as a file and set SPILLWAY_SIGNING_KEY_FILE"
         )
-    if not key:
-        raise SettingsError(f"{name} gives an empty signing key")
+    if not key.strip():
+        raise SettingsError(f"{name} gives a blank signing key; set a random key of 32 bytes or more")
     return key.encode()
 
 
@@ -152,3 +202,15 @@ def _access_log(env: Mapping[str, str]) -> tuple[str, ...] | None:
         h.strip().lower() for h in env.get("SPILLWAY_ACCESS_LOG_HEADERS", "").split(",") if h.strip()
     )
     return headers if headers or _flag(env, "SPILLWAY_ACCESS_LOG") else None
+
+
+def _triton_env(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Extra variables Triton and the models may see; the signing key is never one of them."""
+    names = tuple(n.strip() for n in env.get("SPILLWAY_TRITON_ENV", "").split(",") if n.strip())
+    refused = [n for n in names if n.startswith("SPILLWAY_SIGNING_KEY")]
+    if refused:
+        raise SettingsError(
+            f"SPILLWAY_TRITON_ENV names {', '.join(refused)}: the signing key never reaches Triton or "
+            "model code; remove it from the list"
+        )
+    return names

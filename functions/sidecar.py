@@ -11,18 +11,22 @@ import contextlib
 import ctypes
 import enum
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
+from functions.process_tree import children, first_gone
 from functions.triton_install import TritonInstall, locate
 
 _PR_SET_PDEATHSIG = 1
@@ -51,6 +55,9 @@ class SidecarOptions:
     log_prefix: str = "[tritonserver] "
     metrics_port: int | None = None
     log_path: Path | None = None
+    expose_statistics: bool = False
+    env_names: tuple[str, ...] = ()
+    watch_period_s: float = 1.0
 
 
 def free_port() -> int:
@@ -67,6 +74,44 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+# Triton's API groups that administer the server rather than serve inference.
+_ADMIN_APIS = ("model-repository", "model-config", "shared-memory", "logging", "trace", "statistics")
+_ADMIN_HEADER = "spillway-admin"
+# What Triton and model code may see of the handler's environment: never the signing key, cloud
+# credentials or anything else the operator did not name.
+_TRITON_ENV = frozenset(
+    (
+        "PATH",
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        "HOME",
+        "TMPDIR",
+        "TMP",
+        "TEMP",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUNBUFFERED",
+        "OMP_NUM_THREADS",
+        "SPILLWAY_SHM_DIR",
+        "SPILLWAY_SHM_DIR_FORCE",
+    )
+)
+_TRITON_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_")
+
+
+def triton_environment(
+    env: Mapping[str, str], install_env: Mapping[str, str], extra: Iterable[str] = ()
+) -> dict[str, str]:
+    """The environment Triton starts with: what it needs and what the operator named, nothing else."""
+    allowed = _TRITON_ENV | set(extra)
+    kept = {k: v for k, v in env.items() if k in allowed or k.startswith(_TRITON_ENV_PREFIXES)}
+    return {**kept, **install_env}
 
 
 _HARMLESS = ("CudaDriverHelper", "NVML", "DCGM", "pinned memory", "CUDA driver")
@@ -106,6 +151,9 @@ class Sidecar:
         self._first_settled = threading.Event()
         self._errors: deque[str] = deque(maxlen=10)
         self._thread: threading.Thread | None = None
+        self._linked_repository: Path | None = None
+        self._admin_key = secrets.token_hex(16)
+        self._broken: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -114,9 +162,24 @@ class Sidecar:
     def start(self) -> None:
         """Launch without waiting; ``wait_ready`` blocks until the first start settles."""
         self._set_state(SidecarState.STARTING)
-        self._launch()
+        try:
+            self._launch()
+        except SidecarFailed as exc:
+            self.failure = str(exc)
+            self._set_state(SidecarState.FAILED)
+            self._first_settled.set()
+            return
         self._thread = threading.Thread(target=self._supervise, name="triton-supervisor", daemon=True)
         self._thread.start()
+
+    def report_broken(self, reason: str) -> None:
+        """Triton answers but cannot serve (a backend stub died): take it down now for a restart."""
+        proc = self._proc
+        if self.state is not SidecarState.READY or proc is None:
+            return
+        self._broken = reason
+        self._set_state(SidecarState.DOWN)
+        _reap_group(proc)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         if not self._first_settled.wait(timeout):
@@ -138,6 +201,8 @@ class Sidecar:
             _reap_group(proc)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self._linked_repository is not None:
+            shutil.rmtree(self._linked_repository, ignore_errors=True)
         self._set_state(SidecarState.STOPPED)
 
     def _set_state(self, state: SidecarState) -> None:
@@ -151,7 +216,9 @@ class Sidecar:
         opts = self.options
         args = [
             *install.args(),
-            f"--model-repository={opts.model_repository}",
+            f"--model-repository={self._repository()}",
+            "--model-control-mode=none",
+            f"--http-restricted-api={','.join(self._restricted())}:{_ADMIN_HEADER}={self._admin_key}",
             "--http-address=127.0.0.1",
             f"--http-port={self.http_port}",
             "--allow-grpc=false",
@@ -167,11 +234,38 @@ class Sidecar:
                 "--metrics-address=127.0.0.1",
                 "--metrics-interval-ms=100",
             ]
-        if opts.models:
-            args.append("--model-control-mode=explicit")
-            args.extend(f"--load-model={m}" for m in opts.models)
         args.extend(opts.extra_args)
-        return args, {**os.environ, **install.env}
+        return args, triton_environment(os.environ, install.env, opts.env_names)
+
+    def _restricted(self) -> tuple[str, ...]:
+        """Triton's own lock on its administration, behind the handler's allow-list: the key is
+        random per process and nobody is given it."""
+        if self.options.expose_statistics:
+            return tuple(a for a in _ADMIN_APIS if a != "statistics")
+        return _ADMIN_APIS
+
+    def _repository(self) -> Path:
+        """The models to serve, and only those: a private folder of links when a subset is named.
+
+        Triton then runs with ``--model-control-mode=none``, in which no client can load or unload
+        a model.
+        """
+        opts = self.options
+        if not opts.models:
+            return opts.model_repository
+        if self._linked_repository is None:
+            missing = [m for m in opts.models if not (opts.model_repository / m / "config.pbtxt").is_file()]
+            if missing:
+                raise SidecarFailed(
+                    f"model {missing[0]!r} is not in the model repository {opts.model_repository} "
+                    "(no config.pbtxt); check SPILLWAY_MODELS"
+                )
+            folder = Path(tempfile.mkdtemp(prefix="spillway-models-"))
+            for model in opts.models:
+                source = (opts.model_repository / model).resolve()
+                (folder / model).symlink_to(source, target_is_directory=True)
+            self._linked_repository = folder
+        return self._linked_repository
 
     def _launch(self) -> None:
         args, env = self._command()
@@ -213,12 +307,13 @@ class Sidecar:
                     self.ready_at = time.monotonic()
                     self._first_settled.set()
                     first = False
+                self._broken = None
                 self._set_state(SidecarState.READY)
                 attempt = 0
-                proc.wait()
+                reason = self._watch(proc)
                 if self._stopping.is_set():
                     return
-                sys.stderr.write(f"{self.options.log_prefix}exited with {proc.returncode}; restarting\n")
+                sys.stderr.write(f"{self.options.log_prefix}{reason}; restarting\n")
             elif first:
                 self._fail(proc)
                 return
@@ -234,6 +329,26 @@ class Sidecar:
             self.restarts += 1
             self._set_state(SidecarState.STARTING)
             self._launch()
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> str:
+        """Wait until Triton exits or breaks; why it must be restarted.
+
+        A backend stub that dies leaves Triton up and its models "ready" while every inference of
+        theirs fails, so the processes Triton started are watched too.
+        """
+        stubs = children(proc.pid)
+        while True:
+            try:
+                proc.wait(self.options.watch_period_s)
+            except subprocess.TimeoutExpired:
+                gone = first_gone(stubs, proc.pid)
+                if gone is not None:
+                    self._broken = f"backend process {gone} of tritonserver is gone"
+                    _reap_group(proc)
+                    proc.wait()
+                    return self._broken
+                continue
+            return self._broken or f"exited with {proc.returncode}"
 
     def _fail(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
-from collections import OrderedDict
+from collections import defaultdict
 from dataclasses import dataclass
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_SKEW_S = 300
-_MAX_NONCE_LEN = 128
 
 
 class SignatureError(Exception):
@@ -54,49 +54,87 @@ class ParsedSignature:
     v1: str
 
 
+MAX_HEADER_LEN = 256
+_FIELDS = {
+    "t": re.compile(r"[0-9]{1,12}"),
+    "n": re.compile(r"[A-Za-z0-9._~-]{1,128}"),
+    "v1": re.compile(r"[0-9a-f]{64}"),
+}
+_MALFORMED = "malformed X-Spillway-Signature: expected t=<unix seconds>,n=<nonce>,v1=<64 hex digits>"
+
+
 def parse(header: str) -> ParsedSignature:
+    """Strict: ASCII only, bounded lengths, each field once; anything else is malformed (401)."""
+    if len(header) > MAX_HEADER_LEN or not header.isascii():
+        raise SignatureError(_MALFORMED)
     fields: dict[str, str] = {}
     for part in header.split(","):
         name, sep, value = part.strip().partition("=")
-        if not sep or not value or name in fields:
-            raise SignatureError("malformed X-Spillway-Signature: expected t=<unix>,n=<nonce>,v1=<hex>")
+        pattern = _FIELDS.get(name)
+        if not sep or pattern is None or name in fields or not pattern.fullmatch(value):
+            raise SignatureError(_MALFORMED)
         fields[name] = value
-    if set(fields) != {"t", "n", "v1"}:
-        raise SignatureError("malformed X-Spillway-Signature: expected exactly the fields t, n and v1")
-    if not fields["t"].isdigit():
-        raise SignatureError("malformed X-Spillway-Signature: t must be unix seconds")
-    if len(fields["n"]) > _MAX_NONCE_LEN:
-        raise SignatureError("malformed X-Spillway-Signature: nonce longer than 128 characters")
+    if len(fields) != len(_FIELDS):
+        raise SignatureError(_MALFORMED)
     return ParsedSignature(int(fields["t"]), fields["n"], fields["v1"])
 
 
+class ReplayCacheFull(Exception):
+    """More signed requests inside one window than the cache holds: refuse (503), never forget."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(
+            "too many signed requests inside the replay window for this instance; retry later "
+            "(or raise SPILLWAY_REPLAY_CACHE_ENTRIES)"
+        )
+        self.retry_after_s = retry_after_s
+
+
 class NonceCache:
-    """Nonces seen within the skew window; bounded so a flood cannot grow it without limit."""
+    """Every nonce until its signature's window has passed, so a replay inside the window is always
+    caught. Memory is bounded by ``max_entries`` (about 110 bytes each): the window times the rate
+    an instance serves. Per instance: another instance has its own cache."""
 
-    def __init__(self, max_entries: int = 100_000) -> None:
-        self._seen: OrderedDict[str, float] = OrderedDict()
+    def __init__(self, max_entries: int = 500_000) -> None:
         self._max = max_entries
+        self._seen: set[str] = set()
+        self._by_expiry: dict[int, list[str]] = defaultdict(list)
+        self._swept_to: int | None = None
 
-    def add(self, nonce: str, now: float) -> bool:
-        """Record ``nonce``; False when it was already seen (a replay)."""
-        while self._seen:
-            oldest, seen_at = next(iter(self._seen.items()))
-            if now - seen_at <= 2 * MAX_SKEW_S and len(self._seen) < self._max:
-                break
-            del self._seen[oldest]
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, nonce: str, t: int, now: float) -> bool:
+        """Record ``nonce`` of a signature made at ``t``; False when it was already seen (a replay)."""
+        self._sweep(int(now))
         if nonce in self._seen:
             return False
-        self._seen[nonce] = now
+        if len(self._seen) >= self._max:
+            raise ReplayCacheFull(max(1, min(self._by_expiry) - int(now) + 1))
+        self._seen.add(nonce)
+        self._by_expiry[t + MAX_SKEW_S].append(nonce)
         return True
+
+    def _sweep(self, now_s: int) -> None:
+        """Forget the nonces whose signatures can no longer be fresh (expiry before ``now_s``)."""
+        start = self._swept_to
+        if start is not None and 0 <= now_s - start <= 4 * MAX_SKEW_S:
+            seconds: list[int] | range = range(start, now_s)
+        else:
+            seconds = [s for s in self._by_expiry if s < now_s]
+        for second in seconds:
+            for nonce in self._by_expiry.pop(second, ()):
+                self._seen.discard(nonce)
+        self._swept_to = now_s
 
 
 class Verifier:
     """Checks signatures for one function instance; holds the replay cache."""
 
-    def __init__(self, key: bytes, allow_unsigned_payload: bool = False) -> None:
+    def __init__(self, key: bytes, allow_unsigned_payload: bool = False, max_nonces: int = 500_000) -> None:
         self._key = key
         self._allow_unsigned = allow_unsigned_payload
-        self._nonces = NonceCache()
+        self._nonces = NonceCache(max_nonces)
 
     def verify(self, header: str | None, method: str, path: str, body: bytes, now: float) -> None:
         if not header:
@@ -115,5 +153,5 @@ class Verifier:
             for digest in candidates
         ):
             raise SignatureError("wrong X-Spillway-Signature: it does not match this request and key")
-        if not self._nonces.add(sig.nonce, now):
+        if not self._nonces.add(sig.nonce, sig.t, now):
             raise SignatureError("replayed X-Spillway-Signature: this nonce was already used")

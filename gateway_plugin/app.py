@@ -3,41 +3,58 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway_plugin.config import ConfigError, SpillwayConfig, Target, load
+from gateway_plugin.config import ConfigError, SpillwayConfig, load
+from gateway_plugin.outcome_listener import OutcomeListener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
-from gateway_plugin.signals import Scraper
-from gateway_plugin.spillway_plugin import SpillwayPlugin
-from gateway_plugin.state import GatewayState
-from gateway_plugin.targets.invoke import InvokePool, Invoker
-from gateway_plugin.warm_pool import read_warm_report
+from gateway_plugin.routing import outcomes
+from gateway_plugin.routing.signals import Fetch, Scraper
+from gateway_plugin.routing.spillway import SpillwayPlugin
+from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.target_header import RouteTokenError, route_token
+from gateway_plugin.routing.warm_instances import read_warm_report
+from gateway_plugin.targets.invoke import InvokePool, Invoker, make_invoker
 
 log = logging.getLogger("spillway.app")
 
 
-def make_invoker(target: Target) -> Invoker:
-    if target.kind == "aws_lambda":
-        from gateway_plugin.targets.aws_lambda import LambdaInvoker
+def http_fetcher(timeout_s: float = 1.0) -> Fetch:
+    """GET a metrics page with ``requests`` (keep-alive), off the event loop."""
+    import requests
 
-        return LambdaInvoker(target)
-    from gateway_plugin.targets.aliyun_fc import FcInvoker
+    session = requests.Session()
 
-    return FcInvoker(target)
+    async def fetch(url: str) -> str:
+        response = await asyncio.to_thread(session.get, url, timeout=timeout_s)
+        if response.status_code != 200:
+            raise ValueError(f"metrics endpoint answered {response.status_code}")
+        return response.text
+
+    return fetch
 
 
 class RunnerApp:
-    def __init__(self, config: SpillwayConfig, config_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: SpillwayConfig,
+        config_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config_path = config_path
-        self.state = GatewayState(config)
+        self.state = GatewayState(config, clock=clock)
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
+        self.outcome_listener: OutcomeListener | None = None
 
     @staticmethod
     def _invokers(config: SpillwayConfig) -> dict[str, Invoker]:
@@ -62,11 +79,38 @@ class RunnerApp:
             self.state.metrics.serve(config.metrics.listen)
         urls = [e.metrics_url for e in config.local.endpoints]
         if urls:
-            self._scraper = Scraper(self.state.load, urls, config.local.scrape_period_s)
+            self._scraper = Scraper(
+                self.state.load, http_fetcher(), urls, config.local.scrape_period_s, self.state.scrape_failed
+            )
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
+        self._start_outcomes(config)
         if config.warmup.report_file:
             self._tasks.append(asyncio.ensure_future(self._warm_reports(Path(config.warmup.report_file))))
+
+    def _start_outcomes(self, config: SpillwayConfig) -> None:
+        """The endpoint the route's http-logger posts to; it needs the route token (its auth)."""
+        if not config.outcomes.listen:
+            return
+        try:
+            token = route_token(config.runner.route_token_env)
+        except RouteTokenError:
+            log.warning(
+                "no outcome endpoint: %s is not set, and the logger's Authorization comes from it; "
+                "breakers, warm instances and local answer times then learn nothing",
+                config.runner.route_token_env,
+            )
+            return
+        deliver = functools.partial(outcomes.apply, self.state)
+        try:
+            listener = OutcomeListener(
+                config.outcomes.listen, outcomes.auth_header(token), asyncio.get_running_loop(), deliver
+            )
+        except OSError as exc:
+            log.error("cannot serve outcomes on %s: %s", config.outcomes.listen, exc)
+            return
+        listener.start()
+        self.outcome_listener = listener
 
     async def _gauges(self) -> None:
         while True:
@@ -97,14 +141,19 @@ class RunnerApp:
         except (ConfigError, ValueError) as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
-        self.state.apply(config)
-        self.spillway.invokers = invokers
+        self.spillway.reload(config, invokers)
         log.info("config reloaded from %s", self.config_path)
         return True
 
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        if self._scraper is not None:
-            self._scraper.close()
+        if self.outcome_listener is not None:
+            self.outcome_listener.close()
         self.pool.close()
+
+    async def aclose(self) -> None:
+        """``close``, then wait for the background tasks to finish cancelling, so a scrape cut short
+        leaves no half-gathered futures behind."""
+        self.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,16 +1,13 @@
-"""``python -m gateway_plugin``: the APISIX plugin runner and its development tools."""
+"""``python -m gateway_plugin``: the APISIX plugin runner and its operator commands."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
@@ -31,16 +28,6 @@ def _parser() -> argparse.ArgumentParser:
         "ext-plugin.cmd in its config.yaml.",
     )
     run.add_argument("--config", type=Path, help="spillway.yaml (default: built-in defaults)")
-    dev = sub.add_parser(
-        "devgateway",
-        help="a local HTTP stand-in for APISIX in front of the runner (development only)",
-        description="Start the runner as APISIX would (APISIX_LISTEN_ADDRESS set, ext-plugin.cmd style), "
-        "then serve HTTP: each request goes through the runner and on to the upstream that "
-        "X-Spillway-Target names. Not a production gateway.",
-    )
-    dev.add_argument(
-        "--config", type=Path, help="spillway.yaml; its devgateway section sets listen and upstreams"
-    )
     check = sub.add_parser(
         "check-config",
         help="validate a spillway.yaml and explain it",
@@ -48,6 +35,27 @@ def _parser() -> argparse.ArgumentParser:
         "summarised: targets, rules in the order they apply, and what may leave the premises.",
     )
     check.add_argument("file", type=Path)
+    route = sub.add_parser(
+        "apisix-route",
+        help="print the APISIX route that puts Spillway in front of the cluster",
+        description="Print the route, made from spillway.yaml: ext-plugin-pre-req runs the runner; "
+        "traffic-split sends each decision to its upstream, matching X-Spillway-Target values that carry "
+        "a MAC under the route token (clients cannot forge them); http-logger reports each outcome to "
+        "the runner. JSON is the Admin API's route object (PUT /apisix/admin/routes/<id>); yaml is "
+        "standalone mode's conf/apisix.yaml. Needs the route token in the environment variable the "
+        "config names (runner.route_token_env).",
+    )
+    route.add_argument("--config", type=Path, required=True, help="spillway.yaml")
+    route.add_argument("--format", choices=("json", "yaml"), default="json", help="default: json")
+    route.add_argument("--id", default="spillway", help="the route's id (default: spillway)")
+    route.add_argument("--uri", default="/v2/*", help="the route's uri (default: /v2/*)")
+    route.add_argument(
+        "--lambda-iam",
+        metavar="TARGET",
+        default=None,
+        help="serve this aws_lambda target through APISIX's aws-lambda plugin (SigV4 to an AWS_IAM "
+        "function URL) instead of traffic-split",
+    )
     imp = sub.add_parser(
         "import-targets",
         help="turn Terraform's spillway_targets output into the targets section",
@@ -55,29 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         "validated `targets:` section of spillway.yaml.",
     )
     imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
-    demo = sub.add_parser(
-        "demo",
-        help="run the whole hybrid locally: on-prem Triton, runner, warm function pools, a burst",
-        description="Start, on loopback: an on-prem Triton with a small capacity, the runner behind the "
-        "development gateway, two cloud targets (local pools of function instances with their own Triton "
-        "sidecars), the warm-up pinger, and a load generator (steady, a burst, steady; a share labelled "
-        "confidential). Shows live progress, then writes results.json and report.html to --out.",
-    )
-    demo.add_argument(
-        "--out", type=Path, default=None, help="folder for the report (default: ./spillway-demo-<time>)"
-    )
-    demo.add_argument("--short", action="store_true", help="a shorter run (the end-to-end test's)")
-    demo.add_argument("--burst-rps", type=float, default=None, help="burst arrival rate (default 80/s)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "demo":
-        from gateway_plugin.demo_cli import run_demo
-
-        return run_demo(args.out, args.short, args.burst_rps)
     try:
         if args.command == "import-targets":
             from gateway_plugin.targets_import import import_targets
@@ -87,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         source = args.file if args.command == "check-config" else args.config
         config = load(source) if source else SpillwayConfig()
+        if args.command == "apisix-route":
+            return _print_route(config, args.format, args.id, args.uri, args.lambda_iam)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -98,32 +91,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     loop = _new_loop(config.runner.uvloop)
     try:
-        if args.command == "run":
-            try:
-                return loop.run_until_complete(_run(config, args.config))
-            except ConfigError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-        sock = Path(tempfile.mkdtemp(prefix="spillway-")) / "runner.sock"
-        runner = _start_runner(sock, args.config)
-        try:
-            return loop.run_until_complete(_devgateway(config, sock, runner))
-        finally:
-            runner.terminate()
-            runner.wait(10)
+        return loop.run_until_complete(_run(config, args.config))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         loop.close()
 
 
+def _print_route(config: SpillwayConfig, fmt: str, route_id: str, uri: str, lambda_iam: str | None) -> int:
+    from gateway_plugin.apisix_route import RouteError, admin_json, route, standalone_yaml
+    from gateway_plugin.routing.target_header import RouteTokenError, route_token
+
+    try:
+        made = route(config, route_token(config.runner.route_token_env), route_id, uri, lambda_iam)
+    except (RouteError, RouteTokenError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(admin_json(made) if fmt == "json" else standalone_yaml(made), end="")
+    return 0
+
+
 def _new_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
     if use_uvloop:
-        from functions.loop import new_event_loop
-
-        return new_event_loop()
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
 
-async def _until_signalled() -> None:
+async def until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -133,8 +133,15 @@ async def _until_signalled() -> None:
 
 async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     from gateway_plugin.app import RunnerApp
-    from gateway_plugin.conf_cache import ConfCache, default_ttl
-    from gateway_plugin.server import Runner, serve, socket_path
+    from gateway_plugin.runner import (
+        ConfCache,
+        Runner,
+        default_ttl,
+        serve,
+        socket_identity,
+        socket_path,
+        unlink_if_ours,
+    )
 
     try:
         path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)
@@ -143,53 +150,20 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
         return 2
     app = RunnerApp(config, config_path)
     runner = Runner(app.plugins, ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
-    server = await serve(runner, path)
+    server = await serve(runner, path, config.runner.socket_group)
+    identity = socket_identity(path)
     app.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
     try:
-        await _until_signalled()
+        await until_signalled()
     finally:
-        app.close()
         server.close()
+        calls = list(runner.tasks)
+        for task in calls:
+            task.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        await app.aclose()
         await server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-    return 0
-
-
-def _start_runner(sock: Path, config_path: Path | None) -> subprocess.Popen[bytes]:
-    """Start the runner the way APISIX's ext-plugin.cmd does: APISIX_LISTEN_ADDRESS in its environment."""
-    cmd = [sys.executable, "-m", "gateway_plugin", "run"] + (
-        ["--config", str(config_path)] if config_path else []
-    )
-    return subprocess.Popen(cmd, env={**os.environ, "APISIX_LISTEN_ADDRESS": f"unix:{sock}"})
-
-
-async def _devgateway(config: SpillwayConfig, sock: Path, runner: subprocess.Popen[bytes]) -> int:
-    from functions import http_server
-    from gateway_plugin.apisix_peer import ApisixPeer
-    from gateway_plugin.devgateway import DevGateway
-
-    log = logging.getLogger("spillway.devgateway")
-    for _ in range(200):
-        if sock.exists() or runner.poll() is not None:
-            break
-        await asyncio.sleep(0.05)
-    if not sock.exists():
-        print("error: the runner did not start; see its log above", file=sys.stderr)
-        return 1
-    gateway = DevGateway(config.devgateway, ApisixPeer(sock))
-    host, _, port = config.devgateway.listen.rpartition(":")
-    server = await http_server.serve(
-        gateway.handle, host or "127.0.0.1", int(port), config.devgateway.max_body_bytes
-    )
-    log.info(
-        "development gateway (a stand-in for APISIX) on http://%s; upstreams %s",
-        config.devgateway.listen,
-        config.devgateway.upstreams,
-    )
-    await _until_signalled()
-    server.close()
-    await gateway.close()
+        unlink_if_ours(path, identity)
     return 0

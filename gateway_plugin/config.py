@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway_plugin.routing.policy import RuleAction
 
 
 class ConfigError(ValueError):
@@ -15,7 +17,7 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunnerSettings(_Model):
@@ -26,32 +28,16 @@ class RunnerSettings(_Model):
     )
     socket: str | None = Field(default=None, description="socket path when APISIX_LISTEN_ADDRESS is unset")
     uvloop: bool = Field(default=True, description="run on uvloop where installed")
-
-
-class DevGatewaySettings(_Model):
-    """The development stand-in for APISIX: one route, upstreams picked as traffic-split picks them."""
-
-    listen: str = Field(default="127.0.0.1:9080", description="host:port to serve HTTP on")
-    upstreams: dict[str, str] = Field(
-        default_factory=lambda: {"local": "http://127.0.0.1:8000"},
-        description="upstream name → http://host:port; X-Spillway-Target picks one",
+    route_token_env: str = Field(
+        default="SPILLWAY_ROUTE_TOKEN",
+        description="environment variable holding the route token that makes cloud X-Spillway-Target "
+        "values unforgeable (required when a target is in upstream mode)",
     )
-    default_upstream: str = Field(default="local", description="the route's own upstream")
-    plugins: list[tuple[str, dict[str, Any]]] = Field(
-        default_factory=lambda: [("spillway", dict[str, Any]())],
-        description="the route's ext-plugin-pre-req conf, in order",
+    socket_group: str | None = Field(
+        default=None,
+        description="group that may use the socket (0660) when APISIX's workers run as another user; "
+        "default: the runner's user only (0600)",
     )
-    post_resp: bool = Field(default=True, description="also call the runner after the upstream answers")
-    allow_degradation: bool = Field(default=False, description="pass requests through when the runner fails")
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
-
-    @field_validator("upstreams")
-    @classmethod
-    def _urls(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, url in value.items():
-            if not url.startswith("http://"):
-                raise ValueError(f"upstream {name!r}: {url!r} must be an http:// URL")
-        return value
 
 
 class LocalEndpoint(_Model):
@@ -64,7 +50,9 @@ class LocalCluster(_Model):
 
     endpoints: list[LocalEndpoint] = Field(default_factory=list, description="every on-prem Triton to scrape")
     latency_target_ms: float = Field(default=200.0, gt=0, description="default p50 latency target")
-    model_latency_targets_ms: dict[str, float] = Field(default_factory=dict, description="per-model targets")
+    model_latency_targets_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="per-model targets"
+    )
     parallelism: int = Field(default=1, ge=1, description="requests the cluster runs at once per model")
     scrape_period_s: float = Field(default=0.25, gt=0, le=10, description="metrics scrape period")
     stale_after_s: float = Field(default=2.0, gt=0, description="signals older than this are missing")
@@ -150,7 +138,7 @@ class Rule(_Model):
     name: str
     priority: int = Field(default=0, description="higher runs first")
     match: Match = Field(default_factory=Match)
-    action: Literal["local", "overflow", "target", "shed"] = Field(
+    action: RuleAction = Field(
         description="local: stay; overflow: local until the load says otherwise; target: cloud first; shed"
     )
     targets: list[str] = Field(default_factory=list, description="fallback chain, first eligible wins")
@@ -187,9 +175,12 @@ class BreakerSettings(_Model):
     retry_budget_ratio: float = Field(default=0.1, ge=0, le=1, description="retries as a share of requests")
 
 
+Usd = Annotated[float, Field(ge=0)]
+
+
 class Budgets(_Model):
-    per_target_hourly_usd: dict[str, float] = Field(default_factory=dict)
-    per_target_daily_usd: dict[str, float] = Field(default_factory=dict)
+    per_target_hourly_usd: dict[str, Usd] = Field(default_factory=dict)
+    per_target_daily_usd: dict[str, Usd] = Field(default_factory=dict)
 
 
 class TenantQuota(_Model):
@@ -203,6 +194,26 @@ class Tenants(_Model):
     header: str = Field(default="x-tenant")
     quotas: dict[str, TenantQuota] = Field(default_factory=dict)
     default: TenantQuota = Field(default_factory=TenantQuota, description="quota of tenants not listed")
+    max_tracked: int = Field(
+        default=10_000,
+        ge=1,
+        description="tenants under a quota kept in memory; the least recently seen is forgotten first",
+    )
+
+
+class OutcomeSettings(_Model):
+    """Where the route's ``http-logger`` posts what happened to each request."""
+
+    listen: str | None = Field(
+        default="127.0.0.1:9092",
+        description="host:port of the runner's outcome endpoint (POST /spillway/outcomes); null: none",
+    )
+    batch_s: int = Field(
+        default=1,
+        ge=1,
+        le=60,
+        description="the logger's buffer_duration and inactive_timeout: outcomes arrive this late at most",
+    )
 
 
 class MetricsSettings(_Model):
@@ -257,7 +268,6 @@ class WarmupSettings(_Model):
 
 class SpillwayConfig(_Model):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
-    devgateway: DevGatewaySettings = Field(default_factory=DevGatewaySettings)
     local: LocalCluster = Field(default_factory=LocalCluster)
     targets: list[Target] = Field(default_factory=list)
     rules: list[Rule] = Field(default_factory=list)
@@ -267,7 +277,15 @@ class SpillwayConfig(_Model):
     budgets: Budgets = Field(default_factory=Budgets)
     tenants: Tenants = Field(default_factory=Tenants)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
+
+    def declared_models(self) -> set[str]:
+        """Models the config itself names (latency targets, rules)."""
+        named = set(self.local.model_latency_targets_ms)
+        for rule in self.rules:
+            named.update(rule.match.models)
+        return named
 
     @model_validator(mode="after")
     def _names(self) -> SpillwayConfig:

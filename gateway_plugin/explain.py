@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 from gateway_plugin.config import SpillwayConfig
+
+MASK = "***"
+
+
+def masked_url(url: str) -> str:
+    """A URL fit to print: no password in the user part, no query values (they may be tokens)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.split(':', 1)[0]}:{MASK}@{host}"
+    query = "&".join(f"{pair.split('=', 1)[0]}={MASK}" for pair in parts.query.split("&") if pair)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def explain(config: SpillwayConfig) -> str:
@@ -10,9 +25,14 @@ def explain(config: SpillwayConfig) -> str:
     lines = [
         f"local: {len(local.endpoints)} Triton endpoint(s), latency target {local.latency_target_ms:g} ms, "
         f"scraped every {local.scrape_period_s:g} s (stale after {local.stale_after_s:g} s)",
+        *(f"  scrapes {masked_url(e.metrics_url)}" for e in local.endpoints),
     ]
     for t in config.targets:
-        where = t.url if t.mode == "upstream" else f"{t.function_name} in {t.region or 'default region'}"
+        where = (
+            masked_url(t.url or "")
+            if t.mode == "upstream"
+            else f"{t.function_name} in {t.region or 'default region'}"
+        )
         lines.append(
             f"target {t.name}: {t.kind}, {t.mode} mode → {where}; cap {t.concurrency_cap} in flight, "
             f"cold start {t.cold_start_ms:g} ms"

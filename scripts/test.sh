@@ -7,6 +7,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 echo "== ruff" >&2
 ruff check .
+ruff format --check .
 echo "== mypy" >&2
 mypy
 echo "== pytest" >&2

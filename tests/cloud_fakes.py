@@ -34,23 +34,40 @@ class CloudFake:
     invalid: list[str] = field(default_factory=list)
     calls: int = 0
     url: str = ""
+    paths: list[str] = field(default_factory=list)
 
 
 def _sigv4_ok(handler: BaseHTTPRequestHandler, body: bytes) -> bool:
+    """AWS's check: the canonical request over exactly the headers the client says it signed (as
+    AWS does; botocore itself never signs User-Agent, other signers do), key derivation and
+    signature by botocore's own signer."""
     auth = handler.headers.get("Authorization", "")
     if not auth.startswith("AWS4-HMAC-SHA256 "):
         return False
     parts = dict(p.strip().split("=", 1) for p in auth[len("AWS4-HMAC-SHA256 ") :].split(","))
     signed = parts["SignedHeaders"].split(";")
-    headers = {name: handler.headers[name] for name in signed if handler.headers.get(name) is not None}
-    host = handler.headers["Host"]
-    request = AWSRequest(
-        method=handler.command, url=f"http://{host}{handler.path}", data=body, headers=headers
+    lower = {k.lower(): v for k, v in handler.headers.items()}
+    if any(name not in lower for name in signed):
+        return False
+    path, _, query = handler.path.partition("?")
+    canonical = "\n".join(
+        [
+            handler.command,
+            path,
+            "&".join(sorted(query.split("&"))) if query else "",
+            "".join(f"{name}:{' '.join(lower[name].split())}\n" for name in signed),
+            ";".join(signed),
+            hashlib.sha256(body).hexdigest(),
+        ]
     )
-    request.context["timestamp"] = handler.headers["X-Amz-Date"]
+    request = AWSRequest(method=handler.command, url=f"http://{lower['host']}{handler.path}", data=body)
+    request.context["timestamp"] = lower["x-amz-date"]
     signer = SigV4Auth(Credentials(AWS_KEY, AWS_SECRET), "lambda", REGION)
-    expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
-    return hmac.compare_digest(expected, parts["Signature"])
+    scope = parts["Credential"].split("/", 1)[1]
+    string_to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", lower["x-amz-date"], scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    return hmac.compare_digest(signer.signature(string_to_sign, request), parts["Signature"])
 
 
 def _fc_ok(handler: BaseHTTPRequestHandler) -> bool:
@@ -102,6 +119,51 @@ def cloud_fake(function_url: str) -> Iterator[CloudFake]:
             self.send_header("Content-Length", str(len(payload)))
             if status >= 400 and not self.path.startswith("/2015"):
                 self.send_header("X-Fc-Error-Type", "ServiceError")
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield fake
+    finally:
+        server.shutdown()
+
+
+@contextmanager
+def function_url_fake(function_url: str) -> Iterator[CloudFake]:
+    """A Lambda function URL with AWS_IAM auth: checks the SigV4 signature (service lambda), then
+    hands the HTTP request, path and all, to a real function instance."""
+    fake = CloudFake(function_url)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            fake.calls += 1
+            if not _sigv4_ok(self, body):
+                fake.invalid.append(self.path)
+                return self._send(403, b'{"message": "Forbidden"}', "application/json")
+            fake.valid += 1
+            fake.paths.append(self.path)
+            request = urllib.request.Request(
+                fake.function_url + self.path,
+                data=body,
+                method="POST",
+                headers={"content-type": self.headers.get("content-type", "application/json")},
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                self._send(answer.status, answer.read(), answer.headers.get("content-type", ""))
+
+        def _send(self, status: int, payload: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gateway_plugin.apisix_peer import ApisixPeer
-from gateway_plugin.conf_cache import ConfCache
+from devtools.apisix_peer import ApisixPeer
 from gateway_plugin.plugin import HttpRequest, HttpResponse, Plugin, RequestAction, ResponseAction
 from gateway_plugin.plugins.headers import HeadersPlugin
-from gateway_plugin.server import Runner, serve
+from gateway_plugin.runner import Runner, serve
+from gateway_plugin.runner.conf_cache import ConfCache
 
 
 class Empty(BaseModel):

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from functions.cli import serve_command
 from functions.sidecar import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,20 +131,7 @@ def function_server(
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "functions",
-                "serve",
-                "--platform",
-                platform,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--model-repository",
-                str(repo),
-            ],
+            serve_command(port, repo, platform),
             env=full_env,
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -152,9 +140,19 @@ def function_server(
     running = Running(proc, f"http://127.0.0.1:{port}", log)
     try:
         if wait_ready:
+            key = env.get("SPILLWAY_SIGNING_KEY")
+
+            def probe_headers() -> dict[str, str]:
+                if key is None:
+                    return {}
+                from functions.signature import sign
+
+                return {"x-spillway-signature": sign(key.encode(), "GET", "/v2/health/ready", b"")}
+
+            ready = running.url + "/v2/health/ready"
             wait_until(
                 lambda: (
-                    http("GET", running.url + "/v2/health/ready", timeout=1)[0] == 200
+                    http("GET", ready, headers=probe_headers(), timeout=1)[0] == 200
                     if _answers(running.url + "/v2/health/live")
                     else proc.poll() is not None
                 ),
@@ -236,7 +234,7 @@ def http_event(
 @contextmanager
 def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
     """A ``LocalFunctionPool`` of real FC function instances behind an HTTP front."""
-    from functions.local_pool import PoolSettings, running_pool
+    from devtools.local_pool import PoolSettings, running_pool
 
     with running_pool(PoolSettings(repo, **settings)) as (url, pool):
         yield url, pool
@@ -254,3 +252,30 @@ def http_server_thread(handler: type[Any]) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+@contextmanager
+def devgateway(
+    config: dict[str, Any], tmp: Path, **env: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m devtools devgateway`` (it starts its own runner) on a free loopback port."""
+    import yaml
+
+    port = free_port()
+    config = {**config, "devgateway": {**config.get("devgateway", {}), "listen": f"127.0.0.1:{port}"}}
+    path = tmp / f"devgateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devtools", "devgateway", "--config", str(path)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(url + "/") or proc.poll() is not None, 30, "devgateway listening")
+        if proc.poll() is not None:
+            raise RuntimeError("the development gateway exited")
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(15)

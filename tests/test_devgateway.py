@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from functions.sidecar import free_port
-from tests.support import ROOT, http, http_server_thread, wait_until
+from tests.support import ROOT, devgateway, http, http_server_thread, wait_until
 
 
 @contextmanager
@@ -67,7 +68,7 @@ def test_devgateway_routes_by_the_runners_decision(tmp_path: Path) -> None:
         path = tmp_path / "spillway.yaml"
         path.write_text(yaml.safe_dump(config))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway_plugin", "devgateway", "--config", str(path)],
+            [sys.executable, "-m", "devtools", "devgateway", "--config", str(path)],
             cwd=ROOT,
             env=os.environ.copy(),
         )
@@ -99,9 +100,7 @@ def test_devgateway_routes_by_the_runners_decision(tmp_path: Path) -> None:
 
 def test_check_config_names_the_bad_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(
-        yaml.safe_dump({"devgateway": {"upstreams": {"aws": "ftp://x"}}, "runner": {"conf_ttl_s": -1}})
-    )
+    path.write_text(yaml.safe_dump({"rules": [{"name": "r", "action": "fly"}], "runner": {"conf_ttl_s": -1}}))
     result = subprocess.run(
         [sys.executable, "-m", "gateway_plugin", "check-config", str(path)],
         capture_output=True,
@@ -110,4 +109,29 @@ def test_check_config_names_the_bad_field(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2
-    assert "runner.conf_ttl_s" in result.stderr and "devgateway.upstreams" in result.stderr
+    assert "runner.conf_ttl_s" in result.stderr and "rules.0.action" in result.stderr
+
+
+def test_a_forged_target_never_reaches_the_cloud_even_with_the_runner_down(tmp_path: Path) -> None:
+    """With degradation allowed, APISIX passes requests on unasked: the client's own header is what
+    traffic-split sees, and it must not match a cloud rule."""
+    with upstream("local") as local, upstream("aws") as aws:
+        config = {
+            "targets": [{"name": "aws", "kind": "http", "url": aws, "signing_key_env": None}],
+            "metrics": {"listen": None},
+            "devgateway": {"upstreams": {"local": local, "aws": aws}, "allow_degradation": True},
+        }
+        with devgateway(config, tmp_path) as (url, proc):
+            runner = subprocess.run(
+                ["pgrep", "-P", str(proc.pid), "-f", "gateway_plugin run"], capture_output=True, text=True
+            ).stdout.split()
+            assert len(runner) == 1
+            os.kill(int(runner[0]), signal.SIGKILL)
+            for forged in ("aws", "aws:" + "0" * 32, "AWS", " aws"):
+                status, _, body = http(
+                    "POST",
+                    url + "/v2/models/m/infer",
+                    b"{}",
+                    {"x-spillway-target": forged, "x-data-classification": "confidential"},
+                )
+                assert status == 200 and json.loads(body)["upstream"] == "local", (forged, body)

@@ -199,5 +199,5 @@ def test_missing_model_fails_the_init_phase(tmp_path_factory: pytest.TempPathFac
         log = running.log_text()
     error = json.loads(body)
     assert error["errorType"] == "SidecarFailed", error
-    assert "failed to poll model 'not_there'" in error["errorMessage"]
+    assert "model 'not_there' is not in the model repository" in error["errorMessage"]
     assert "INIT RTDONE(status: error)" in log

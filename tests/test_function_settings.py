@@ -29,6 +29,12 @@ def test_defaults_discover_models_and_sign_nothing() -> None:
         ({"SPILLWAY_SIGNING_KEY_FILE": "/nonexistent/key"}, "No such file"),
         ({"SPILLWAY_SIGNING_KEY_SECRET_NAME": "spillway"}, "refusing to start without the signature check"),
         ({"SPILLWAY_MODEL_REPOSITORY": "/nonexistent"}, "is not a directory"),
+        ({"SPILLWAY_SIGNING_KEY": "   "}, "blank signing key"),
+        ({"SPILLWAY_SIGNING_KEY": "\t\n"}, "blank signing key"),
+        ({"SPILLWAY_HEADER_TIMEOUT_S": "nan"}, "finite"),
+        ({"SPILLWAY_MAX_CONNECTIONS": "inf"}, "finite"),
+        ({"SPILLWAY_MAX_HEADERS": "10.5"}, "whole number"),
+        ({"SPILLWAY_TRITON_ENV": "HF_HOME,SPILLWAY_SIGNING_KEY"}, "never reaches Triton"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_variable(env: dict[str, str], words: str) -> None:
@@ -40,3 +46,40 @@ def test_key_from_a_file(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("s3cret\n")
     assert settings(SPILLWAY_SIGNING_KEY_FILE=str(key)).signing_key == b"s3cret"
+
+
+def test_http_limits_have_safe_defaults_and_can_be_set() -> None:
+    defaults = settings().http
+    assert (defaults.max_header_bytes, defaults.header_timeout_s, defaults.max_connections) == (
+        65536,
+        10,
+        1024,
+    )
+    tuned = settings(SPILLWAY_MAX_HEADER_BYTES="8192", SPILLWAY_IDLE_TIMEOUT_S="5").http
+    assert (tuned.max_header_bytes, tuned.idle_timeout_s) == (8192, 5)
+
+
+def test_triton_gets_only_what_it_needs_and_what_the_operator_names() -> None:
+    from functions.sidecar import triton_environment
+
+    env = {
+        "PATH": "/bin",
+        "LD_PRELOAD": "/shim.so",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "HF_HOME": "/models/hf",
+        "SPILLWAY_SIGNING_KEY": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_SESSION_TOKEN": "t",
+        "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "a",
+        "FC_ACCESS_KEY_SECRET": "f",
+    }
+    kept = triton_environment(
+        env, {"LD_LIBRARY_PATH": "/triton/lib"}, settings(SPILLWAY_TRITON_ENV="HF_HOME").triton_env
+    )
+    assert kept == {
+        "PATH": "/bin",
+        "LD_PRELOAD": "/shim.so",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "HF_HOME": "/models/hf",
+        "LD_LIBRARY_PATH": "/triton/lib",
+    }

@@ -1,40 +1,200 @@
-"""The function's HTTP server owes every request one answer, even when its handler fails."""
+"""The function's HTTP server: one answer to every request, and a bound on everything a client holds."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
 
 from functions import http_server
-from functions.messages import Request, Response
+from functions.http_types import Request, Response
+from functions.settings import HttpLimits
+
+QUICK = HttpLimits(header_timeout_s=0.3, idle_timeout_s=0.3, body_timeout_s=0.3, max_connections=4)
 
 
-def test_a_failing_handler_still_answers_500_and_the_connection_keeps_serving() -> None:
-    async def handler(request: Request) -> Response:
-        if request.path == "/boom":
-            raise RuntimeError("handler bug")
-        return Response(200, [("content-type", "text/plain")], b"fine")
+async def _echo(request: Request) -> Response:
+    if request.path == "/boom":
+        raise RuntimeError("handler bug with a secret=hunter2 in it")
+    return Response(200, [("content-type", "text/plain")], f"{request.method} {request.target}".encode())
 
-    async def go() -> list[tuple[bytes, bytes]]:
-        server = await http_server.serve(handler, "127.0.0.1", 0, 1024)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        answers = []
-        for path in ("/boom", "/ok"):
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(
-                next(
-                    line.split(b":")[1]
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length")
-                )
-            )
-            answers.append((head.split(b"\r\n")[0], await reader.readexactly(length)))
-        writer.close()
+
+@asynccontextmanager
+async def _server(
+    limits: HttpLimits = QUICK, handler: Callable[[Request], Awaitable[Response]] = _echo
+) -> AsyncIterator[int]:
+    server = await http_server.serve(handler, "127.0.0.1", 0, 1024, limits)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
         server.close()
-        return answers
 
-    (boom_status, boom_body), ok = asyncio.run(asyncio.wait_for(go(), 10))
-    assert boom_status.startswith(b"HTTP/1.1 500 ") and "handler bug" in json.loads(boom_body)["error"]
-    assert ok == (b"HTTP/1.1 200 OK", b"fine")
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    body = await reader.readexactly(int(headers["content-length"]))
+    return int(lines[0].split()[1]), headers, body
+
+
+async def _answers_until_closed(reader: asyncio.StreamReader) -> list[int]:
+    """Every status the server sends before it closes the connection (30 s at most: a hang fails)."""
+    statuses = []
+    while True:
+        try:
+            status, _, _ = await asyncio.wait_for(_read_answer(reader), 30)
+        except asyncio.IncompleteReadError:
+            return statuses
+        statuses.append(status)
+
+
+def _run(coro: Awaitable[object]) -> object:
+    return asyncio.run(asyncio.wait_for(coro, 60))  # type: ignore[arg-type]
+
+
+def test_a_failing_handler_answers_500_with_an_id_logs_the_traceback_and_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def go() -> list[tuple[int, bytes]]:
+        async with _server() as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            answers = []
+            for path in ("/boom", "/ok"):
+                writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                status, _, body = await _read_answer(reader)
+                answers.append((status, body))
+            writer.close()
+            return answers
+
+    with caplog.at_level(logging.ERROR):
+        (status, body), ok = _run(go())  # type: ignore[misc]
+    assert status == 500
+    message = json.loads(body)["error"]
+    assert "hunter2" not in message and "RuntimeError" not in message
+    error_id = message.split("(id ")[1].split(")")[0]
+    logged = next(r for r in caplog.records if error_id in r.getMessage())
+    assert logged.exc_info is not None and "hunter2" in str(logged.exc_info[1])
+    assert ok == (200, b"GET /ok")
+
+
+def test_a_header_over_the_limit_gets_431_and_the_connection_closes() -> None:
+    async def go() -> list[int]:
+        async with _server(HttpLimits(max_header_bytes=4096)) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            for _ in range(64):
+                writer.write(b"a" * 1024)
+            await writer.drain()
+            return await _answers_until_closed(reader)
+
+    assert _run(go()) == [431]
+
+
+def test_a_large_body_after_a_small_head_is_not_mistaken_for_a_large_head() -> None:
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        server = await http_server.serve(_echo, "127.0.0.1", 0, 1 << 20, HttpLimits(max_header_bytes=1024))
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        writer.write(b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n" + b"z" * 65536)
+        answer = await _read_answer(reader)
+        server.close()
+        return answer
+
+    status, _, body = _run(go())  # type: ignore[misc]
+    assert (status, body) == (200, b"POST /b")
+
+
+def test_too_many_headers_get_431() -> None:
+    async def go() -> list[int]:
+        async with _server(HttpLimits(max_headers=10)) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            fields = "".join(f"X-{i}: v\r\n" for i in range(11))
+            writer.write(f"GET / HTTP/1.1\r\n{fields}\r\n".encode())
+            return await _answers_until_closed(reader)
+
+    assert _run(go()) == [431]
+
+
+@pytest.mark.parametrize(
+    ("sent", "expected"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ", [408]),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789", [408]),
+        (b"", []),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", [200]),
+    ],
+    ids=["slow headers", "stalled body", "never a byte", "idle keep-alive"],
+)
+def test_every_wait_on_a_client_has_a_timeout(sent: bytes, expected: list[int]) -> None:
+    async def go() -> list[int]:
+        async with _server() as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(sent)
+            return await _answers_until_closed(reader)
+
+    assert _run(go()) == expected
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        ("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", [200]),
+        ("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", [405]),
+    ],
+    ids=["upgrade", "connect"],
+)
+def test_upgrade_and_connect_get_exactly_one_answer(request_text: str, expected: list[int]) -> None:
+    async def go() -> list[int]:
+        async with _server() as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request_text.encode() + b"\x00\x01garbage after the upgrade")
+            return await _answers_until_closed(reader)
+
+    assert _run(go()) == expected
+
+
+def test_connections_past_the_limit_get_503_and_the_others_keep_working() -> None:
+    async def go() -> tuple[list[int], int]:
+        async with _server(HttpLimits(max_connections=2)) as port:
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            reader, _ = await asyncio.open_connection("127.0.0.1", port)
+            refused = await _answers_until_closed(reader)
+            first_reader, first_writer = held[0]
+            first_writer.write(b"GET /still HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _, _ = await _read_answer(first_reader)
+            return refused, status
+
+    assert _run(go()) == ([503], 200)
+
+
+def test_pipelined_requests_are_answered_in_order_and_reading_pauses_when_too_many_queue() -> None:
+    gate = asyncio.Event()
+    pad = "p" * 4000
+    count = 2000  # 8 MB of requests: more than the socket buffers hold
+
+    async def slow(request: Request) -> Response:
+        await gate.wait()
+        return Response(200, [], request.path.encode())
+
+    async def go() -> tuple[bool, list[bytes]]:
+        async with _server(HttpLimits(max_pipelined=4), slow) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = "GET /{} HTTP/1.1\r\nHost: x\r\nX-Pad: " + pad + "\r\n\r\n"
+            writer.write(b"".join(head.format(i).encode() for i in range(count)))
+            try:
+                await asyncio.wait_for(writer.drain(), 1.0)
+                server_kept_reading = True
+            except TimeoutError:
+                server_kept_reading = False
+            gate.set()
+            bodies = [(await _read_answer(reader))[2] for _ in range(count)]
+            return server_kept_reading, bodies
+
+    server_kept_reading, bodies = _run(go())  # type: ignore[misc]
+    assert not server_kept_reading, "a blocked handler must stop the server reading more requests"
+    assert bodies == [f"/{i}".encode() for i in range(count)]

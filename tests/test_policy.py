@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.policy import (
+from gateway_plugin.routing.policy import (
     LOCAL,
     SHED,
+    BreakerState,
     LocalLoad,
     Policy,
     RequestFeatures,
@@ -19,10 +20,11 @@ from gateway_plugin.policy import (
     TargetState,
     TenantState,
     decide,
+    estimated_latency_ms,
     may_leave,
     overflowing,
 )
-from gateway_plugin.policy_build import build_policy
+from gateway_plugin.routing.policy_build import build_policy
 
 CONFIG = SpillwayConfig.model_validate(
     {
@@ -107,14 +109,14 @@ CASES = [
     (
         "open breaker falls down the chain",
         req(),
-        snap(BUSY, aws=TargetState(breaker="open", warm_instances=3), ali=WARM),
+        snap(BUSY, aws=TargetState(breaker=BreakerState.OPEN, warm_instances=3), ali=WARM),
         "ali",
         "overflow_warm",
     ),
     (
         "half-open breaker lets its probe through",
         req(),
-        snap(BUSY, aws=TargetState(breaker="half_open", probe_allowed=True, warm_instances=3)),
+        snap(BUSY, aws=TargetState(breaker=BreakerState.HALF_OPEN, probe_allowed=True, warm_instances=3)),
         "aws",
         "overflow_warm",
     ),
@@ -166,7 +168,7 @@ def test_decision_table(
     decision = decide(features, snapshot, POLICY)
     assert decision.target == target
     if reason is not None:
-        assert decision.reason == reason
+        assert decision.label == reason
 
 
 def test_residency_kept_is_flagged_only_when_a_rule_wanted_out() -> None:
@@ -175,7 +177,7 @@ def test_residency_kept_is_flagged_only_when_a_rule_wanted_out() -> None:
 
 
 def test_saturated_local_with_nowhere_to_go_sheds_with_retry_after() -> None:
-    everything_open = {n: TargetState(breaker="open") for n in ("aws", "ali")}
+    everything_open = {n: TargetState(breaker=BreakerState.OPEN) for n in ("aws", "ali")}
     for features in (req(), req("confidential")):
         decision = decide(features, snap(SATURATED, **everything_open), POLICY)
         assert (decision.target, decision.status, decision.retry_after_s) == (SHED, 503, 1)
@@ -260,7 +262,7 @@ loads = st.builds(
 )
 target_states = st.builds(
     TargetState,
-    breaker=st.sampled_from(["closed", "open", "half_open"]),
+    breaker=st.sampled_from(list(BreakerState)),
     probe_allowed=st.booleans(),
     in_flight=st.integers(0, 10),
     warm_instances=st.integers(0, 10),
@@ -289,3 +291,19 @@ def test_work_finished_since_the_scrape_is_taken_off_the_backlog() -> None:
     sent = LocalLoad(fresh=True, queue_ms=0, compute_ms=10, sent_since_scrape=30)
     assert overflowing(sent, 100, POLICY)
     assert not overflowing(dataclasses.replace(sent, age_ms=150), 100, POLICY), "2 x 150 ms / 10 ms = 30 done"
+
+
+def test_a_drained_cluster_stops_the_overflow_whatever_earlier_answers_took() -> None:
+    """The gateway's own view of answer times (queueing included) lags the cluster: once nothing
+    waits, it must not keep public requests spilling."""
+    drained = LocalLoad(fresh=True, compute_ms=51, queue_ms=0, observed_ms=300, overflowing=True)
+    assert estimated_latency_ms(drained, POLICY) == 51
+    assert not overflowing(drained, 500, POLICY)
+    idle = dataclasses.replace(drained, queue_ms=0.17)
+    assert estimated_latency_ms(idle, POLICY) < 52, (
+        "Triton reports a few µs of queue for requests that never waited"
+    )
+    for busy in (dataclasses.replace(drained, pending=2), dataclasses.replace(drained, queue_ms=20)):
+        assert estimated_latency_ms(busy, POLICY) >= 300, (
+            "while the cluster queues, the observed time is a floor"
+        )

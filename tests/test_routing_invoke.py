@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway_plugin.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
+from devtools.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.server import Runner, serve
+from gateway_plugin.runner import Runner, serve
 from tests.cloud_fakes import AWS_KEY, AWS_SECRET, FC_KEY, FC_SECRET, REGION, CloudFake, cloud_fake
 from tests.support import ADD_SUB_BODY, Running, function_server, model_repository
 
@@ -103,8 +103,27 @@ def infer(want: str, classification: str = "public") -> PeerRequest:
     )
 
 
-async def with_runner(config: dict[str, Any], tmp: Path, body: Any, config_path: Path | None = None) -> None:
-    app = RunnerApp(SpillwayConfig.model_validate(config), config_path)
+class Clock:
+    """Monotonic time the test moves on, so no test waits out a cooldown."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def with_runner(
+    config: dict[str, Any],
+    tmp: Path,
+    body: Any,
+    config_path: Path | None = None,
+    clock: Clock | None = None,
+) -> None:
+    app = RunnerApp(SpillwayConfig.model_validate(config), config_path, clock or Clock())
     sock = tmp / "runner.sock"
     server = await serve(Runner(app.plugins), sock)
     peer = ApisixPeer(sock)
@@ -140,6 +159,8 @@ def test_invoke_mode_signs_for_real_and_returns_the_functions_answer(
 def test_breaker_opens_on_failures_and_hangs_then_a_probe_restores_it(
     cloud: CloudFake, tmp_path: Path
 ) -> None:
+    clock = Clock()
+
     async def body(app: RunnerApp, peer: ApisixPeer) -> None:
         cloud.mode = "broken"
         for _ in range(2):
@@ -154,18 +175,18 @@ def test_breaker_opens_on_failures_and_hangs_then_a_probe_restores_it(
             )
         assert cloud.calls == calls, "an open breaker must not send traffic"
         assert app.state.breakers["aws"].state == "open"
-        await asyncio.sleep(0.6)
+        clock.advance(0.6)
         cloud.mode = "hanging"
         hung = await peer.request(ROUTE, infer("aws"))
         assert hung.rewrite is not None, "a hanging target times out and falls back"
         assert app.state.breakers["aws"].state == "open", "a failed probe reopens"
-        await asyncio.sleep(1.1)
+        clock.advance(1.1)
         cloud.mode = "healthy"
         answered_by_function(await peer.request(ROUTE, infer("aws")))
         assert app.state.breakers["aws"].state == "closed"
         answered_by_function(await peer.request(ROUTE, infer("aws")))
 
-    asyncio.run(with_runner(config_for(cloud), tmp_path, body))
+    asyncio.run(with_runner(config_for(cloud), tmp_path, body, clock=clock))
 
 
 def test_metrics_unreachable_keeps_everything_local(cloud: CloudFake, tmp_path: Path) -> None:
@@ -180,13 +201,15 @@ def test_metrics_unreachable_keeps_everything_local(cloud: CloudFake, tmp_path: 
 
     async def body(app: RunnerApp, peer: ApisixPeer) -> None:
         app.start()
-        await asyncio.sleep(0.3)
+        async with asyncio.timeout(30):
+            # Polls the counter the failing scrapes increment (there is no event to wait on).
+            while app.state.metrics.scrape_errors._value.get() == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
         outcome = await peer.request(ROUTE, infer("none"))
         assert outcome.rewrite is not None and dict(outcome.rewrite.headers)["x-spillway-target"] == "local"
         assert ("x-spillway-decision", "local;signals_missing") in outcome.rewrite.resp_headers
         app.state.refresh_gauges()
         assert app.state.metrics.signals_fresh._value.get() == 0
-        assert app._scraper is not None and app._scraper.errors > 0
 
     asyncio.run(with_runner(config, tmp_path, body))
 

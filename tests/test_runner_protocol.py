@@ -11,7 +11,7 @@ from A6.PrepareConf.Req import Req as PrepareConfReq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway_plugin.protocol import encode, messages
+from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import MAX_PAYLOAD, FrameReader, FrameTooLarge, FrameType, frame
 
 
@@ -67,7 +67,7 @@ def test_rewrite_carries_every_field_in_schema_order() -> None:
         b"\x00new body\xff",
     )
     resp = HttpReqCallResp.GetRootAs(payload, 0)
-    assert resp.ActionType() == messages.ACTION_REWRITE
+    assert resp.ActionType() == schema.Action.REWRITE
     table = resp.Action()
     generated = A6Rewrite()
     generated.Init(table.Bytes, table.Pos)
@@ -96,9 +96,9 @@ def test_resp_call_and_extra_info_round_trips() -> None:
     )
     answer = messages.resp_call_answer(encode.resp_call_answer(8, 200, [("x-a", "1")], b"body"))
     assert answer == messages.RespCallAnswer(8, 200, [("x-a", "1")], b"body")
-    assert messages.extra_info_request(encode.ask_var("route_id")) == (messages.INFO_VAR, "route_id")
-    assert messages.extra_info_request(encode.ask_req_body()) == (messages.INFO_REQ_BODY, None)
-    assert messages.extra_info_request(encode.ask_resp_body()) == (messages.INFO_RESP_BODY, None)
+    assert messages.extra_info_request(encode.ask_var("route_id")) == (schema.Info.VAR, "route_id")
+    assert messages.extra_info_request(encode.ask_req_body()) == (schema.Info.REQ_BODY, None)
+    assert messages.extra_info_request(encode.ask_resp_body()) == (schema.Info.RESP_BODY, None)
     assert messages.extra_info_result(encode.extra_info_answer("é\x00".encode())) == "é\x00".encode()
     assert messages.extra_info_result(encode.extra_info_answer(None)) is None
 

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import grp
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from gateway_plugin.apisix_peer import PeerRequest, RouteConf
-from gateway_plugin.conf_cache import ConfCache
+from devtools.apisix_peer import PeerRequest, RouteConf
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
+from gateway_plugin.runner import Runner, serve
+from gateway_plugin.runner.conf_cache import ConfCache
 from tests.runner_support import running_runner
 from tests.support import ROOT, wait_until
 
@@ -211,7 +217,7 @@ def test_run_command_serves_the_socket_apisix_names_and_cleans_up() -> None:
     )
     try:
         wait_until(sock.exists, 30, "runner socket")
-        assert sock.stat().st_mode & 0o002, "APISIX's worker user must be able to write to the socket"
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600, "only the runner's user may talk to the runner"
         conf = encode.prepare_conf("k", [("headers", '{"set": {"x-a": "1"}}')])
         answer = raw_exchange(sock, frame(FrameType.PREPARE_CONF, conf))
         assert answer[0] == FrameType.PREPARE_CONF and messages.conf_token(answer[4:]) > 0
@@ -221,3 +227,87 @@ def test_run_command_serves_the_socket_apisix_names_and_cleans_up() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_stop_in_the_middle_of_a_metrics_scrape_leaves_nothing_half_done(tmp_path: Path) -> None:
+    """SIGTERM while a scrape waits on a slow Triton: the background tasks are cancelled and waited
+    for, so asyncio has nothing unretrieved or pending to complain about."""
+    scraping = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            scraping.set()
+            time.sleep(3)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    triton = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=triton.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{triton.server_port}"
+    config = tmp_path / "spillway.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "local": {
+                    "endpoints": [{"url": url, "metrics_url": url + "/metrics"}],
+                    "scrape_period_s": 0.1,
+                },
+                "metrics": {"listen": None},
+                "outcomes": {"listen": None},
+            }
+        )
+    )
+    sock = tmp_path / "runner.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway_plugin", "run", "--config", str(config)],
+        cwd=ROOT,
+        env={**os.environ, "APISIX_LISTEN_ADDRESS": f"unix:{sock}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(sock.exists, 30, "runner socket")
+        assert scraping.wait(10), "the runner scrapes"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        triton.shutdown()
+    assert proc.returncode == 0, output
+    for complaint in (b"never retrieved", b"Task was destroyed", b"Traceback"):
+        assert complaint not in output, output.decode(errors="replace")
+
+
+def test_a_socket_group_opens_the_socket_to_that_group_only(tmp_path: Path) -> None:
+    sock = tmp_path / "runner.sock"
+    group = grp.getgrgid(os.getgid()).gr_name
+
+    async def go() -> int:
+        server = await serve(Runner({}), sock, group)
+        mode = stat.S_IMODE(sock.stat().st_mode)
+        server.close()
+        return mode
+
+    assert asyncio.run(go()) == 0o660
+
+
+def test_a_stopping_runner_never_removes_its_successors_socket(tmp_path: Path) -> None:
+    """On ``apisix reload`` the new runner listens on the same path before the old one exits."""
+    from gateway_plugin.runner import socket_identity, unlink_if_ours
+
+    sock = tmp_path / "runner.sock"
+
+    async def go() -> bool:
+        first = await serve(Runner({}), sock)
+        mine = socket_identity(sock)
+        successor = await serve(Runner({}), sock)
+        unlink_if_ours(sock, mine)
+        still_there = sock.is_socket()
+        first.close()
+        successor.close()
+        return still_there
+
+    assert asyncio.run(go())

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from functions.signature import UNSIGNED_PAYLOAD, NonceCache, SignatureError, Verifier, parse, sign
+from functions.signature import (
+    MAX_SKEW_S,
+    UNSIGNED_PAYLOAD,
+    NonceCache,
+    ReplayCacheFull,
+    SignatureError,
+    Verifier,
+    parse,
+    sign,
+)
 
 KEY = b"k3y"
 NOW = 1_800_000_000.0
@@ -81,10 +90,50 @@ def test_parsing_any_header_either_works_or_says_why(header: str) -> None:
         assert parsed.t >= 0 and parsed.nonce and parsed.v1
 
 
-def test_nonce_cache_forgets_after_the_window_and_stays_bounded() -> None:
+def test_nonce_cache_forgets_a_nonce_only_once_its_signature_is_stale() -> None:
     cache = NonceCache(max_entries=3)
-    assert cache.add("a", 0) and not cache.add("a", 1)
-    assert cache.add("a", 1000), "a nonce outside the skew window is forgotten"
-    for i in range(10):
-        cache.add(str(i), 1000)
-    assert len(cache._seen) <= 3
+    signed_at = 1000
+    assert cache.add("a", signed_at, signed_at) and not cache.add("a", signed_at, signed_at + 1)
+    assert not cache.add("a", signed_at, signed_at + MAX_SKEW_S), "still inside the window: a replay"
+    assert cache.add("a", signed_at, signed_at + MAX_SKEW_S + 1), "past the window: forgotten"
+
+
+def test_a_full_nonce_cache_refuses_new_requests_rather_than_forget_one() -> None:
+    cache = NonceCache(max_entries=3)
+    for nonce in "abc":
+        cache.add(nonce, 1000, 1000)
+    with pytest.raises(ReplayCacheFull) as full:
+        cache.add("d", 1000, 1001)
+    assert 1 <= full.value.retry_after_s <= MAX_SKEW_S + 1
+    assert not cache.add("a", 1000, 1001), "the old nonces are all still known"
+    assert cache.add("d", 1100, 1000 + MAX_SKEW_S + 1), "room again once the first signatures are stale"
+    assert len(cache) == 1
+
+
+def test_a_replay_after_200000_other_signed_requests_is_refused() -> None:
+    verifier = Verifier(KEY)
+    captured = sign(KEY, "POST", "/v2/models/m/infer", b"x", now=NOW, nonce="captured")
+    verifier.verify(captured, "POST", "/v2/models/m/infer", b"x", NOW)
+    for i in range(200_000):
+        header = sign(KEY, "POST", "/p", b"", now=NOW, nonce=f"n{i}")
+        verifier.verify(header, "POST", "/p", b"", NOW + i / 1000)
+    with pytest.raises(SignatureError, match="replayed"):
+        verifier.verify(captured, "POST", "/v2/models/m/infer", b"x", NOW + 250)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "t=\u00b2,n=abc,v1=" + "0" * 64,
+        "t=" + "9" * 5000 + ",n=abc,v1=" + "0" * 64,
+        "t=1,n=abc,v1=" + "\u00e9" * 64,
+        "t=1,n=ab\u00e7,v1=" + "0" * 64,
+        "t=1,n=abc,v1=" + "0" * 63,
+        "t=1,n=abc,v1=" + "A" * 64,
+        "t=-1,n=abc,v1=" + "0" * 64,
+        "t=1,n=a b,v1=" + "0" * 64,
+    ],
+)
+def test_non_ascii_overlong_or_ill_formed_fields_are_malformed_not_errors(header: str) -> None:
+    with pytest.raises(SignatureError, match="malformed"):
+        Verifier(KEY).verify(header, "GET", "/", b"", NOW)

@@ -21,8 +21,8 @@ import yaml
 from functions.contract import WarmupPing, WarmupReport
 from functions.events import parse_event
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
-from gateway_plugin.runner_metrics import RunnerMetrics
-from gateway_plugin.warm_pool import read_warm_report
+from gateway_plugin.routing.metrics import RunnerMetrics
+from gateway_plugin.routing.warm_instances import read_warm_report
 from tests.support import ROOT, http, http_server_thread, load_event, local_pool, model_repository, wait_until
 from warmup import schedules
 from warmup.demand import overflow_rates
@@ -30,7 +30,7 @@ from warmup.pinger import TargetResult, warm_target
 from warmup.report import prometheus_text
 from warmup.rounds import plan
 from warmup.sizing import littles_law, scheduled, wanted
-from warmup.transports import HttpTransport, PingFailed
+from warmup.transports import HttpTransport, PingFailed, pooled_session
 
 SPEC = WarmTarget.model_validate(
     {
@@ -130,7 +130,7 @@ def test_overlapping_pings_reach_distinct_real_instances_and_keep_them_warm(tmp_
     repo = model_repository(tmp_path, "add_sub")
     with local_pool(repo, max_instances=3, idle_ttl_s=4.0) as (url, pool):
         target = Target(name="pool", kind="http", url=url, signing_key_env=None)
-        transport = HttpTransport(target)
+        transport = HttpTransport(target, pooled_session())
         payload = schedules.ping_payload(WarmTarget(dwell_ms=1500, models=["add_sub"], probe=True))
         first = warm_target(
             "pool", transport, 3, payload, models=["add_sub"], probe=True, waves=3, timeout_s=60
@@ -149,30 +149,29 @@ def test_overlapping_pings_reach_distinct_real_instances_and_keep_them_warm(tmp_
 
 
 @contextmanager
-def fake_gateway_metrics(rate_per_s: float) -> Iterator[str]:
-    """The runner's real metrics families, with decisions growing at a synthetic overflow rate."""
+def gateway_metrics() -> Iterator[tuple[RunnerMetrics, str]]:
+    """The runner's real metrics families on a real loopback endpoint."""
     from functions.sidecar import free_port
 
     metrics = RunnerMetrics()
     port = free_port()
     assert metrics.serve(f"127.0.0.1:{port}")
-    stop = threading.Event()
-
-    def grow() -> None:
-        while not stop.wait(0.05):
-            metrics.decisions.labels("pool", "overflow_warm").inc(rate_per_s * 0.05)
-
-    threading.Thread(target=grow, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{port}/metrics"
-    finally:
-        stop.set()
+    yield metrics, f"http://127.0.0.1:{port}/metrics"
 
 
 def test_sizing_follows_the_overflow_the_gateway_reports() -> None:
-    with fake_gateway_metrics(40.0) as metrics_url:
-        rate = overflow_rates(metrics_url, 1.0)["pool"]
-        assert 30 < rate < 50
+    now = [0.0]
+
+    with gateway_metrics() as (metrics, metrics_url):
+        metrics.decisions.labels("pool", "overflow_warm").inc(100)
+
+        def two_seconds_of_overflow(seconds: float) -> None:
+            """While the sampler waits: 80 more cloud decisions in 2 s, i.e. 40 per second."""
+            metrics.decisions.labels("pool", "overflow_warm").inc(80)
+            now[0] += 2.0
+
+        rate = overflow_rates(metrics_url, 2.0, sleep=two_seconds_of_overflow, clock=lambda: now[0])["pool"]
+        assert rate == 40.0
         config = SpillwayConfig.model_validate(
             {
                 "targets": [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,11 +21,22 @@ def decisions_by_target(text: str) -> dict[str, float]:
     return dict(totals)
 
 
-def overflow_rates(metrics_url: str, sample_s: float, timeout_s: float = 5.0) -> dict[str, float]:
-    """Decisions per second per target over ``sample_s``; raises ``requests.RequestException``."""
-    first = decisions_by_target(requests.get(metrics_url, timeout=timeout_s).text)
-    start = time.monotonic()
-    time.sleep(sample_s)
-    second = decisions_by_target(requests.get(metrics_url, timeout=timeout_s).text)
-    elapsed = time.monotonic() - start
+def http_get(url: str, timeout_s: float = 5.0) -> str:
+    """The page at ``url``; raises ``requests.RequestException``."""
+    return requests.get(url, timeout=timeout_s).text
+
+
+def overflow_rates(
+    metrics_url: str,
+    sample_s: float,
+    get: Callable[[str], str] = http_get,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, float]:
+    """Decisions per second per target over ``sample_s``, from two reads of the gateway's metrics."""
+    first = decisions_by_target(get(metrics_url))
+    start = clock()
+    sleep(sample_s)
+    second = decisions_by_target(get(metrics_url))
+    elapsed = clock() - start
     return {t: max(0.0, (second.get(t, 0.0) - first.get(t, 0.0)) / elapsed) for t in second}

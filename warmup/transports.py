@@ -34,13 +34,10 @@ def parse_report(raw: bytes | str, where: str) -> WarmupReport:
 class HttpTransport:
     """POST {url}/spillway/warmup, signed like every gateway request."""
 
-    def __init__(self, target: Target, pool_size: int = 16) -> None:
+    def __init__(self, target: Target, session: requests.Session) -> None:
         self.url = (target.url or "").rstrip("/") + WARMUP_PATH
         self.signer = TargetSigner(target)
-        self.session = requests.Session()
-        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
+        self.session = session
 
     def ping(self, payload: str, timeout_s: float) -> WarmupReport:
         body = payload.encode()
@@ -61,7 +58,7 @@ class InvokeTransport:
     """The warm-up event straight to the function through the cloud's invoke API."""
 
     def __init__(self, target: Target) -> None:
-        from gateway_plugin.app import make_invoker
+        from gateway_plugin.targets.invoke import make_invoker
 
         self.name = target.name
         self.invoker = make_invoker(target)
@@ -85,4 +82,14 @@ def transport_for(target: Target, pool_size: int) -> Transport:
             raise PingFailed(f"cannot invoke {target.name}: {exc}; set the cloud's credentials") from None
     if not target.url:
         raise PingFailed(f"target {target.name} has no url to ping")
-    return HttpTransport(target, pool_size)
+    return HttpTransport(target, pooled_session(pool_size))
+
+
+def pooled_session(pool_size: int = 16) -> requests.Session:
+    """Keep-alive connections enough for one wave of overlapping pings, and no retries: a retried
+    ping would land on the instance it is meant to prove busy."""
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session

@@ -1,6 +1,6 @@
-"""APISIX's ext-plugin wire protocol (internal): framing, message views and encoders.
+"""APISIX's ext-plugin wire protocol (internal): framing, one FlatBuffers reader and writer
+(``flat``), the schema's field slots by name (``schema``), message views and encoders.
 
-Schema: api7/ext-plugin-proto ``ext-plugin.fbs``. Generated readers come from ``a6pluginprotos``;
-the tables it lacks (HTTPRespCall, ExtraInfo.RespBody, Rewrite's ``resp_headers`` and ``body``)
-are read and written here by field slot, in the schema's order.
+Schema: api7/ext-plugin-proto ``ext-plugin.fbs`` v0.6.1. The generated ``a6pluginprotos`` code is
+used only by the tests, to check that what is read and written here is what the schema means.
 """

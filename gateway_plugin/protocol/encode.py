@@ -1,6 +1,6 @@
-"""Encoders for every message of the protocol, both directions.
+"""Encoders for every message of the protocol, both directions, by named slot (``schema``).
 
-Slots follow ``ext-plugin.fbs`` field order; a TextEntry with no value means "delete".
+A TextEntry with no value means "delete".
 """
 
 from __future__ import annotations
@@ -10,15 +10,24 @@ import struct
 from collections.abc import Sequence
 
 from gateway_plugin.protocol.flat import Entries, Table, Writer
-from gateway_plugin.protocol.messages import (
-    ACTION_REWRITE,
-    ACTION_STOP,
-    INFO_REQ_BODY,
-    INFO_RESP_BODY,
-    INFO_VAR,
+from gateway_plugin.protocol.schema import (
+    Action,
+    ErrResp,
+    ExtraInfoReq,
+    ExtraInfoResp,
+    HttpReqCallReq,
+    HttpReqCallResp,
+    HttpRespCallReq,
+    HttpRespCallResp,
+    Info,
+    PrepareConfReq,
+    PrepareConfResp,
+    Rewrite,
+    Stop,
+    Var,
 )
 
-Field = tuple[int, str, int]
+Field = tuple[int, str, int]  # (slot, kind, value)
 
 
 def _scalar_table(fields: Sequence[Field]) -> bytes:
@@ -31,37 +40,42 @@ def _scalar_table(fields: Sequence[Field]) -> bytes:
 
 
 def prepare_conf_answer(token: int) -> bytes:
-    return _scalar_table([(0, "I", token)])
+    return _scalar_table([(PrepareConfResp.CONF_TOKEN, "I", token)])
 
 
 def error(code: int) -> bytes:
-    return _scalar_table([(0, "B", code)])
+    return _scalar_table([(ErrResp.CODE, "B", code)])
 
 
 def no_change(req_id: int) -> bytes:
-    return _scalar_table([(0, "I", req_id)])
+    return _scalar_table([(HttpReqCallResp.ID, "I", req_id)])
 
 
 def _action(w: Writer, req_id: int, kind: int) -> int:
     """The HTTPReqCall.Resp around an action; returns where the action table goes."""
-    _, refs = w.table([(0, "I", req_id), (1, "B", kind), (2, "R", 0)], root=True)
-    return refs[2]
+    fields: list[Field] = [
+        (HttpReqCallResp.ID, "I", req_id),
+        (HttpReqCallResp.ACTION_TYPE, "B", kind),
+        (HttpReqCallResp.ACTION, "R", 0),
+    ]
+    _, refs = w.table(fields, root=True)
+    return refs[HttpReqCallResp.ACTION]
 
 
 def stop(req_id: int, status: int, headers: Entries, body: bytes | None) -> bytes:
     w = Writer()
-    at = _action(w, req_id, ACTION_STOP)
-    fields: list[Field] = [(0, "H", status)] if status else []
+    at = _action(w, req_id, Action.STOP)
+    fields: list[Field] = [(Stop.STATUS, "H", status)] if status else []
     if headers:
-        fields.append((1, "R", 0))
+        fields.append((Stop.HEADERS, "R", 0))
     if body:
-        fields.append((2, "R", 0))
+        fields.append((Stop.BODY, "R", 0))
     start, refs = w.table(fields)
     w.point(at, start)
     if headers:
-        w.entries(refs[1], headers)
+        w.entries(refs[Stop.HEADERS], headers)
     if body:
-        w.blob(refs[2], body)
+        w.blob(refs[Stop.BODY], body)
     return w.output()
 
 
@@ -88,61 +102,72 @@ def _rewrite_template(
     path: str | None, headers: Entries, args: Entries, resp_headers: Entries, body: bytes | None
 ) -> tuple[bytes, int]:
     data = _rewrite(0, path, headers, args, resp_headers, body)
-    return data, Table.root(data).field_at(0)
+    return data, Table.root(data).field_at(HttpReqCallResp.ID)
 
 
 def _rewrite(
     req_id: int, path: str | None, headers: Entries, args: Entries, resp_headers: Entries, body: bytes | None
 ) -> bytes:
     w = Writer()
-    at = _action(w, req_id, ACTION_REWRITE)
-    present = [path is not None, bool(headers), bool(args), bool(resp_headers), body is not None]
-    start, refs = w.table([(slot, "R", 0) for slot, there in enumerate(present) if there])
+    at = _action(w, req_id, Action.REWRITE)
+    present = {
+        Rewrite.PATH: path is not None,
+        Rewrite.HEADERS: bool(headers),
+        Rewrite.ARGS: bool(args),
+        Rewrite.RESP_HEADERS: bool(resp_headers),
+        Rewrite.BODY: body is not None,
+    }
+    start, refs = w.table([(slot, "R", 0) for slot, there in present.items() if there])
     w.point(at, start)
     if path is not None:
-        w.blob(refs[0], path.encode("utf-8", "surrogateescape"))
-    for slot, entries in ((1, headers), (2, args), (3, resp_headers)):
+        w.blob(refs[Rewrite.PATH], path.encode("utf-8", "surrogateescape"))
+    for slot, entries in (
+        (Rewrite.HEADERS, headers),
+        (Rewrite.ARGS, args),
+        (Rewrite.RESP_HEADERS, resp_headers),
+    ):
         if entries:
             w.entries(refs[slot], entries)
     if body is not None:
-        w.blob(refs[4], body)
+        w.blob(refs[Rewrite.BODY], body)
     return w.output()
 
 
 def resp_call_answer(req_id: int, status: int, headers: Entries, body: bytes | None) -> bytes:
     """Status 0 and no headers or body mean "leave the response as it is"."""
-    w = Writer()
-    fields: list[Field] = [(0, "I", req_id)] + ([(1, "H", status)] if status else [])
-    fields += [(2, "R", 0)] if headers else []
-    fields += [(3, "R", 0)] if body is not None else []
+    w, f = Writer(), HttpRespCallResp
+    fields: list[Field] = [(f.ID, "I", req_id)]
+    fields += [(f.STATUS, "H", status)] if status else []
+    fields += [(f.HEADERS, "R", 0)] if headers else []
+    fields += [(f.BODY, "R", 0)] if body is not None else []
     _, refs = w.table(fields, root=True)
     if headers:
-        w.entries(refs[2], headers)
+        w.entries(refs[f.HEADERS], headers)
     if body is not None:
-        w.blob(refs[3], body)
+        w.blob(refs[f.BODY], body)
     return w.output()
 
 
 def _ask(kind: int, name: str | None = None) -> bytes:
     w = Writer()
-    _, refs = w.table([(0, "B", kind), (1, "R", 0)], root=True)
-    start, inner = w.table([(0, "R", 0)] if name is not None else [])
-    w.point(refs[1], start)
+    _, refs = w.table([(ExtraInfoReq.INFO_TYPE, "B", kind), (ExtraInfoReq.INFO, "R", 0)], root=True)
+    start, inner = w.table([(Var.NAME, "R", 0)] if name is not None else [])
+    w.point(refs[ExtraInfoReq.INFO], start)
     if name is not None:
-        w.blob(inner[0], name.encode("utf-8", "surrogateescape"))
+        w.blob(inner[Var.NAME], name.encode("utf-8", "surrogateescape"))
     return w.output()
 
 
 def ask_var(name: str) -> bytes:
-    return _ask(INFO_VAR, name)
+    return _ask(Info.VAR, name)
 
 
 def ask_req_body() -> bytes:
-    return _ask(INFO_REQ_BODY)
+    return _ask(Info.REQ_BODY)
 
 
 def ask_resp_body() -> bytes:
-    return _ask(INFO_RESP_BODY)
+    return _ask(Info.RESP_BODY)
 
 
 # APISIX → runner (what the APISIX-side peer sends)
@@ -150,44 +175,50 @@ def ask_resp_body() -> bytes:
 
 def prepare_conf(key: str, entries: Entries) -> bytes:
     w = Writer()
-    _, refs = w.table([(0, "R", 0), (1, "R", 0)], root=True)
-    w.entries(refs[0], entries)
-    w.blob(refs[1], key.encode("utf-8", "surrogateescape"))
+    _, refs = w.table([(PrepareConfReq.CONF, "R", 0), (PrepareConfReq.KEY, "R", 0)], root=True)
+    w.entries(refs[PrepareConfReq.CONF], entries)
+    w.blob(refs[PrepareConfReq.KEY], key.encode("utf-8", "surrogateescape"))
     return w.output()
 
 
 def req_call(
     req_id: int, token: int, method: int, path: str, args: Entries, headers: Entries, src_ip: bytes
 ) -> bytes:
-    w = Writer()
+    w, f = Writer(), HttpReqCallReq
     fields: list[Field] = [
-        (0, "I", req_id),
-        (1, "R", 0),
-        (3, "R", 0),
-        (4, "R", 0),
-        (5, "R", 0),
-        (6, "I", token),
+        (f.ID, "I", req_id),
+        (f.SRC_IP, "R", 0),
+        (f.PATH, "R", 0),
+        (f.ARGS, "R", 0),
+        (f.HEADERS, "R", 0),
+        (f.CONF_TOKEN, "I", token),
     ]
     if method:
-        fields.append((2, "B", method))
+        fields.append((f.METHOD, "B", method))
     _, refs = w.table(fields, root=True)
-    w.blob(refs[1], src_ip)
-    w.blob(refs[3], path.encode("utf-8", "surrogateescape"))
-    w.entries(refs[4], args)
-    w.entries(refs[5], headers)
+    w.blob(refs[f.SRC_IP], src_ip)
+    w.blob(refs[f.PATH], path.encode("utf-8", "surrogateescape"))
+    w.entries(refs[f.ARGS], args)
+    w.entries(refs[f.HEADERS], headers)
     return w.output()
 
 
 def resp_call(req_id: int, token: int, status: int, headers: Entries) -> bytes:
-    w = Writer()
-    _, refs = w.table([(0, "I", req_id), (1, "H", status), (2, "R", 0), (3, "I", token)], root=True)
-    w.entries(refs[2], headers)
+    w, f = Writer(), HttpRespCallReq
+    fields: list[Field] = [
+        (f.ID, "I", req_id),
+        (f.STATUS, "H", status),
+        (f.HEADERS, "R", 0),
+        (f.CONF_TOKEN, "I", token),
+    ]
+    _, refs = w.table(fields, root=True)
+    w.entries(refs[f.HEADERS], headers)
     return w.output()
 
 
 def extra_info_answer(result: bytes | None) -> bytes:
     w = Writer()
-    _, refs = w.table([(0, "R", 0)] if result is not None else [], root=True)
+    _, refs = w.table([(ExtraInfoResp.RESULT, "R", 0)] if result is not None else [], root=True)
     if result is not None:
-        w.blob(refs[0], result)
+        w.blob(refs[ExtraInfoResp.RESULT], result)
     return w.output()

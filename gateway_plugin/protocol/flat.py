@@ -2,7 +2,7 @@
 
 The generic ``flatbuffers`` package spends tens of microseconds per message in Python; these
 read and write the same bytes with ``struct`` (the tests check them against the generated
-``a6pluginprotos`` readers). The writer lays tables out front to back, children after parents,
+``a6pluginprotos`` readers in the tests). The writer lays tables out front to back, children after parents,
 so every unsigned offset points forward as the format requires.
 """
 

@@ -1,4 +1,5 @@
-"""Read-only views over decoded protocol messages.
+"""Read-only views over decoded protocol messages, read with the one reader (``flat``) by named slot
+(``schema``).
 
 Runner side: PrepareConf, HTTPReqCall and HTTPRespCall requests and ExtraInfo answers. Peer side
 (what APISIX reads): the runner's answers. Fields are decoded on first use and cached; anything
@@ -13,24 +14,18 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
-from A6 import Method
-from A6.Err.Resp import Resp as ErrResp
-from A6.ExtraInfo.Req import Req as ExtraInfoReq
-from A6.ExtraInfo.Var import Var
-from A6.HTTPReqCall.Resp import Resp as HttpReqCallResp
-from A6.PrepareConf.Req import Req as PrepareConfReq
-from A6.PrepareConf.Resp import Resp as PrepareConfResp
-
+from gateway_plugin.protocol import schema
 from gateway_plugin.protocol.flat import Malformed, Table
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-METHODS = {v: k for k, v in vars(Method.Method).items() if not k.startswith("_")}
-INFO_VAR, INFO_REQ_BODY, INFO_RESP_BODY = 1, 2, 3
-ACTION_STOP, ACTION_REWRITE = 1, 2
+_REQ = schema.HttpReqCallReq
+_RESP_CALL = schema.HttpRespCallReq
+# The slots read on every call, as plain ints.
+_REQ_ID, _REQ_TOKEN = int(_REQ.ID), int(_REQ.CONF_TOKEN)
 
 _DECODE_ERRORS = (
     Malformed,
@@ -62,29 +57,11 @@ def _guard(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _root(cls: Any, buf: bytes) -> Any:
-    if len(buf) < 8:
-        raise DecodeError(f"message of {len(buf)} bytes is too short to be a FlatBuffers table")
-    return _guard(cls.GetRootAs)(buf, 0)
-
-
-def _text(raw: bytes | None) -> str | None:
-    return None if raw is None else raw.decode("utf-8", "surrogateescape")
-
-
-def _entries(length: int, get: Any) -> TextEntries:
-    out: TextEntries = []
-    for j in range(length):
-        entry = get(j)
-        out.append((_text(entry.Name()) or "", _text(entry.Value())))
-    return out
-
-
 @_guard
 def prepare_conf(buf: bytes) -> tuple[str, TextEntries]:
     """A PrepareConf request: its cache key and its (plugin name, JSON conf) entries in order."""
-    req = _root(PrepareConfReq, buf)
-    return _text(req.Key()) or "", _entries(req.ConfLength(), req.Conf)
+    t = Table.root(buf)
+    return t.text(schema.PrepareConfReq.KEY) or "", t.entries(schema.PrepareConfReq.CONF)
 
 
 class HttpReqCall:
@@ -98,39 +75,40 @@ class HttpReqCall:
     @_guard
     def __init__(self, buf: bytes) -> None:
         self._t = Table.root(buf)
-        self.id = self._t.u32(0)
-        self.conf_token = self._t.u32(6)
+        self.id = self._t.u32(_REQ_ID)
+        self.conf_token = self._t.u32(_REQ_TOKEN)
 
     @cached_property
     @_guard
     def method(self) -> str:
-        return str(METHODS.get(self._t.u8(2), "GET"))
+        index = self._t.u8(_REQ.METHOD)
+        return schema.METHODS[index] if index < len(schema.METHODS) else "GET"
 
     @cached_property
     @_guard
     def path(self) -> str:
-        return self._t.text(3) or "/"
+        return self._t.text(_REQ.PATH) or "/"
 
     @cached_property
     @_guard
     def headers(self) -> TextEntries:
-        return self._t.entries(5)
+        return self._t.entries(_REQ.HEADERS)
 
     @cached_property
     @_guard
     def header_map(self) -> dict[str, str]:
         """Lower-cased names; repeated headers joined with ``", "``."""
-        return self._t.entry_dict(5)
+        return self._t.entry_dict(_REQ.HEADERS)
 
     @cached_property
     @_guard
     def args(self) -> TextEntries:
-        return self._t.entries(4)
+        return self._t.entries(_REQ.ARGS)
 
     @cached_property
     @_guard
     def src_ip(self) -> str:
-        raw = self._t.blob(1) or b""
+        raw = self._t.blob(_REQ.SRC_IP) or b""
         return str(ipaddress.ip_address(raw)) if len(raw) in (4, 16) else ""
 
 
@@ -142,26 +120,26 @@ class HttpRespCall:
     @_guard
     def __init__(self, buf: bytes) -> None:
         self._t = Table.root(buf)
-        self.id = self._t.u32(0)
-        self.status = self._t.u16(1)
-        self.conf_token = self._t.u32(3)
+        self.id = self._t.u32(_RESP_CALL.ID)
+        self.status = self._t.u16(_RESP_CALL.STATUS)
+        self.conf_token = self._t.u32(_RESP_CALL.CONF_TOKEN)
 
     @cached_property
     @_guard
     def headers(self) -> TextEntries:
-        return self._t.entries(2)
+        return self._t.entries(_RESP_CALL.HEADERS)
 
     @cached_property
     @_guard
     def header_map(self) -> dict[str, str]:
         """Lower-cased names; repeated headers joined with ``", "``."""
-        return self._t.entry_dict(2)
+        return self._t.entry_dict(_RESP_CALL.HEADERS)
 
 
 @_guard
 def extra_info_result(buf: bytes) -> bytes | None:
     """APISIX's answer to one ExtraInfo question; ``None`` when the variable is unset."""
-    return Table.root(buf).blob(0) if buf else None
+    return Table.root(buf).blob(schema.ExtraInfoResp.RESULT) if buf else None
 
 
 # Peer side: what APISIX reads from the runner.
@@ -169,12 +147,12 @@ def extra_info_result(buf: bytes) -> bytes | None:
 
 @_guard
 def conf_token(buf: bytes) -> int:
-    return int(_root(PrepareConfResp, buf).ConfToken())
+    return Table.root(buf).u32(schema.PrepareConfResp.CONF_TOKEN)
 
 
 @_guard
 def err_code(buf: bytes) -> int:
-    return int(_root(ErrResp, buf).Code()) if buf else 0
+    return Table.root(buf).u8(schema.ErrResp.CODE) if buf else 0
 
 
 @dataclass(frozen=True)
@@ -196,15 +174,18 @@ class Rewrite:
 @_guard
 def req_call_answer(buf: bytes) -> tuple[int, Stop | Rewrite | None]:
     """The runner's HTTPReqCall answer: its id and its action (``None`` means no change)."""
-    resp = _root(HttpReqCallResp, buf)
-    kind, action = resp.ActionType(), resp.Action()
-    if kind == ACTION_STOP and action is not None:
-        t = Table(bytes(action.Bytes), action.Pos)
-        return resp.Id(), Stop(t.u16(0), t.entries(1), t.blob(2) or b"")
-    if kind == ACTION_REWRITE and action is not None:
-        t = Table(bytes(action.Bytes), action.Pos)
-        return resp.Id(), Rewrite(t.text(0), t.entries(1), t.entries(2), t.entries(3), t.blob(4))
-    return resp.Id(), None
+    resp = Table.root(buf)
+    req_id = resp.u32(schema.HttpReqCallResp.ID)
+    kind, t = resp.u8(schema.HttpReqCallResp.ACTION_TYPE), resp.table(schema.HttpReqCallResp.ACTION)
+    if kind == schema.Action.STOP and t is not None:
+        f = schema.Stop
+        return req_id, Stop(t.u16(f.STATUS), t.entries(f.HEADERS), t.blob(f.BODY) or b"")
+    if kind == schema.Action.REWRITE and t is not None:
+        r = schema.Rewrite
+        return req_id, Rewrite(
+            t.text(r.PATH), t.entries(r.HEADERS), t.entries(r.ARGS), t.entries(r.RESP_HEADERS), t.blob(r.BODY)
+        )
+    return req_id, None
 
 
 @dataclass(frozen=True)
@@ -217,18 +198,16 @@ class RespCallAnswer:
 
 @_guard
 def resp_call_answer(buf: bytes) -> RespCallAnswer:
-    t = Table.root(buf)
-    return RespCallAnswer(t.u32(0), t.u16(1), t.entries(2), t.blob(3))
+    t, f = Table.root(buf), schema.HttpRespCallResp
+    return RespCallAnswer(t.u32(f.ID), t.u16(f.STATUS), t.entries(f.HEADERS), t.blob(f.BODY))
 
 
 @_guard
 def extra_info_request(buf: bytes) -> tuple[int, str | None]:
     """What the runner asks APISIX for: (info type, variable name for Var)."""
-    req = _root(ExtraInfoReq, buf)
-    kind = req.InfoType()
-    if kind == INFO_VAR:
-        table = req.Info()
-        var = Var()
-        var.Init(table.Bytes, table.Pos)
-        return kind, _text(var.Name())
+    req = Table.root(buf)
+    kind = req.u8(schema.ExtraInfoReq.INFO_TYPE)
+    info = req.table(schema.ExtraInfoReq.INFO)
+    if kind == schema.Info.VAR and info is not None:
+        return kind, info.text(schema.Var.NAME)
     return kind, None

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway_plugin.config import Target
+
 
 class InvokeFailed(Exception):
     """The target could not be invoked, or its answer was not a function response."""
@@ -30,6 +32,17 @@ class Invoker(Protocol):
     def invoke(self, payload: bytes) -> bytes:
         """Blocking: send one event, return the function's raw answer."""
         ...
+
+
+def make_invoker(target: Target) -> Invoker:
+    """The cloud SDK client for an invoke-mode target (imported only when one is configured)."""
+    if target.kind == "aws_lambda":
+        from gateway_plugin.targets.aws_lambda import LambdaInvoker
+
+        return LambdaInvoker(target)
+    from gateway_plugin.targets.aliyun_fc import FcInvoker
+
+    return FcInvoker(target)
 
 
 def http_event(method: str, path: str, query: str, headers: Mapping[str, str], body: bytes) -> bytes:

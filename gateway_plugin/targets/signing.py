@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 
 from functions.signature import sign
-from gateway_plugin.config import Target
+from gateway_plugin.config import ConfigError, Target
 
 
 class TargetSigner:
     def __init__(self, target: Target) -> None:
-        raw = os.environ.get(target.signing_key_env or "", "") if target.signing_key_env else ""
+        name = target.signing_key_env
+        raw = os.environ.get(name, "") if name else ""
+        if raw and not raw.strip():
+            raise ConfigError(
+                f"target {target.name!r}: {name} holds a blank signing key; set a random key of 32 bytes "
+                "or more, or unset it if the function requires no signature"
+            )
         self.key = raw.encode() if raw else None
         self.sign_body = target.sign_body
 

@@ -1,0 +1,7 @@
+"""``python -m devtools``."""
+
+import sys
+
+from devtools.cli import main
+
+sys.exit(main())

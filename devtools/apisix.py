@@ -1,0 +1,200 @@
+"""A real Apache APISIX (``scripts/install-apisix.sh``) started with Spillway's runner as its
+``ext-plugin.cmd``: for the tests, the demo and the benchmarks.
+
+Writes APISIX's ``conf/config.yaml`` (standalone data plane on 127.0.0.1, the given plugins and
+environment) and ``conf/apisix.yaml`` (the routes), runs ``apisix start``, waits until APISIX
+answers and the runner listens, and stops it with ``apisix quit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTBED = ROOT / "third_party" / "apisix-testbed"
+
+
+def prefix() -> Path:
+    return Path(os.environ.get("SPILLWAY_APISIX_PREFIX") or "/opt/spillway-apisix")
+
+
+def missing_reason() -> str | None:
+    """Why APISIX cannot run here (None when it can)."""
+    if not (prefix() / "bin" / "apisix").exists():
+        return (
+            f"no APISIX in {prefix()}: run 'bash scripts/install-apisix.sh' (needs root and apt on Debian 12)"
+        )
+    return None
+
+
+@dataclass
+class ApisixSettings:
+    port: int
+    routes_yaml: str
+    runner_cmd: Sequence[str] | None = None
+    plugins: Sequence[str] = (
+        "ext-plugin-pre-req",
+        "traffic-split",
+        "http-logger",
+        "aws-lambda",
+        "proxy-rewrite",
+    )
+    envs: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    workers: int = 1
+    extra_lua_path: Path | None = None
+    timeout_s: float = 60.0
+
+
+_MODULES = (
+    "load_module /usr/lib/nginx/modules/ndk_http_module.so;\n"
+    "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;\n"
+    "load_module /usr/lib/nginx/modules/ngx_http_headers_more_filter_module.so;\n"
+)
+
+
+def config_yaml(s: ApisixSettings) -> str:
+    """APISIX 3.18 standalone on Debian's nginx (what OpenResty would bring is loaded or shimmed)."""
+    lines = [
+        "apisix:",
+        f"  node_listen: [{{ip: 127.0.0.1, port: {s.port}}}]",
+        "  enable_ipv6: false",
+        "  enable_http2: false",
+        "  enable_admin: false",
+        "  enable_control: false",
+        "  ssl: {enable: false}",
+    ]
+    if s.extra_lua_path is not None:
+        lines.append(f'  extra_lua_path: "{s.extra_lua_path.resolve()}/?.lua"')
+    lines += [
+        "nginx_config:",
+        "  main_configuration_snippet: |",
+        *(f"    {line}" for line in _MODULES.splitlines()),
+        "  http_server_location_configuration_snippet: |",
+        "    set $apisix_request_id $request_id;",
+        f"  worker_processes: {s.workers}",
+        "  worker_rlimit_nofile: 16384",
+        "  event: {worker_connections: 4096}",
+        "  error_log_level: notice",
+        "  http:",
+        "    custom_lua_shared_dict: {prometheus-cache: 10m}",
+    ]
+    if os.getuid() == 0:
+        lines.append("  user: root")
+    if s.envs:
+        lines.append(f"  envs: {json.dumps(list(s.envs))}")
+    lines += [
+        "deployment:",
+        "  role: data_plane",
+        "  role_data_plane: {config_provider: yaml}",
+        f"plugins: {json.dumps(list(s.plugins))}",
+        "stream_plugins: [ip-restriction]",
+    ]
+    if s.runner_cmd is not None:
+        lines.append(f"ext-plugin: {{cmd: {json.dumps(list(s.runner_cmd))}}}")
+    return "\n".join(lines) + "\n"
+
+
+class Apisix:
+    def __init__(self, settings: ApisixSettings) -> None:
+        self.settings = settings
+        self.home = prefix() / "apisix"
+        self.url = f"http://127.0.0.1:{settings.port}"
+        self.master_pid: int | None = None
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    def error_log(self) -> str:
+        return (self.logs / "error.log").read_text(errors="replace")
+
+    def runner_pids(self) -> list[int]:
+        """Every runner pid APISIX logged, in order: a respawn adds one."""
+        return [int(p) for p in re.findall(r"started ext-plugin runner pid (\d+)", self.error_log())]
+
+    def runner_socket(self) -> Path:
+        return self.home / "conf" / f"apisix-{self.master_pid}.sock"
+
+    def worker_pids(self) -> list[int]:
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(self.master_pid)], capture_output=True, text=True, check=False
+        )
+        return [int(p) for p in out.stdout.split()]
+
+    def start(self) -> None:
+        s = self.settings
+        (self.home / "conf" / "config.yaml").write_text(config_yaml(s))
+        routes = s.routes_yaml if "#END" in s.routes_yaml else s.routes_yaml + "\n#END\n"
+        (self.home / "conf" / "apisix.yaml").write_text(routes)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for name in ("error.log", "access.log"):
+            (self.logs / name).write_text("")
+        env = {**os.environ, **s.env}
+        result = subprocess.run(
+            [str(prefix() / "bin" / "apisix"), "start"], env=env, capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"apisix start failed:\n{result.stdout}{result.stderr}\n{self.error_log()[-3000:]}"
+            )
+        deadline = time.monotonic() + s.timeout_s
+        while time.monotonic() < deadline:
+            pid_file = self.logs / "nginx.pid"
+            if self.master_pid is None and pid_file.exists() and pid_file.read_text().strip():
+                self.master_pid = int(pid_file.read_text())
+            if (
+                self.master_pid is not None
+                and self._answers()
+                and (s.runner_cmd is None or self.runner_socket().exists())
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"APISIX not up within {s.timeout_s} s:\n{self.error_log()[-3000:]}")
+
+    def _answers(self) -> bool:
+        try:
+            urllib.request.urlopen(self.url + "/", timeout=1)
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """``apisix quit`` (graceful: the workers stop the runner), then the master by force."""
+        subprocess.run([str(prefix() / "bin" / "apisix"), "quit"], capture_output=True, check=False)
+        deadline = time.monotonic() + 15
+        while self.master_pid is not None and _alive(self.master_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.master_pid is not None and _alive(self.master_pid):
+            os.kill(self.master_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@contextmanager
+def running(settings: ApisixSettings) -> Iterator[Apisix]:
+    apisix = Apisix(settings)
+    apisix.start()
+    try:
+        yield apisix
+    finally:
+        apisix.stop()

@@ -1,0 +1,39 @@
+"""Processes a sidecar started, from ``/proc`` (Linux): to notice a backend stub that died while
+Triton lives on. Standard library only; elsewhere nothing is found and nothing is watched."""
+
+from __future__ import annotations
+
+import os
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """State and parent of a process, from ``/proc`` (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return fields[0].decode(), int(fields[1])
+
+
+def children(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (empty where there is no ``/proc``)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    found = set()
+    for entry in entries:
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pid:
+                found.add(int(entry))
+    return found
+
+
+def first_gone(pids: set[int], parent: int) -> int | None:
+    for pid in pids:
+        stat = _stat(pid)
+        if stat is None or stat[0] in ("Z", "X") or stat[1] != parent:
+            return pid
+    return None

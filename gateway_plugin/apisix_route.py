@@ -1,0 +1,150 @@
+"""The APISIX route that puts Spillway in front of a Triton cluster, made from ``spillway.yaml``.
+
+One source for both forms APISIX takes: the Admin API's route object (JSON) and standalone mode's
+``apisix.yaml``. The route runs the runner (``ext-plugin-pre-req``), sends each decision to its
+upstream (``traffic-split`` on ``X-Spillway-Target`` values that carry the route token's MAC, or
+APISIX's own ``aws-lambda`` plugin for an IAM-authenticated Lambda), and reports what happened
+(``http-logger`` to the runner's outcome endpoint).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from functions.contract import HEADER_TARGET
+from gateway_plugin.config import SpillwayConfig, Target
+from gateway_plugin.outcome_listener import PATH as OUTCOME_PATH
+from gateway_plugin.routing import outcomes
+from gateway_plugin.routing.target_header import target_values
+
+TARGET_VAR = "http_" + HEADER_TARGET.replace("-", "_")
+
+
+class RouteError(ValueError):
+    """The config cannot be turned into a route (a target without a URL, an unknown target)."""
+
+
+def route(
+    config: SpillwayConfig,
+    token: bytes,
+    route_id: str = "spillway",
+    uri: str = "/v2/*",
+    lambda_iam: str | None = None,
+) -> dict[str, Any]:
+    """The route object; ``lambda_iam`` names an upstream-mode aws_lambda target that APISIX's
+    aws-lambda plugin calls with SigV4 (the function URL's AWS_IAM auth) instead of traffic-split."""
+    upstream_targets = [t for t in config.targets if t.mode == "upstream"]
+    values = target_values([t.name for t in upstream_targets], token)
+    plugins: dict[str, Any] = {
+        # Every target the runner may decide has a way out on this route: traffic-split or
+        # aws-lambda for upstream mode, the runner's own Stop for invoke mode.
+        "ext-plugin-pre-req": {"conf": [{"name": "spillway", "value": "{}"}], "allow_degradation": False},
+    }
+    split = [t for t in upstream_targets if t.name != lambda_iam]
+    if split:
+        plugins["traffic-split"] = {"rules": [_split_rule(t, values[t.name]) for t in split]}
+    if lambda_iam is not None:
+        plugins["aws-lambda"] = _aws_lambda(_target(config, lambda_iam), values[lambda_iam], uri)
+    if config.outcomes.listen:
+        plugins["http-logger"] = {
+            "uri": f"http://{config.outcomes.listen}{OUTCOME_PATH}",
+            "auth_header": outcomes.auth_header(token),
+            "log_format": outcomes.log_format(config.tenants.header),
+            # A batch goes out when it is full, after inactive_timeout without a new entry, or
+            # buffer_duration after its first: under steady traffic only the last one holds.
+            "batch_max_size": 1000,
+            "inactive_timeout": config.outcomes.batch_s,
+            "buffer_duration": config.outcomes.batch_s,
+            "timeout": 3,
+            "concat_method": "json",
+        }
+    return {
+        "id": route_id,
+        "uri": uri,
+        "name": "triton-with-spillway",
+        "plugins": plugins,
+        "upstream": _local_upstream(config),
+    }
+
+
+def admin_json(route_object: dict[str, Any]) -> str:
+    return json.dumps(route_object, indent=2) + "\n"
+
+
+def standalone_yaml(route_object: dict[str, Any]) -> str:
+    """``conf/apisix.yaml`` for APISIX's standalone (YAML) mode."""
+    return yaml.safe_dump({"routes": [route_object]}, sort_keys=False) + "#END\n"
+
+
+def _target(config: SpillwayConfig, name: str) -> Target:
+    target = next((t for t in config.targets if t.name == name), None)
+    if target is None or target.mode != "upstream" or target.kind != "aws_lambda":
+        raise RouteError(f"--lambda-iam {name!r}: no upstream-mode aws_lambda target of that name")
+    return target
+
+
+def _node(url: str) -> tuple[str, str, str]:
+    """(scheme, host:port, host) of a URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RouteError(f"{url!r} is not an http(s) URL")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, f"{parts.hostname}:{port}", parts.hostname
+
+
+def _split_rule(target: Target, value: str) -> dict[str, Any]:
+    if not target.url:
+        raise RouteError(f"target {target.name!r} has no url")
+    scheme, node, _ = _node(target.url)
+    timeout = max(1, round(target.timeout_s))
+    return {
+        "match": [{"vars": [[TARGET_VAR, "==", value]]}],
+        "weighted_upstreams": [
+            {
+                "upstream": {
+                    "name": f"spillway-{target.name}",
+                    "type": "roundrobin",
+                    "scheme": scheme,
+                    "pass_host": "node",
+                    "nodes": {node: 1},
+                    "timeout": {"connect": 2, "send": timeout, "read": timeout},
+                },
+                "weight": 1,
+            }
+        ],
+    }
+
+
+def _aws_lambda(target: Target, value: str, uri: str) -> dict[str, Any]:
+    """The plugin appends the part of the path after the route's prefix to ``function_uri``."""
+    prefix = uri.removesuffix("*").rstrip("/")
+    return {
+        "_meta": {"filter": [[TARGET_VAR, "==", value]]},
+        "function_uri": (target.url or "").rstrip("/") + prefix,
+        "authorization": {
+            "iam": {
+                "accesskey": "$env://AWS_ACCESS_KEY_ID",
+                "secretkey": "$env://AWS_SECRET_ACCESS_KEY",
+                "aws_region": target.region or "us-east-1",
+                "service": "lambda",
+            }
+        },
+        "timeout": round(target.timeout_s * 1000),
+        "ssl_verify": True,
+    }
+
+
+def _local_upstream(config: SpillwayConfig) -> dict[str, Any]:
+    nodes = {_node(e.url)[1]: 1 for e in config.local.endpoints}
+    if not nodes:
+        raise RouteError("local.endpoints is empty: the route needs the on-prem Tritons as its upstream")
+    return {
+        "name": "onprem-triton",
+        "type": "least_conn",
+        "nodes": nodes,
+        "timeout": {"connect": 1, "send": 30, "read": 30},
+    }

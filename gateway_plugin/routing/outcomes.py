@@ -1,0 +1,111 @@
+"""What happened to each request, reported by APISIX's ``http-logger`` from the log phase.
+
+APISIX's ``ext-plugin-post-resp`` would re-send the request itself (no SNI, no timeouts, the
+client's Host), so outcomes come back the way APISIX reports everything else: ``http-logger``
+posts batches of log entries whose fields are the ``LOG_FORMAT`` below, nginx variables resolved.
+Each entry closes a request's books in the gateway's state: in-flight counts, the target's breaker,
+its warm instances, and the cluster's answer time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET
+from gateway_plugin.routing.state import GatewayState
+
+MAX_ENTRIES = 10_000
+_MODEL = re.compile(r"^/v2/models/([^/]+)")
+
+
+def log_format(tenant_header: str) -> dict[str, str]:
+    """The ``log_format`` of the route's ``http-logger``: one outcome per request."""
+    return {
+        "target": "$http_" + HEADER_TARGET.replace("-", "_"),
+        "status": "$status",
+        "upstream_status": "$upstream_status",
+        "upstream_s": "$upstream_response_time",
+        "request_s": "$request_time",
+        "instance": "$sent_http_" + HEADER_INSTANCE.replace("-", "_"),
+        "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
+        "tenant": "$http_" + tenant_header.lower().replace("-", "_"),
+        "uri": "$uri",
+    }
+
+
+def auth_header(route_token: bytes) -> str:
+    """The ``Authorization`` the route's logger sends: only APISIX may report outcomes."""
+    return "Spillway " + hmac.new(route_token, b"spillway-outcomes", hashlib.sha256).hexdigest()[:32]
+
+
+class Outcome(BaseModel):
+    """One log entry; every field is an nginx variable, absent when it was unset. APISIX sends the
+    numeric ones (``$upstream_response_time``, ``$status``, ...) as JSON numbers."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, coerce_numbers_to_str=True)
+
+    target: str | None = Field(default=None, max_length=200)
+    status: int | None = Field(default=None, ge=0, le=999)
+    upstream_status: str | None = Field(default=None, max_length=200)
+    upstream_s: str | None = Field(default=None, max_length=200)
+    request_s: str | None = Field(default=None, max_length=200)
+    instance: str | None = Field(default=None, max_length=200)
+    cold: str | None = Field(default=None, max_length=20)
+    tenant: str | None = Field(default=None, max_length=200)
+    uri: str | None = Field(default=None, max_length=4096)
+
+
+_BATCH = TypeAdapter(list[Outcome] | Outcome)
+
+
+def parse_batch(body: bytes) -> list[Outcome]:
+    """A batch (a JSON array) or a single entry; raises ``ValueError`` naming what is wrong."""
+    parsed = _BATCH.validate_json(body)
+    entries = parsed if isinstance(parsed, list) else [parsed]
+    if len(entries) > MAX_ENTRIES:
+        raise ValueError(f"{len(entries)} entries in one batch, more than {MAX_ENTRIES}")
+    return entries
+
+
+def _last_number(raw: str | None) -> float | None:
+    """The last of nginx's comma-separated values (one per upstream tried); None when unset."""
+    if not raw:
+        return None
+    last = raw.rsplit(",", 1)[-1].rsplit(":", 1)[-1].strip()
+    try:
+        return float(last)
+    except ValueError:
+        return None
+
+
+def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
+    """Close the books of each request that reached an upstream or a function.
+
+    A cloud target's value carries the route token's MAC, so it is the runner's decision; APISIX's
+    aws-lambda plugin calls the function itself (no nginx upstream), so there the client's status
+    is the function's. Any other request without an upstream status was answered by the gateway
+    itself (shed, or invoke mode): its books were closed, or never opened, there.
+    """
+    for outcome in outcomes:
+        target = state.target_by_value.get(outcome.target or "")
+        upstream_status = _last_number(outcome.upstream_status)
+        if upstream_status is None and target is not None and outcome.status:
+            upstream_status = float(outcome.status)
+        if upstream_status is None:
+            continue
+        seconds = _last_number(outcome.upstream_s)
+        if target is None and seconds is not None:
+            match = _MODEL.match(outcome.uri or "")
+            state.answered_local(match.group(1) if match else None, seconds * 1000)
+        state.answered(
+            target,
+            outcome.tenant or None,
+            ok=0 < upstream_status < 500,
+            instance=outcome.instance or None,
+            cold=outcome.cold == "1",
+            seconds=seconds if seconds is not None else _last_number(outcome.request_s),
+        )

@@ -1,0 +1,202 @@
+"""``spillway``: the routing plugin. Turns each APISIX call into a decision and acts on it.
+
+Request filter: features from the call → snapshot from the live state → ``policy.decide`` →
+``X-Spillway-Target`` (and a signature) for APISIX's traffic-split, a Stop carrying the function's
+answer in invoke mode, or a Stop with 429/503 and Retry-After when shedding. The client's own
+``X-Spillway-Target`` never survives: every request leaves with the gateway's decision.
+What happened afterwards comes back from the route's http-logger (``routing.outcomes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from functions.contract import (
+    HEADER_DECISION,
+    HEADER_SIGNATURE,
+    HEADER_TARGET,
+    normalise_path,
+)
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
+from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
+from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
+
+log = logging.getLogger("spillway.plugin")
+
+_MODEL = re.compile(r"^/v2/models/([^/]+)")
+
+
+class RouteOverrides(BaseModel):
+    """A route's ``{"name": "spillway", "value": ...}``: narrows or tunes the global policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    latency_target_ms: float | None = Field(default=None, gt=0)
+    targets: list[str] | None = Field(default=None, description="this route's overflow chain")
+    rules: list[str] | None = Field(default=None, description="names of the global rules that apply here")
+    on_prem_only: bool = Field(default=False, description="nothing on this route may leave the premises")
+
+
+def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
+    changes: dict[str, Any] = {}
+    if route.latency_target_ms is not None:
+        changes["latency_target_ms"] = route.latency_target_ms
+    if route.targets is not None:
+        changes["default_chain"] = tuple(t for t in route.targets if t in base.targets)
+    if route.rules is not None:
+        changes["rules"] = tuple(r for r in base.rules if r.name in route.rules)
+    if route.on_prem_only:
+        changes["cloud_allowed"] = frozenset()
+        changes["unclassified_may_leave"] = False
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+class PreparedRoute:
+    """A route's overrides, prepared once per conf token, with the policy they give under the
+    current global config (rebuilt only when a reload changed it)."""
+
+    __slots__ = ("overrides", "policy", "version")
+
+    def __init__(self, overrides: RouteOverrides) -> None:
+        self.overrides = overrides
+        self.version = -1
+        self.policy: Policy | None = None
+
+
+class SpillwayPlugin(Plugin[PreparedRoute]):
+    name = "spillway"
+    config_model = RouteOverrides
+
+    def __init__(
+        self, state: GatewayState, invokers: dict[str, Invoker] | None = None, pool: InvokePool | None = None
+    ) -> None:
+        self.state = state
+        self._invokers = invokers or {}
+        self._pool = pool
+
+    def reload(self, config: SpillwayConfig, invokers: dict[str, Invoker]) -> None:
+        """A new config and the invokers made for it, taken together."""
+        self.state.apply(config)
+        self._invokers = invokers
+
+    def prepare(self, config: Any) -> PreparedRoute:
+        return PreparedRoute(config)
+
+    def policy_for(self, route: PreparedRoute) -> Policy:
+        if route.policy is None or route.version != self.state.version:
+            route.policy = _route_policy(self.state.policy, route.overrides)
+            route.version = self.state.version
+        return route.policy
+
+    async def request_filter(self, conf: PreparedRoute, request: HttpRequest, action: RequestAction) -> None:
+        headers = request.headers
+        path = normalise_path(request.path)
+        match = _MODEL.match(path)
+        model = match.group(1) if match else None
+        features = RequestFeatures(path, headers, {k: v or "" for k, v in request.args}, model)
+        policy = self.policy_for(conf)
+        snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
+        decision = decide(features, snapshot, policy)
+        self.state.commit(
+            decision,
+            model,
+            {
+                "request_id": request.id,
+                "path": request.path,
+                "model": model,
+                "classification": headers.get(policy.classification_header),
+            },
+        )
+        if self.state.decision_header:
+            action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
+        if decision.target == SHED:
+            _shed(decision, action)
+        elif decision.target == LOCAL:
+            action.set_header(HEADER_TARGET, LOCAL)
+            action.delete_header(HEADER_SIGNATURE)
+        elif self.state.target(decision.target).mode == "invoke":
+            await self._invoke(decision, request, action)
+        else:
+            await self._upstream(decision.target, request, action)
+
+    async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
+        """Into traffic-split's cloud rule; the client's own credentials for on-prem stay home."""
+        action.set_header(HEADER_TARGET, self.state.route_value(name))
+        action.delete_header("authorization")
+        signer = self.state.signer(name)
+        if signer.key is None:
+            action.delete_header(HEADER_SIGNATURE)
+            return
+        target = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
+        body = await request.body() if signer.sign_body else None
+        signature = signer.header(request.method, target, body)
+        if signature is not None:
+            action.set_header(HEADER_SIGNATURE, signature)
+
+    async def _invoke(self, decision: Decision, request: HttpRequest, action: RequestAction) -> None:
+        """Call the function; on failure, fall back to local (the request may stay, it may not leave)."""
+        name = decision.target
+        self.state.invoke_started(name)
+        target_uri = (await request.var("request_uri") or b"").decode("latin-1") or _target_of(request)
+        path, _, query = target_uri.partition("?")
+        body = await request.body()
+        headers = dict(request.headers)
+        signature = self.state.signer(name).header(request.method, target_uri, body)
+        if signature is not None:
+            headers[HEADER_SIGNATURE] = signature
+        headers.pop(HEADER_TARGET, None)
+        invoker = self._invokers.get(name)
+        started = time.perf_counter()
+        try:
+            if invoker is None or self._pool is None:
+                raise InvokeFailed(f"no invoker configured for target {name!r}")
+            event = http_event(request.method, path, query, headers, body)
+            answer = await self._pool.call(invoker, event, self.state.target(name).timeout_s)
+        except InvokeFailed as exc:
+            if self.state.invoke_failed(name):
+                log.warning("invoke of %s failed: %s; retrying locally", name, exc)
+                action.set_header(HEADER_TARGET, LOCAL)
+                action.add_response_header(HEADER_DECISION, f"{LOCAL};{Reason.INVOKE_FAILED}")
+                return
+            log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
+            shed = dataclasses.replace(
+                decision,
+                target=SHED,
+                reason=Reason.INVOKE_FAILED,
+                status=503,
+                retry_after_s=self.state.policy.retry_after_s,
+            )
+            _shed(shed, action)
+            return
+        answer_headers = {k.lower(): v for k, v in answer.headers}
+        seconds = time.perf_counter() - started
+        self.state.invoke_answered(name, decision.tenant, answer.status, answer_headers, seconds)
+        action.stop(answer.status, answer.body, answer.headers)
+
+
+def _shed(decision: Decision, action: RequestAction) -> None:
+    body = json.dumps({"error": f"overloaded ({decision.label}); retry after {decision.retry_after_s} s"})
+    action.stop(
+        decision.status,
+        body.encode(),
+        [("content-type", "application/json"), ("retry-after", str(decision.retry_after_s))],
+    )
+
+
+def _text(raw: bytes | None) -> str | None:
+    return raw.decode("latin-1") if raw else None
+
+
+def _target_of(request: HttpRequest) -> str:
+    args = [(k, v or "") for k, v in request.args]
+    return f"{request.path}?{urlencode(args)}" if args else request.path

@@ -1,0 +1,277 @@
+"""The gateway's live state, owned by the runner's event loop, and the snapshots taken from it.
+
+Everything the policy reads is gathered here into one immutable ``Snapshot`` per request; every
+consequence of a decision and of its outcome (in-flight counts, spend, probes, breakers, retry
+budget, warm instances, metrics, the residency log) is written here and nowhere else, by the loop
+alone, so no counter has two owners and none is read and written across tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from functions.contract import HEADER_COLD, HEADER_INSTANCE
+from gateway_plugin.config import ConfigError, SpillwayConfig, Target
+from gateway_plugin.routing.breakers import Breaker, RetryBudget
+from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBook, TenantBooks
+from gateway_plugin.routing.metrics import RunnerMetrics
+from gateway_plugin.routing.policy import (
+    LOCAL,
+    SHED,
+    BreakerState,
+    Decision,
+    Policy,
+    Snapshot,
+    TargetState,
+    TenantState,
+)
+from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.routing.signals import LoadTracker
+from gateway_plugin.routing.target_header import RouteTokenError, route_token, target_values
+from gateway_plugin.routing.warm_instances import WarmPool
+from gateway_plugin.targets.signing import TargetSigner
+
+log = logging.getLogger("spillway.state")
+residency_log = logging.getLogger("spillway.residency")
+
+# What the residency log says of the request a decision was for (request id, path, model, class).
+RequestSeen = dict[str, object]
+
+
+def _described(decision: Decision) -> dict[str, object]:
+    return {"decision": decision.target, "reason": decision.label}
+
+
+class _TargetStates(Mapping[str, TargetState]):
+    """Per-target states for one snapshot, each taken once, on first read, at the snapshot's time.
+
+    Most requests never reach target selection (a calm cluster keeps them local), so states are
+    not gathered for them; a state once read does not change for the rest of the decision.
+    """
+
+    def __init__(self, state: GatewayState, now: float, wall: float) -> None:
+        self._state, self._now, self._wall = state, now, wall
+        self._taken: dict[str, TargetState] = {}
+
+    def __getitem__(self, name: str) -> TargetState:
+        taken = self._taken.get(name)
+        if taken is None:
+            if name not in self._state.targets:
+                raise KeyError(name)
+            taken = self._taken[name] = self._state.target_state(name, self._now, self._wall)
+        return taken
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state.targets)
+
+    def __len__(self) -> int:
+        return len(self._state.targets)
+
+
+class GatewayState:
+    def __init__(
+        self,
+        config: SpillwayConfig,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        metrics: RunnerMetrics | None = None,
+    ) -> None:
+        self.clock = clock
+        self.wall = wall
+        self.metrics = metrics or RunnerMetrics()
+        self.load = LoadTracker(config.local.stale_after_s, clock)
+        self.ledger = Ledger()
+        self.tenants = TenantBooks(config.tenants.max_tracked)
+        self.version = 0
+        self.targets: dict[str, Target] = {}
+        self.breakers: dict[str, Breaker] = {}
+        self.pools: dict[str, WarmPool] = {}
+        self.outstanding: dict[str, Outstanding] = {}
+        self.apply(config)
+
+    def apply(self, config: SpillwayConfig) -> None:
+        """Take a new config; breakers, warm pools and in-flight counts of remaining targets are kept."""
+        self.config = config
+        self.policy: Policy = build_policy(config)
+        self.targets = {t.name: t for t in config.targets}
+        self.breakers = {n: self.breakers.get(n) or Breaker(config.breaker) for n in self.targets}
+        self.pools = {n: self.pools.get(n) or WarmPool(t.idle_ttl_s) for n, t in self.targets.items()}
+        self.outstanding = {
+            n: self.outstanding.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()
+        }
+        self.signers = {n: TargetSigner(t) for n, t in self.targets.items()}
+        self.target_values = self.route_values(config)
+        self.target_by_value = {value: name for name, value in self.target_values.items()}
+        self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
+        self.load.stale_after_s = config.local.stale_after_s
+        self.load.declare(config.declared_models())
+        self.tenants.max_tenants = config.tenants.max_tracked
+        self.version += 1
+        log.info("config %d applied: targets %s", self.version, sorted(self.targets))
+
+    @staticmethod
+    def route_values(config: SpillwayConfig) -> dict[str, str]:
+        """``X-Spillway-Target`` per upstream-mode target (invoke mode never goes through traffic-split)."""
+        names = [t.name for t in config.targets if t.mode == "upstream"]
+        if not names:
+            return {}
+        try:
+            return target_values(names, route_token(config.runner.route_token_env))
+        except RouteTokenError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def snapshot(self, tenant: str | None, model: str | None = None) -> Snapshot:
+        """What the policy may read for one request; target states are taken when first read."""
+        now, wall = self.clock(), self.wall()
+        tenants = {}
+        book = self.tenants.get(tenant) if tenant is not None else None
+        if tenant is not None and book is not None:
+            hour, day = book.spent(wall)
+            tenants[tenant] = TenantState(
+                requests_last_minute=book.last_minute(wall),
+                in_flight=book.in_flight.count(now),
+                spent_hour_usd=hour,
+                spent_day_usd=day,
+            )
+        return Snapshot(self.load.snapshot(model or ""), _TargetStates(self, now, wall), tenants)
+
+    def target_state(self, name: str, now: float, wall: float) -> TargetState:
+        breaker = self.breakers[name]
+        hour, day = self.ledger.spent(f"target:{name}", wall)
+        return TargetState(
+            breaker=breaker.current(now),
+            probe_allowed=breaker.probe_allowed(now),
+            in_flight=self.outstanding[name].count(now),
+            warm_instances=self.pools[name].warm(now),
+            spent_hour_usd=hour,
+            spent_day_usd=day,
+        )
+
+    def target(self, name: str) -> Target:
+        return self.targets[name]
+
+    def signer(self, name: str) -> TargetSigner:
+        return self.signers[name]
+
+    def route_value(self, name: str) -> str:
+        """The ``X-Spillway-Target`` value that sends a request to upstream-mode target ``name``."""
+        return self.target_values[name]
+
+    @property
+    def decision_header(self) -> bool:
+        return self.config.metrics.decision_header
+
+    def commit(self, decision: Decision, model: str | None, seen: RequestSeen | None = None) -> None:
+        """Account for a decision before the request leaves; ``seen`` names it in the residency log."""
+        now, wall = self.clock(), self.wall()
+        self.metrics.decided(decision.target, decision.label)
+        if decision.residency_kept:
+            self.metrics.residency_kept.inc()
+            residency_log.info(
+                json.dumps({"event": "residency_kept", **(seen or {}), **_described(decision)})
+            )
+        self.load.set_overflowing(model, decision.overflowing)
+        book = self._tenant_book(decision)
+        if book is not None:
+            if self.policy.quota_of(decision.tenant).requests_per_minute is not None:
+                book.arrivals.append(wall)
+            book.in_flight.add(now)
+        if decision.target == LOCAL:
+            self.load.sent_local(model)
+        elif decision.is_cloud:
+            name = decision.target
+            self.outstanding[name].add(now)
+            self.breakers[name].dispatched(now)
+            self.ledger.spend(f"target:{name}", decision.cost_usd, wall)
+            if book is not None:
+                book.add_spend(decision.cost_usd, wall)
+            self.metrics.spend.labels(name).inc(decision.cost_usd)
+
+    def _tenant_book(self, decision: Decision) -> TenantBook | None:
+        """Only tenants under a quota are kept, and only as many as ``tenants.max_tracked``."""
+        tenant = decision.tenant
+        if tenant is None or decision.target == SHED or not self.policy.quota_of(tenant).limits_anything:
+            return None
+        return self.tenants.book(tenant)
+
+    def answered(
+        self,
+        target: str | None,
+        tenant: str | None,
+        ok: bool,
+        instance: str | None = None,
+        cold: bool = False,
+        seconds: float | None = None,
+    ) -> None:
+        """The answer to a request the gateway sent, which took ``seconds`` where known: close its
+        books."""
+        now = self.clock()
+        book = self.tenants.get(tenant) if tenant else None
+        if book is not None:
+            book.in_flight.done(now, seconds)
+        if target is None or target not in self.targets:
+            return
+        self.outstanding[target].done(now, seconds)
+        self.breakers[target].record(ok, now)
+        if instance:
+            self.pools[target].seen(instance, now, cold)
+            if cold:
+                self.metrics.cold_hits.labels(target).inc()
+
+    def invoke_started(self, target: str) -> None:
+        self.retry_budget.request(is_retry=False)
+
+    def invoke_failed(self, target: str) -> bool:
+        """An invocation failed (the function never answered): whether a local retry is allowed."""
+        self.metrics.invoke_failures.labels(target).inc()
+        self.answered(target, None, ok=False)
+        allowed = self.retry_budget.allows_retry()
+        if allowed:
+            self.retry_budget.request(is_retry=True)
+        return allowed
+
+    def invoke_answered(
+        self, target: str, tenant: str | None, status: int, headers: Mapping[str, str], seconds: float
+    ) -> None:
+        self.metrics.target_latency.labels(target).observe(seconds)
+        self.answered(
+            target,
+            tenant,
+            ok=status < 500,
+            instance=headers.get(HEADER_INSTANCE),
+            cold=headers.get(HEADER_COLD) == "1",
+            seconds=seconds,
+        )
+
+    def answered_local(self, model: str | None, ms: float) -> None:
+        """The cluster answered a request in ``ms``, as the gateway saw it."""
+        self.load.answered_local(model, ms)
+
+    def scrape_failed(self) -> None:
+        self.metrics.scrape_errors.inc()
+
+    def warm_report(self, target: str, instances: list[str]) -> None:
+        """Instances a warm-up ping reached count as warm from now."""
+        now = self.clock()
+        pool = self.pools.get(target)
+        if pool is not None:
+            for instance in instances:
+                pool.seen(instance, now)
+
+    def refresh_gauges(self) -> None:
+        now = self.clock()
+        m = self.metrics
+        m.signals_fresh.set(1 if self.load.fresh else 0)
+        for model, load in self.load.snapshot(None).items():
+            label = model or "*"
+            m.overflowing.labels(label).set(1 if load.overflowing else 0)
+            m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
+        for name in self.targets:
+            m.breaker_open.labels(name).set(
+                0 if self.breakers[name].current(now) is BreakerState.CLOSED else 1
+            )
+            m.in_flight.labels(name).set(self.outstanding[name].count(now))
+            m.warm.labels(name).set(self.pools[name].warm(now))

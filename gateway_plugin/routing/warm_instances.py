@@ -1,0 +1,54 @@
+"""Which instances of each cloud target are warm, learnt from their answers and warm-up reports.
+
+Every function answer names its instance (``X-Spillway-Instance``); an instance seen within the
+target's idle TTL is counted warm. Warm-up reports add the instances the pinger reached.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from functions.contract import WARM_INSTANCE_METRIC
+
+MAX_INSTANCES = 10_000
+
+
+@dataclass
+class WarmPool:
+    """Instances in the order they were last seen, so the idle ones are at the front; at most
+    ``max_instances`` (the ids come from answers, which the gateway does not control)."""
+
+    idle_ttl_s: float
+    max_instances: int = MAX_INSTANCES
+    _last_seen: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    cold_hits: int = 0
+
+    def seen(self, instance_id: str, now: float, cold: bool = False) -> None:
+        self._last_seen.pop(instance_id, None)
+        self._last_seen[instance_id] = now
+        if len(self._last_seen) > self.max_instances:
+            self._last_seen.popitem(last=False)
+        if cold:
+            self.cold_hits += 1
+
+    def warm(self, now: float) -> int:
+        horizon = now - self.idle_ttl_s
+        last_seen = self._last_seen
+        while last_seen and next(iter(last_seen.values())) < horizon:
+            last_seen.popitem(last=False)
+        return len(last_seen)
+
+
+def read_warm_report(text: str) -> dict[str, list[str]]:
+    """Target → warm instance ids, from the warm-up pinger's Prometheus text report."""
+    found: dict[str, list[str]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != WARM_INSTANCE_METRIC:
+            continue
+        for sample in family.samples:
+            if sample.value >= 1:
+                found.setdefault(sample.labels["target"], []).append(sample.labels["instance"])
+    return found

@@ -1,0 +1,163 @@
+"""What the real-APISIX tests stand APISIX in front of: upstreams that say who they are, a feed of
+Triton's metrics the test turns up and down, and the route made from the config."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devtools import apisix
+from gateway_plugin.apisix_route import route, standalone_yaml
+from gateway_plugin.config import SpillwayConfig
+from tests.support import ROOT
+
+EXAMPLE_CONFIG = ROOT / "examples" / "apisix" / "config.yaml"
+
+
+def needs_apisix() -> pytest.MarkDecorator:
+    reason = apisix.missing_reason()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+@dataclass
+class Upstream:
+    """An HTTP upstream that answers with its name, the request it saw and, for cloud ones, an
+    instance id; ``status`` and ``delay_s`` make it fail or slow."""
+
+    name: str
+    status: int = 200
+    delay_s: float = 0.0
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+
+
+@contextmanager
+def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
+    state = Upstream(name)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            seen = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
+            state.seen.append(seen)
+            if state.delay_s:
+                time.sleep(state.delay_s)
+            reply = json.dumps({"upstream": name, **seen, "body": len(body)}).encode()
+            self.send_response(state.status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(reply)))
+            if instance is not None:
+                self.send_header("x-spillway-instance", instance)
+            self.end_headers()
+            self.wfile.write(reply)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+
+
+@dataclass
+class MetricsFeed:
+    """Triton's cumulative counters for one model, moving by 10 requests per scrape."""
+
+    queue_ms: float = 0.0
+    compute_ms: float = 10.0
+    pending: int = 0
+    url: str = ""
+    _success: float = 0.0
+    _queue_us: float = 0.0
+    _compute_us: float = 0.0
+
+    def text(self) -> str:
+        self._success += 10
+        self._queue_us += 10 * self.queue_ms * 1000
+        self._compute_us += 10 * self.compute_ms * 1000
+        labels = '{model="add_sub",version="1"}'
+        return (
+            f"nv_inference_request_success{labels} {self._success}\n"
+            f"nv_inference_queue_duration_us{labels} {self._queue_us}\n"
+            f"nv_inference_compute_infer_duration_us{labels} {self._compute_us}\n"
+            f"nv_inference_pending_request_count{labels} {self.pending}\n"
+        )
+
+
+@contextmanager
+def metrics_feed() -> Iterator[MetricsFeed]:
+    feed = MetricsFeed()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = feed.text().encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    feed.url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield feed
+    finally:
+        server.shutdown()
+
+
+def example_plugins() -> list[str]:
+    """The plugins list of examples/apisix/config.yaml (a list there replaces APISIX's default)."""
+    return list(yaml.safe_load(EXAMPLE_CONFIG.read_text())["plugins"])
+
+
+def runner_cmd(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "gateway_plugin", "run", "--config", str(config_path)]
+
+
+def spillway_route(config: dict[str, Any]) -> dict[str, Any]:
+    """The route ``python -m gateway_plugin apisix-route`` makes from ``config``."""
+    made = route(SpillwayConfig.model_validate(config), os.environ["SPILLWAY_ROUTE_TOKEN"].encode())
+    return yaml.safe_load(standalone_yaml(made))["routes"][0]  # type: ignore[no-any-return]
+
+
+def apisix_settings(
+    config: dict[str, Any], tmp: Path, port: int, routes: list[dict[str, Any]] | None = None, **settings: Any
+) -> apisix.ApisixSettings:
+    """APISIX with the example config's plugins, the route made from ``config`` (or ``routes``),
+    and the runner as its ext-plugin.cmd with the route token passed through."""
+    path = tmp / "spillway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    defaults: dict[str, Any] = {
+        "port": port,
+        "routes_yaml": yaml.safe_dump({"routes": routes or [spillway_route(config)]}, sort_keys=False),
+        "runner_cmd": runner_cmd(path),
+        "plugins": example_plugins(),
+        "envs": ["SPILLWAY_ROUTE_TOKEN"],
+    }
+    return apisix.ApisixSettings(**{**defaults, **settings})

@@ -1,0 +1,214 @@
+"""Spillway on a real Apache APISIX 3.18: the generated route, the runner as ext-plugin.cmd, the
+outcome path through http-logger, and what clients see."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from devtools import apisix
+from functions.sidecar import free_port
+from gateway_plugin.routing.target_header import target_value
+from tests.apisix_support import (
+    MetricsFeed,
+    Upstream,
+    apisix_settings,
+    metrics_feed,
+    needs_apisix,
+    spillway_route,
+    upstream,
+)
+from tests.support import http, wait_until
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+AWS = target_value("aws", TOKEN)
+VAR_HOST = "var.test"
+
+
+@dataclass
+class Stack:
+    gateway: apisix.Apisix
+    local: Upstream
+    aws: Upstream
+    feed: MetricsFeed
+    metrics_url: str
+
+    def send(self, classification: str | None = None, **headers: str) -> dict[str, Any]:
+        sent = {"content-type": "application/json", **headers}
+        if classification is not None:
+            sent["x-data-classification"] = classification
+        status, answer_headers, body = http(
+            "POST", self.gateway.url + "/v2/models/add_sub/infer", b"{}", sent
+        )
+        decoded = json.loads(body) if body.startswith(b"{") else {}
+        return {**decoded, "status": status, "answer_headers": answer_headers}
+
+    def decision(self, answer: dict[str, Any]) -> str:
+        return str(answer["answer_headers"].get("x-spillway-decision", ""))
+
+    def metrics(self) -> str:
+        return http("GET", self.metrics_url)[2].decode()
+
+    def set_load(self, queue_ms: float) -> None:
+        """Triton's queue time as the runner will scrape it; wait until a public request shows it."""
+        self.feed.queue_ms = queue_ms
+        want = "aws;" if queue_ms > 200 else "local;local_ok"
+        wait_until(lambda: self.decision(self.send("public")).startswith(want), 30, f"decisions {want}")
+
+
+def base_config(local: Upstream, aws: Upstream, feed: MetricsFeed) -> dict[str, Any]:
+    return {
+        "local": {
+            "endpoints": [{"url": local.url, "metrics_url": feed.url}],
+            "latency_target_ms": 200,
+            "scrape_period_s": 0.1,
+            "stale_after_s": 1.0,
+        },
+        "targets": [
+            {
+                "name": "aws",
+                "kind": "http",
+                "url": aws.url,
+                "signing_key_env": None,
+                "cold_start_ms": 0,
+                "concurrency_cap": 10_000,
+            }
+        ],
+        "tenants": {"quotas": {"tiny": {"requests_per_minute": 1}}},
+        "breaker": {"consecutive_failures": 3, "cooldown_s": 600},
+        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+        "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("apisix")
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws", instance="fn-1"))
+        feed = stack.enter_context(metrics_feed())
+        config = base_config(local, aws, feed)
+        route = spillway_route(config)
+        # A second route reads X-Spillway-Target in its own match (route vars) before the runner
+        # sets it: APISIX keeps the client's value in its variable cache (apache/apisix#11325).
+        reader = {
+            **route,
+            "id": "reads-the-target-first",
+            "hosts": [VAR_HOST],
+            "vars": [["http_x_spillway_target", "!", "==", "never"]],
+        }
+        settings = apisix_settings(config, tmp, free_port(), routes=[route, reader])
+        gateway = stack.enter_context(apisix.running(settings))
+        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+
+
+def test_decisions_reach_their_upstream_and_nothing_sensitive_leaves_under_overload(stack: Stack) -> None:
+    stack.set_load(0)
+    calm = stack.send("public")
+    assert calm["upstream"] == "local" and stack.decision(calm) == "local;local_ok"
+    stack.set_load(500)
+    public = stack.send("public")
+    assert public["upstream"] == "aws" and stack.decision(public) == "aws;overflow_cold"
+    forged = [AWS, "aws", "aws:" + "0" * 32, "AWS", "local"]
+    for classification in ("confidential", "secret", None):
+        for value in forged:
+            answer = stack.send(classification, **{"x-spillway-target": value})
+            assert answer["upstream"] == "local", (classification, value, answer)
+            assert stack.decision(answer).startswith("local;"), answer
+
+
+def test_a_clients_value_cached_before_the_runner_ran_never_picks_the_cloud(stack: Stack) -> None:
+    """On a route whose match reads X-Spillway-Target, APISIX's cache keeps the client's value even
+    after the runner set its own: with MAC'd values, no value a client can make matches a cloud rule.
+    Calm load (the runner keeps everything local) and overload (it keeps the confidential local)."""
+    guesses = ["aws", "aws:" + "f" * 32, "aws:" + AWS.partition(":")[2].upper()]
+    for load, classifications in ((0, ("public", "confidential")), (500, ("confidential", "secret"))):
+        stack.set_load(load)
+        for value in guesses:
+            for classification in classifications:
+                answer = stack.send(classification, host=VAR_HOST, **{"x-spillway-target": value})
+                assert answer["upstream"] == "local", (load, value, classification, answer)
+
+
+def test_stop_answers_and_the_decision_header_reach_the_client(stack: Stack) -> None:
+    first = stack.send("public", **{"x-tenant": "tiny"})
+    second = stack.send("public", **{"x-tenant": "tiny"})
+    assert first["status"] == 200
+    assert second["status"] == 429 and second["answer_headers"]["retry-after"] == "60"
+    assert stack.decision(second) == "shed;tenant_rate"
+    assert "tenant_rate" in second["error"]
+
+
+def test_local_answer_times_reach_the_runner_through_the_logger_and_feed_the_estimate(stack: Stack) -> None:
+    """Triton's own metrics show a little queueing; the answers APISIX sees take 400 ms."""
+    stack.set_load(0)
+    stack.feed.queue_ms = 5.0
+    stack.local.delay_s = 0.4
+    try:
+        wait_until(
+            lambda: stack.decision(stack.send("public")).startswith("aws;"),
+            30,
+            "local answer times reported by http-logger push the estimate past the target",
+        )
+    finally:
+        stack.local.delay_s = 0.0
+    assert re.search(r'spillway_local_wait_seconds\{model="add_sub"\}', stack.metrics())
+
+
+def test_answers_reported_a_second_late_do_not_inflate_the_cloud_in_flight_count(stack: Stack) -> None:
+    """http-logger reports a batch up to a second after the fact; four clients never have more
+    than four requests in flight, whatever the rate."""
+    stack.set_load(500)
+    time.sleep(2.5)  # the first batch carries answer times
+    stop = time.monotonic() + 4
+    gauge = re.compile(r'spillway_target_in_flight\{target="aws"\} ([0-9.]+)')
+
+    def client() -> None:
+        while time.monotonic() < stop:
+            stack.send("public")
+
+    samples: list[float] = []
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(4):
+            pool.submit(client)
+        time.sleep(1.5)
+        while time.monotonic() < stop:
+            found = gauge.search(stack.metrics())
+            samples.append(float(found.group(1)) if found else -1)
+            time.sleep(0.3)
+    assert samples and max(samples) <= 12, f"counted in flight: {samples}"
+
+
+def test_a_target_answering_5xx_opens_its_breaker_through_the_logger(stack: Stack) -> None:
+    stack.set_load(500)
+    stack.aws.status = 502
+    try:
+        wait_until(
+            lambda: stack.decision(stack.send("public")) == "local;no_target",
+            30,
+            "failures reported by http-logger open the aws breaker",
+        )
+        gauge = 'spillway_breaker_open{target="aws"} 1.0'
+        wait_until(lambda: gauge in stack.metrics(), 10, "the breaker gauge (refreshed every second)")
+    finally:
+        stack.aws.status = 200
+
+
+def test_the_runner_refuses_what_the_example_config_forgets() -> None:
+    """The example config's plugin list is what APISIX gets: the route needs every one of them."""
+    from tests.apisix_support import example_plugins
+
+    needed = {"ext-plugin-pre-req", "traffic-split", "http-logger", "aws-lambda"}
+    assert needed <= set(example_plugins())

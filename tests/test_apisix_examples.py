@@ -1,0 +1,211 @@
+"""The example APISIX files, proven: they are what ``apisix-route`` makes from the example config, and
+a real APISIX 3.18 loads them (with the example config's plugin list) and routes through them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devtools import apisix
+from functions.sidecar import free_port
+from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, upstream
+from tests.cloud_fakes import AWS_KEY, AWS_SECRET, function_url_fake
+from tests.support import ADD_SUB_BODY, ROOT, Running, function_server, http, model_repository, wait_until
+
+EXAMPLES = ROOT / "examples" / "apisix"
+EXAMPLE_TOKEN = "example-route-token-replace-me"
+
+
+def _generated(*args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "apisix-route", "--config", "examples/spillway.yaml", *args],
+        cwd=ROOT,
+        env={**os.environ, "SPILLWAY_ROUTE_TOKEN": EXAMPLE_TOKEN},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("route.json", ()),
+        ("apisix.yaml", ("--format", "yaml")),
+        ("route-lambda-iam.json", ("--lambda-iam", "aws", "--id", "spillway-lambda-iam")),
+    ],
+)
+def test_the_examples_are_what_the_generator_makes(name: str, args: tuple[str, ...]) -> None:
+    assert (EXAMPLES / name).read_text() == _generated(*args), f"regenerate examples/apisix/{name}"
+
+
+def _example_config(local: str, aws: str, metrics_url: str, outcomes: str) -> dict[str, Any]:
+    """examples/spillway.yaml with its private-range hosts moved to loopback stand-ins."""
+    config: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "spillway.yaml").read_text())
+    config["local"]["endpoints"] = [{"url": local, "metrics_url": metrics_url}]
+    config["local"]["scrape_period_s"] = 0.1
+    config["local"]["stale_after_s"] = 1.0
+    config["targets"][0]["url"] = aws
+    config["targets"][0]["cold_start_ms"] = 0
+    config["metrics"]["listen"] = f"127.0.0.1:{free_port()}"
+    config["outcomes"]["listen"] = outcomes
+    return config
+
+
+def _loopback_route(route: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The example route with the same hosts moved (upstream nodes, the logger's endpoint)."""
+    text = json.dumps(route)
+    for old, new in (
+        ("10.0.0.11:8000", config["local"]["endpoints"][0]["url"].removeprefix("http://")),
+        ("10.0.0.12:8000", config["local"]["endpoints"][0]["url"].removeprefix("http://")),
+        ("http://127.0.0.1:9092", f"http://{config['outcomes']['listen']}"),
+    ):
+        text = text.replace(old, new)
+    moved: dict[str, Any] = json.loads(text)
+    for rule in moved["plugins"].get("traffic-split", {}).get("rules", []):
+        for weighted in rule["weighted_upstreams"]:
+            weighted["upstream"]["scheme"] = "http"
+            weighted["upstream"]["nodes"] = {config["targets"][0]["url"].removeprefix("http://"): 1}
+    if "aws-lambda" in moved["plugins"]:
+        moved["plugins"]["aws-lambda"]["function_uri"] = config["targets"][0]["url"] + "/v2"
+    return moved
+
+
+@pytest.fixture
+def cloud_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", EXAMPLE_TOKEN)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAIexample")
+    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "example")
+    monkeypatch.setenv("SPILLWAY_SIGNING_KEY", "example-signing-key-0123456789abcdef")
+
+
+ENVS = [
+    "SPILLWAY_ROUTE_TOKEN",
+    "SPILLWAY_SIGNING_KEY",
+    "AWS_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "ALIBABA_CLOUD_ACCESS_KEY_ID",
+    "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
+]
+
+
+def _decision(answer: tuple[int, dict[str, str], bytes]) -> str:
+    return answer[1].get("x-spillway-decision", "")
+
+
+@pytest.mark.integration
+@needs_apisix()
+def test_the_example_route_as_apisix_loads_it(tmp_path: Path, cloud_env: None) -> None:
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws", instance="fn-1"))
+        feed = stack.enter_context(metrics_feed())
+        config = _example_config(local.url, aws.url, feed.url, f"127.0.0.1:{free_port()}")
+        route = _loopback_route(yaml.safe_load((EXAMPLES / "apisix.yaml").read_text())["routes"][0], config)
+        settings = apisix_settings(config, tmp_path, free_port(), routes=[route], envs=ENVS)
+        gateway = stack.enter_context(apisix.running(settings))
+        url = gateway.url + "/v2/models/add_sub/infer"
+        headers = {"x-data-classification": "public", "content-type": "application/json"}
+        feed.queue_ms = 500
+        wait_until(lambda: _decision(http("POST", url, b"{}", headers)).startswith("aws;"), 30, "overflow")
+        assert json.loads(http("POST", url, b"{}", headers)[2])["upstream"] == "aws"
+        secret = http("POST", url, b"{}", {**headers, "x-data-classification": "confidential"})
+        assert json.loads(secret[2])["upstream"] == "local"
+        assert "failed to check" not in gateway.error_log(), "APISIX refused part of the route"
+
+
+@pytest.fixture(scope="module")
+def real_function(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    tmp = tmp_path_factory.mktemp("fn")
+    with function_server(model_repository(tmp, "add_sub"), tmp, platform="aliyun-fc") as running:
+        yield running
+
+
+@pytest.mark.integration
+@needs_apisix()
+def test_the_lambda_iam_route_signs_with_sigv4_and_keeps_the_path(
+    tmp_path: Path, cloud_env: None, real_function: Running
+) -> None:
+    """APISIX's aws-lambda plugin, gated on the runner's decision, reaches the function URL signed,
+    with the whole /v2/... path, even when the client sent its own Authorization."""
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        fn_url = stack.enter_context(function_url_fake(real_function.url))
+        feed = stack.enter_context(metrics_feed())
+        config = _example_config(local.url, fn_url.url, feed.url, f"127.0.0.1:{free_port()}")
+        config["targets"][0]["signing_key_env"] = None
+        route = _loopback_route(json.loads((EXAMPLES / "route-lambda-iam.json").read_text()), config)
+        settings = apisix_settings(config, tmp_path, free_port(), routes=[route], envs=ENVS)
+        gateway = stack.enter_context(apisix.running(settings))
+        url = gateway.url + "/v2/models/add_sub/infer"
+        headers = {
+            "x-data-classification": "public",
+            "content-type": "application/json",
+            "authorization": "Bearer the-clients-own-token",
+        }
+        feed.queue_ms = 500
+        spill = lambda: _decision(http("POST", url, ADD_SUB_BODY, headers)).startswith("aws;")  # noqa: E731
+        wait_until(spill, 30, "a public request spills through aws-lambda")
+        status, _, body = http("POST", url, ADD_SUB_BODY, headers)
+    assert status == 200, body
+    assert json.loads(body)["outputs"][0]["data"] == [11, 22, 33, 44]
+    assert fn_url.invalid == [], "every request reaching the function URL was signed"
+    assert set(fn_url.paths) == {"/v2/models/add_sub/infer"}
+
+
+@pytest.mark.integration
+@needs_apisix()
+def test_an_invoke_mode_answer_reaches_the_client(
+    tmp_path: Path, cloud_env: None, real_function: Running
+) -> None:
+    """In invoke mode the runner calls Lambda's Invoke API itself (SigV4) and APISIX answers the
+    client with the function's answer (a Stop)."""
+    from tests.cloud_fakes import REGION, cloud_fake
+
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        feed = stack.enter_context(metrics_feed())
+        lambda_api = stack.enter_context(cloud_fake(real_function.url))
+        config = _example_config(local.url, "http://127.0.0.1:9", feed.url, f"127.0.0.1:{free_port()}")
+        config["targets"] = [
+            {
+                "name": "aws",
+                "kind": "aws_lambda",
+                "mode": "invoke",
+                "function_name": "spillway-infer",
+                "region": REGION,
+                "endpoint_url": lambda_api.url,
+                "signing_key_env": None,
+            }
+        ]
+        config["rules"] = [
+            {"name": "out", "match": {"models": ["add_sub"]}, "action": "target", "targets": ["aws"]}
+        ]
+        config["budgets"] = {}
+        settings = apisix_settings(config, tmp_path, free_port(), envs=ENVS)
+        gateway = stack.enter_context(apisix.running(settings))
+        headers = {"x-data-classification": "public", "content-type": "application/json"}
+        status, answer_headers, body = http(
+            "POST", gateway.url + "/v2/models/add_sub/infer", ADD_SUB_BODY, headers
+        )
+    assert status == 200, body
+    assert json.loads(body)["outputs"][0]["data"] == [11, 22, 33, 44]
+    assert answer_headers["x-spillway-decision"].startswith("aws;")
+    assert answer_headers.get("x-spillway-instance"), "the function's own headers come through"
+    assert lambda_api.valid == 1 and lambda_api.invalid == []
+    assert local.seen == [], "nothing went on premises"

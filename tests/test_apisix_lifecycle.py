@@ -1,0 +1,57 @@
+"""APISIX's hold on the runner, on a real Apache APISIX 3.18: respawn after a kill, a new token
+after the runner forgot one, and a clean ``apisix quit``. (Its own module: one APISIX at a time.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from devtools import apisix
+from functions.sidecar import free_port
+from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, upstream
+from tests.support import http, wait_until
+from tests.test_apisix import base_config
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+
+def test_lifecycle_respawn_token_expiry_and_quit(tmp_path: Path) -> None:
+    """Killing the runner: APISIX respawns it and routing resumes (clients get 503 meanwhile); a
+    runner that forgot a token answers CONF_TOKEN_NOT_FOUND and APISIX prepares again; ``apisix
+    quit`` stops the runner and removes its socket."""
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws"))
+        feed = stack.enter_context(metrics_feed())
+        config = base_config(local, aws, feed)
+        config["runner"] = {"conf_ttl_s": 1.0}
+        gateway = apisix.Apisix(apisix_settings(config, tmp_path, free_port()))
+        gateway.start()
+        try:
+            url = gateway.url + "/v2/models/add_sub/infer"
+            assert http("POST", url, b"{}")[0] == 200
+            first_runner = gateway.runner_pids()[-1]
+            time.sleep(1.5)  # the runner's conf TTL (1 s, set above) runs out: a real process's clock
+            assert http("POST", url, b"{}")[0] == 200, "an expired token is prepared again"
+            assert "refresh cache and try again" in gateway.error_log(), "APISIX heard CONF_TOKEN_NOT_FOUND"
+            os.kill(first_runner, signal.SIGKILL)
+            seen: list[int] = []
+
+            def resumed() -> bool:
+                seen.append(http("POST", url, b"{}")[0])
+                return seen[-1] == 200 and len(gateway.runner_pids()) > 1
+
+            wait_until(resumed, 60, "routing resumes with a respawned runner")
+            assert set(seen) <= {200, 503}, seen
+            print(f"runner killed: {seen.count(503)} answers of 503 before routing resumed")
+            socket = gateway.runner_socket()
+        finally:
+            gateway.stop()
+        runner = gateway.runner_pids()[-1]
+        assert not Path(f"/proc/{runner}").exists(), "apisix quit stopped the runner"
+        assert not socket.exists(), "and the runner removed its socket"

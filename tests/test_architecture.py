@@ -1,0 +1,130 @@
+"""The boundaries ARCHITECTURE.md draws, held by test: who may import whom, what ships, how big."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+SHIPPED = ("functions", "gateway_plugin", "warmup")
+MAX_LINES = 400
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function (a lazy import still counts)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in (*SHIPPED, "devtools", "tests", "bench")
+
+
+def _within(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+# For each part: the modules of ours it may import (prefixes). Everything else of ours is refused.
+RULES: dict[str, tuple[str, ...]] = {
+    "functions": ("functions",),
+    "gateway_plugin.protocol": ("gateway_plugin.protocol",),
+    "gateway_plugin.runner": ("gateway_plugin.runner", "gateway_plugin.protocol", "gateway_plugin.plugin"),
+    "gateway_plugin.routing": (
+        "gateway_plugin.routing",
+        "gateway_plugin.plugin",
+        "gateway_plugin.config",
+        "gateway_plugin.costs",
+        "gateway_plugin.targets",
+        "functions.contract",
+        "functions.signature",
+    ),
+    "gateway_plugin.targets": (
+        "gateway_plugin.targets",
+        "gateway_plugin.config",
+        "functions.contract",
+        "functions.signature",
+    ),
+    "gateway_plugin": ("gateway_plugin", "functions.contract", "functions.signature"),
+    "warmup": (
+        "warmup",
+        "gateway_plugin.config",
+        "gateway_plugin.costs",
+        "gateway_plugin.targets",
+        "functions.contract",
+    ),
+}
+
+
+def _rule_for(module: str) -> tuple[str, tuple[str, ...]]:
+    part = max((p for p in RULES if _within(module, p)), key=len)
+    return part, RULES[part]
+
+
+@pytest.mark.parametrize("package", SHIPPED)
+def test_each_part_imports_only_what_its_boundary_allows(package: str) -> None:
+    broken = []
+    for path in _modules(package):
+        module = _module_name(path)
+        part, allowed = _rule_for(module)
+        for imported in sorted(_imports(path)):
+            if _ours(imported) and not _within(imported, *allowed):
+                broken.append(f"{module} imports {imported} (part {part} may import {', '.join(allowed)})")
+    assert not broken, "\n".join(broken)
+
+
+def test_runner_and_routing_meet_only_through_the_plugin_api() -> None:
+    """Said twice on purpose: the one boundary the layout is for."""
+    for path in _modules("gateway_plugin/runner"):
+        assert not any(_within(i, "gateway_plugin.routing") for i in _imports(path)), path
+    for path in _modules("gateway_plugin/routing"):
+        assert not any(
+            _within(i, "gateway_plugin.runner", "gateway_plugin.protocol") for i in _imports(path)
+        ), path
+
+
+def test_importing_the_shipped_packages_loads_no_dev_tool() -> None:
+    code = (
+        "import sys, functions, gateway_plugin, warmup\n"
+        "import functions.cli, functions.core, functions.serve, functions.aliyun_fc\n"
+        "import gateway_plugin.app, gateway_plugin.cli, warmup.cli\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('devtools', 'tests', 'bench')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+@pytest.mark.parametrize("package", SHIPPED)
+def test_no_production_module_is_over_400_lines(package: str) -> None:
+    long = {
+        _module_name(p): n for p in _modules(package) if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_the_shipped_distribution_holds_no_dev_tool() -> None:
+    import tomllib
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert sorted(found["include"]) == sorted(f"{p}*" for p in SHIPPED)
+    assert "devtools" in (ROOT / ".dockerignore").read_text().split()

@@ -1,0 +1,111 @@
+"""Outcomes from the route's http-logger: they close the books, open breakers and teach the gateway
+the cluster's answer time; only APISIX may post them, and nothing it posts can grow without bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from functions.sidecar import free_port
+from gateway_plugin.app import RunnerApp
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing import outcomes
+from gateway_plugin.routing.policy import BreakerState
+from gateway_plugin.routing.target_header import target_value
+from tests.support import http
+
+TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+AWS = target_value("aws", TOKEN)
+
+
+def config(port: int) -> SpillwayConfig:
+    return SpillwayConfig.model_validate(
+        {
+            "targets": [
+                {"name": "aws", "kind": "http", "url": "https://fn.example", "signing_key_env": None}
+            ],
+            "breaker": {"consecutive_failures": 3},
+            "metrics": {"listen": None},
+            "outcomes": {"listen": f"127.0.0.1:{port}"},
+        }
+    )
+
+
+def post(port: int, body: Any, auth: str | None = None) -> tuple[int, bytes]:
+    headers = {"authorization": auth if auth is not None else outcomes.auth_header(TOKEN)}
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    status, _, answer = http("POST", f"http://127.0.0.1:{port}/spillway/outcomes", raw, headers)
+    return status, answer
+
+
+def test_a_target_answering_5xx_opens_its_breaker_and_local_times_feed_the_estimate() -> None:
+    port = free_port()
+
+    async def go() -> tuple[BreakerState, float, int]:
+        app = RunnerApp(config(port))
+        app.start()
+        try:
+            failing = [{"target": AWS, "status": "502", "upstream_status": "500", "instance": "i-1"}] * 3
+            local = [
+                {
+                    "target": "local",
+                    "upstream_status": "200",
+                    "upstream_s": "0.300",
+                    "uri": "/v2/models/m/infer",
+                }
+            ]
+            for batch in (failing, local):
+                status, _ = await asyncio.to_thread(post, port, batch)
+                assert status == 204
+            await asyncio.sleep(0)  # the batch was handed to this loop before the 204 went out
+            load = app.state.snapshot(None, "m").local[""]
+            breaker = app.state.breakers["aws"].current(app.state.clock())
+            return breaker, load.observed_ms, app.state.pools["aws"].warm(app.state.clock())
+        finally:
+            app.close()
+
+    breaker, observed_ms, warm = asyncio.run(go())
+    assert breaker == BreakerState.OPEN
+    assert observed_ms == 300.0
+    assert warm == 1
+
+
+def test_only_apisix_may_post_and_bad_batches_are_refused_with_the_reason() -> None:
+    port = free_port()
+
+    async def go() -> list[tuple[int, bytes]]:
+        app = RunnerApp(config(port))
+        app.start()
+        try:
+            return [
+                await asyncio.to_thread(post, port, [{"target": AWS, "upstream_status": "500"}], ""),
+                await asyncio.to_thread(
+                    post, port, [{"target": AWS, "upstream_status": "500"}], "Spillway 0"
+                ),
+                await asyncio.to_thread(post, port, b"[{"),
+                await asyncio.to_thread(post, port, [{"status": "not a number"}]),
+                await asyncio.to_thread(post, port, [{}] * (outcomes.MAX_ENTRIES + 1)),
+            ]
+        finally:
+            app.close()
+
+    answers = asyncio.run(go())
+    assert [status for status, _ in answers] == [401, 401, 400, 400, 400]
+    assert all(b"error" in body for _, body in answers)
+
+
+def test_an_answer_the_gateway_gave_itself_closes_no_books() -> None:
+    """A shed request never reached an upstream: no upstream status, no cloud value (the runner sets
+    none when it sheds). A request APISIX's aws-lambda plugin served has the runner's cloud value
+    and the function's status, but no nginx upstream."""
+    app = RunnerApp(config(free_port()))
+    book = app.state.tenants.book("t")
+    book.in_flight.add(app.state.clock())
+    app.state.outstanding["aws"].add(app.state.clock())
+    outcomes.apply(app.state, [outcomes.Outcome(target="aws", status=503, tenant="t")])
+    assert book.in_flight.count(app.state.clock()) == 1, "a forged value closes nothing"
+    outcomes.apply(app.state, [outcomes.Outcome(target=AWS, status=200, instance="fn-9")])
+    assert app.state.outstanding["aws"].count(app.state.clock()) == 0
+    assert app.state.pools["aws"].warm(app.state.clock()) == 1
