@@ -37,8 +37,10 @@ MAX_TENANTS_PER_ROUND = 500
 MAX_WARM_SHARED = 10_000
 
 
-def _block(limit: int, share: int, lease_share: float) -> int:
-    return max(1, int(limit * lease_share), limit // (share * 64))
+def _block(limit: int, share: int, lease_share: float, unit: int) -> int:
+    """A lease's block: ``lease_share`` of the limit, and at least two of the dearest requests, so
+    that asking at half a block always leaves room for one."""
+    return max(2 * unit, int(limit * lease_share), limit // (share * 64))
 
 
 def _tenant_key(tenant: str) -> str:
@@ -95,23 +97,36 @@ class SharedView:
         self.breakers = {n: self.breakers.get(n) or SharedBreaker() for n in policy.targets}
         old = self.targets
         self.targets = {}
+        self._dearest = max((usd_units(t.cold_cost_usd) for t in policy.targets.values()), default=1)
         for name, spec in policy.targets.items():
             limits = self.targets[name] = _Limits()
             key = f"target:{name}"
-            limits.hour = self._lease(old.get(name, _Limits()).hour, key + ":spend:h", HOUR, spec.hourly_usd)
-            limits.day = self._lease(old.get(name, _Limits()).day, key + ":spend:d", DAY, spec.daily_usd)
+            unit = usd_units(spec.cold_cost_usd)
+            limits.hour = self._lease(
+                old.get(name, _Limits()).hour, key + ":spend:h", HOUR, spec.hourly_usd, unit
+            )
+            limits.day = self._lease(
+                old.get(name, _Limits()).day, key + ":spend:d", DAY, spec.daily_usd, unit
+            )
             limits.slots = self._slots(old.get(name, _Limits()).slots, key, spec.concurrency_cap)
         self.warm = {n: self.warm.get(n, 0) for n in policy.targets}
         self.seen = {n: self.seen.get(n, {}) for n in policy.targets}
         self.tenants.clear()
 
     def _lease(
-        self, old: Lease | None, key: str, window_s: int, usd: float | None, units: int | None = None
+        self,
+        old: Lease | None,
+        key: str,
+        window_s: int,
+        usd: float | None,
+        unit: int,
+        units: int | None = None,
     ) -> Lease | None:
         limit = usd_units(usd) if usd is not None else units
         if limit is None:
             return None
-        lease = Lease(key, window_s, limit, _block(limit, self.share, self.settings.lease_share), self.share)
+        block = _block(limit, self.share, self.settings.lease_share, unit)
+        lease = Lease(key, window_s, limit, block, self.share)
         if old is not None and old.key == key:
             lease.window, lease.leased, lease.spent, lease.total = (
                 old.window,
@@ -138,9 +153,9 @@ class SharedView:
             self.tenants.popitem(last=False)
         limits = self.tenants[tenant] = _Limits()
         key = _tenant_key(tenant)
-        limits.hour = self._lease(None, key + ":spend:h", HOUR, quota.hourly_usd)
-        limits.day = self._lease(None, key + ":spend:d", DAY, quota.daily_usd)
-        limits.minute = self._lease(None, key + ":requests:m", MINUTE, None, quota.requests_per_minute)
+        limits.hour = self._lease(None, key + ":spend:h", HOUR, quota.hourly_usd, self._dearest)
+        limits.day = self._lease(None, key + ":spend:d", DAY, quota.daily_usd, self._dearest)
+        limits.minute = self._lease(None, key + ":requests:m", MINUTE, None, 1, quota.requests_per_minute)
         limits.slots = self._slots(None, key, quota.concurrency)
         return limits
 

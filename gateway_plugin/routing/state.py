@@ -310,10 +310,10 @@ class GatewayState:
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
+        wall = self.wall()
         for name in self.targets:
-            m.breaker_open.labels(name).set(
-                0 if self.breakers[name].current(now) is BreakerState.CLOSED else 1
-            )
+            breaker = self.target_state(name, now, wall).breaker
+            m.breaker_open.labels(name).set(0 if breaker is BreakerState.CLOSED else 1)
             m.in_flight.labels(name).set(self.outstanding[name].count(now))
             m.warm.labels(name).set(self.pools[name].warm(now))
 
