@@ -9,6 +9,9 @@ in test_shared_runners.py.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +77,8 @@ class Node:
         self.view.connected = True
 
     def decide(self, features: RequestFeatures = PUBLIC) -> Decision:
-        decision = decide(features, self.state.snapshot(None, "m"), self.state.policy)
+        snapshot = self.state.snapshot(features.headers.get("x-tenant"), "m")
+        decision = decide(features, snapshot, self.state.policy)
         self.state.commit(decision, "m")
         return decision
 
@@ -270,3 +274,37 @@ def test_sentinel_and_cluster_urls_are_understood() -> None:
     assert client.connection_pool.connection_kwargs["db"] == 2
     with pytest.raises(ValueError, match="names its master"):
         make_client(parse({"shared_state": {"redis_url": "redis+sentinel://h:26379"}}).shared_state, {})  # type: ignore[arg-type]
+
+
+def test_check_config_explains_shared_state_without_its_password(tmp_path: Path) -> None:
+    path = tmp_path / "spillway.yaml"
+    path.write_text("shared_state: {redis_url: 'rediss://redis.internal:6380/1', nodes_expected: 4}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPILLWAY_REDIS_PASSWORD": "pw-that-must-not-show"},
+        check=True,
+    )
+    assert "rediss://redis.internal:6380/1" in done.stdout and "1/4 of every budget" in done.stdout
+    assert "pw-that-must-not-show" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("quota", "limit"), [({"requests_per_minute": 30}, 30), ({"concurrency": 4}, 4)])
+def test_a_tenant_quota_holds_across_nodes(
+    server: RedisServer, times: tuple[Clock, Clock], quota: dict[str, int], limit: int
+) -> None:
+    cfg = config(server.url, tenants={"quotas": {"t1": quota}})
+    three = nodes(cfg, times)
+    tenant = RequestFeatures(
+        "/v2/models/m/infer", {"x-data-classification": "public", "x-tenant": "t1"}, {}, "m"
+    )
+    admitted = 0
+    for turn in range(300):
+        node = three[turn % 3]
+        decision = node.decide(tenant)
+        admitted += decision.status != 429
+        node.sync()
+    assert limit - 3 * 2 <= admitted <= limit, (
+        f"{admitted} admitted of a quota of {limit} shared by three nodes"
+    )
