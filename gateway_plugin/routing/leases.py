@@ -45,22 +45,29 @@ class Lease:
     leased: int = 0
     spent: int = 0
     total: int = 0
+    starts: float = 0.0
+    ends: float = 0.0
 
     def roll(self, wall: float) -> None:
+        if self.starts <= wall < self.ends:
+            return
         window = int(wall // self.window_s)
+        self.starts, self.ends = window * self.window_s, (window + 1) * self.window_s
         if window != self.window:
             self.window, self.leased, self.spent, self.total = window, 0, 0, 0
 
     def remaining(self, wall: float, connected: bool) -> int:
         """What this node may still spend in the current window."""
-        self.roll(wall)
+        if not self.starts <= wall < self.ends:
+            self.roll(wall)
         if connected:
             return self.leased - self.spent
         return self.leased + max(0, self.limit - max(self.total, self.leased)) // self.share - self.spent
 
     def take(self, units: int, wall: float) -> bool:
         """Spend ``units``; whether the node should ask for more now (below half a block)."""
-        self.roll(wall)
+        if not self.starts <= wall < self.ends:
+            self.roll(wall)
         self.spent += units
         return self.leased - self.spent < self.block // 2 + 1 and self.total < self.limit
 
@@ -140,7 +147,7 @@ class SharedBreaker:
         return BreakerState.OPEN if wall * 1000 < self.until_ms else BreakerState.HALF_OPEN
 
     def dispatched(self, wall: float) -> None:
-        if self.state(wall) is BreakerState.HALF_OPEN and self.probes > 0:
+        if self.until_ms and self.state(wall) is BreakerState.HALF_OPEN and self.probes > 0:
             self.probes -= 1
             self.probes_out += 1
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -60,7 +59,8 @@ class Round(NamedTuple):
 class _Limits:
     """The leases and slots of one target or tenant (only those the config limits)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hour_usd: float | None = None, day_usd: float | None = None) -> None:
+        self.hour_usd, self.day_usd = hour_usd, day_usd
         self.hour: Lease | None = None
         self.day: Lease | None = None
         self.minute: Lease | None = None
@@ -86,7 +86,7 @@ class SharedView:
         self.wake: Callable[[], None] = lambda: None
         self.breakers: dict[str, SharedBreaker] = {}
         self.targets: dict[str, _Limits] = {}
-        self.tenants: OrderedDict[str, _Limits] = OrderedDict()
+        self.tenants: dict[str, _Limits] = {}
         self.warm: dict[str, int] = {}
         self.seen: dict[str, dict[str, int]] = {}
         self.apply(config, policy)
@@ -99,7 +99,7 @@ class SharedView:
         self.targets = {}
         self._dearest = max((usd_units(t.cold_cost_usd) for t in policy.targets.values()), default=1)
         for name, spec in policy.targets.items():
-            limits = self.targets[name] = _Limits()
+            limits = self.targets[name] = _Limits(spec.hourly_usd, spec.daily_usd)
             key = f"target:{name}"
             unit = usd_units(spec.cold_cost_usd)
             limits.hour = self._lease(
@@ -145,13 +145,13 @@ class SharedView:
         return slots
 
     def _tenant(self, tenant: str, quota: Quota) -> _Limits:
+        """The tenant's limits; at most ``tenants.max_tracked``, the first seen forgotten first."""
         limits = self.tenants.get(tenant)
         if limits is not None:
-            self.tenants.move_to_end(tenant)
             return limits
         while len(self.tenants) >= self.config.tenants.max_tracked:
-            self.tenants.popitem(last=False)
-        limits = self.tenants[tenant] = _Limits()
+            del self.tenants[next(iter(self.tenants))]
+        limits = self.tenants[tenant] = _Limits(quota.hourly_usd, quota.daily_usd)
         key = _tenant_key(tenant)
         limits.hour = self._lease(None, key + ":spend:h", HOUR, quota.hourly_usd, self._dearest)
         limits.day = self._lease(None, key + ":spend:d", DAY, quota.daily_usd, self._dearest)
@@ -162,24 +162,25 @@ class SharedView:
     # The decision path: plain arithmetic on the last round's answers.
 
     def target_state(
-        self, name: str, base: TargetState, breaker: Breaker, now: float, wall: float
+        self, name: str, breaker: Breaker, in_flight: int, warm: int, now: float, wall: float
     ) -> TargetState:
-        limits, shared = self.targets[name], self.breakers[name]
+        """``in_flight`` and ``warm``: this node's own counts."""
+        limits, shared, connected = self.targets[name], self.breakers[name], self.connected
         state, probe = self._breaker(shared, breaker, now, wall)
-        in_flight, warm = base.in_flight, max(base.warm_instances, self.warm.get(name, 0))
+        warm = max(warm, self.warm.get(name, 0))
         slots = limits.slots
         if slots is not None:
-            shown = base.in_flight + slots.cap - slots.allowed(self.connected)
-            busy = base.in_flight + (slots.others_busy if self.connected else 0)
-            warm, in_flight = warm - busy + shown, shown
-        spec = self.policy.targets[name]
+            shown = in_flight + slots.cap - (slots.held if connected else max(1, slots.cap // slots.share))
+            warm -= in_flight + (slots.others_busy if connected else 0) - shown
+            in_flight = shown
+        hour, day = limits.hour, limits.day
         return TargetState(
-            breaker=state,
-            probe_allowed=probe,
-            in_flight=in_flight,
-            warm_instances=warm,
-            spent_hour_usd=self._spent(limits.hour, spec.hourly_usd, base.spent_hour_usd, wall),
-            spent_day_usd=self._spent(limits.day, spec.daily_usd, base.spent_day_usd, wall),
+            state,
+            probe,
+            in_flight,
+            warm,
+            0.0 if hour is None else (limits.hour_usd or 0.0) - hour.remaining(wall, connected) / 1e9,
+            0.0 if day is None else (limits.day_usd or 0.0) - day.remaining(wall, connected) / 1e9,
         )
 
     def _breaker(
@@ -199,20 +200,24 @@ class SharedView:
         return limit - lease.remaining(wall, self.connected) / 1e9
 
     def tenant_state(self, tenant: str, base: TenantState, wall: float) -> TenantState:
-        quota = self.policy.quota_of(tenant)
-        if not quota.limits_anything:
-            return base
-        limits = self._tenant(tenant, quota)
+        limits = self.tenants.get(tenant)
+        if limits is None:
+            quota = self.policy.quota_of(tenant)
+            if not quota.limits_anything:
+                return base
+            limits = self._tenant(tenant, quota)
+        connected = self.connected
         requests, in_flight = base.requests_last_minute, base.in_flight
-        if limits.minute is not None and quota.requests_per_minute is not None:
-            requests = quota.requests_per_minute - limits.minute.remaining(wall, self.connected)
-        if limits.slots is not None:
-            in_flight = base.in_flight + limits.slots.cap - limits.slots.allowed(self.connected)
+        minute, slots = limits.minute, limits.slots
+        if minute is not None:
+            requests = minute.limit - minute.remaining(wall, connected)
+        if slots is not None:
+            in_flight += slots.cap - slots.allowed(connected)
         return TenantState(
-            requests_last_minute=requests,
-            in_flight=in_flight,
-            spent_hour_usd=self._spent(limits.hour, quota.hourly_usd, base.spent_hour_usd, wall),
-            spent_day_usd=self._spent(limits.day, quota.daily_usd, base.spent_day_usd, wall),
+            requests,
+            in_flight,
+            self._spent(limits.hour, limits.hour_usd, base.spent_hour_usd, wall),
+            self._spent(limits.day, limits.day_usd, base.spent_day_usd, wall),
         )
 
     # What the node did: leases spent, probes taken, outcomes seen.

@@ -150,18 +150,18 @@ class GatewayState:
 
     def target_state(self, name: str, now: float, wall: float) -> TargetState:
         breaker = self.breakers[name]
+        in_flight, warm = self.outstanding[name].count(now), self.pools[name].warm(now)
+        if self.shared is not None:
+            return self.shared.target_state(name, breaker, in_flight, warm, now, wall)
         hour, day = self.ledger.spent(f"target:{name}", wall)
-        state = TargetState(
+        return TargetState(
             breaker=breaker.current(now),
             probe_allowed=breaker.probe_allowed(now),
-            in_flight=self.outstanding[name].count(now),
-            warm_instances=self.pools[name].warm(now),
+            in_flight=in_flight,
+            warm_instances=warm,
             spent_hour_usd=hour,
             spent_day_usd=day,
         )
-        if self.shared is not None:
-            return self.shared.target_state(name, state, breaker, now, wall)
-        return state
 
     def target(self, name: str) -> Target:
         return self.targets[name]
@@ -203,7 +203,7 @@ class GatewayState:
                 book.add_spend(decision.cost_usd, wall)
             self.metrics.spend.labels(name).inc(decision.cost_usd)
         if self.shared is not None:
-            in_flight = self.outstanding[decision.target].count(now) if decision.is_cloud else 0
+            in_flight = len(self.outstanding[decision.target].started) if decision.is_cloud else 0
             self.shared.committed(decision, wall, in_flight)
 
     def _tenant_book(self, decision: Decision) -> TenantBook | None:
