@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -105,10 +106,10 @@ def config(url: str | None, period_ms: int = 100) -> SpillwayConfig:
     return SpillwayConfig.model_validate(data)
 
 
-def state_for(cfg: SpillwayConfig) -> GatewayState:
+def state_for(cfg: SpillwayConfig, node: str = "bench-node") -> GatewayState:
     view = None
     if cfg.shared_state is not None:
-        view = SharedView(cfg.shared_state, cfg, build_policy(cfg), "bench-node")
+        view = SharedView(cfg.shared_state, cfg, build_policy(cfg), node)
     return GatewayState(cfg, shared=view)
 
 
@@ -210,6 +211,56 @@ async def _paced(url: str, port: int, rate: int, seconds: float, period_ms: int)
     }
 
 
+def overshoot(url: str, trials: int, nodes: int = 3, every: int = 5) -> dict[str, Any]:
+    """A $1 hourly budget at $0.01 a request shared by ``nodes`` nodes deciding in turn, each running a
+    round every ``every`` of its decisions; in each trial the store goes away for all of them after
+    a random number of decisions (0 to 150) and they go on alone. What they spent beyond the budget,
+    worst and mean over the trials, against the stated bound."""
+    rng = random.Random(7)
+    worst, total_over, connected_worst = 0, 0, 0
+    for trial in range(trials):
+        cfg = config(url)
+        data = cfg.model_dump()
+        data["targets"] = [dict(data["targets"][0], cost={"usd_per_request": 0.01, "usd_per_gb_second": 0})]
+        data["rules"][0]["targets"] = ["aws"]
+        data["budgets"] = {"per_target_hourly_usd": {"aws": 1.0}}
+        data["tenants"] = {}
+        data["shared_state"]["key_prefix"] = f"overshoot{trial}"
+        cfg = SpillwayConfig.model_validate(data)
+        assert cfg.shared_state is not None
+        states = [state_for(cfg, f"node-{i}") for i in range(nodes)]
+        store = RedisStore(cfg.shared_state)
+        for state in states:
+            one_round(state, store)
+        cut, cloud, turn = rng.randint(0, 150), 0, 0
+        while turn < 2000:
+            state = states[turn % nodes]
+            if turn == cut:
+                for each in states:
+                    assert each.shared is not None
+                    each.shared.connected = False
+                connected_worst = max(connected_worst, cloud - 100)
+            decision = decide(PUBLIC, state.snapshot(None, "m"), state.policy)
+            state.commit(decision, "m")
+            if decision.is_cloud:
+                cloud += 1
+                state.answered("aws", None, ok=True, seconds=0.01)
+            if turn < cut and (turn // nodes) % every == 0:
+                one_round(state, store)
+            turn += 1
+        worst, total_over = max(worst, cloud - 100), total_over + max(0, cloud - 100)
+        store.close()
+    return {
+        "trials": trials,
+        "nodes": nodes,
+        "round_every_decisions": every,
+        "budget_requests": 100,
+        "connected_max_over": connected_worst,
+        "alone_max_over": worst,
+        "alone_mean_over": round(total_over / trials, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -218,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=10_000, help="decisions per second in part 2")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--period-ms", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=200, help="trials of the overshoot experiment")
     parser.add_argument("--json", action="store_true", help="JSON lines (the default when not on a terminal)")
     args = parser.parse_args(argv)
     as_json = args.json or not sys.stdout.isatty()
@@ -229,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{args.rate} decisions/s for {args.seconds:g} s]", file=sys.stderr, flush=True)
         paced = asyncio.run(_paced(url, port, args.rate, args.seconds, args.period_ms))
         print(json.dumps(paced) if as_json else _line(paced), flush=True)
+        print("[overshoot: store gone mid-traffic]", file=sys.stderr, flush=True)
+        over = overshoot(url, args.trials)
+        print(json.dumps(over) if as_json else _line(over), flush=True)
     return 0
 
 
