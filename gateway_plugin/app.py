@@ -51,10 +51,13 @@ class RunnerApp:
         config: SpillwayConfig,
         config_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
-        shared_share: int | None = None,
+        worker: int | None = None,
     ) -> None:
         self.config_path = config_path
-        self.state = GatewayState(config, clock=clock, shared=self._shared_view(config, shared_share))
+        self.worker = worker
+        share = config.shared_state.nodes_expected * config.runner.workers if config.shared_state else None
+        self.state = GatewayState(config, clock=clock, shared=self._shared_view(config, share))
+        self.state.worker = None if worker is None else str(worker)
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
@@ -94,7 +97,7 @@ class RunnerApp:
         """Background work on the running loop: metrics scraping, gauges, the /metrics endpoint."""
         config = self.state.config
         if config.metrics.listen:
-            self.state.metrics.serve(config.metrics.listen)
+            self.state.metrics.serve(self._metrics_listen(config.metrics.listen))
         urls = [e.metrics_url for e in config.local.endpoints]
         if urls:
             self._scraper = Scraper(
@@ -102,11 +105,41 @@ class RunnerApp:
             )
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
-        self._start_outcomes(config)
+        if self.worker is None:
+            self._start_outcomes(config)
         if config.shared_state is not None:
             self.start_shared(self._store(config.shared_state))
         if config.warmup.report_file:
             self._tasks.append(asyncio.ensure_future(self._warm_reports(Path(config.warmup.report_file))))
+
+    def _metrics_listen(self, listen: str) -> str:
+        """Worker ``i`` of several serves its own ``/metrics`` on the configured port plus ``i``."""
+        if self.worker is None:
+            return listen
+        host, _, port = listen.rpartition(":")
+        return f"{host}:{int(port) + self.worker}"
+
+    def take_outcomes(self, channel: socket.socket) -> None:
+        """A worker's outcomes come from its parent, one batch a message, on ``channel``."""
+        loop = asyncio.get_running_loop()
+        channel.setblocking(False)
+
+        def read() -> None:
+            try:
+                data = channel.recv(outcomes.MAX_MESSAGE_BYTES)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(channel.fileno())
+                return
+            try:
+                outcomes.apply(self.state, outcomes.parse_batch(data))
+            except ValueError as exc:
+                log.warning("outcomes from the parent unreadable: %s", str(exc)[:200])
+
+        loop.add_reader(channel.fileno(), read)
 
     @staticmethod
     def _store(settings: SharedState) -> Store:

@@ -9,8 +9,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
+
+if TYPE_CHECKING:
+    from gateway_plugin.workers import WorkerLink
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,9 +93,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.file}: valid")
         print(explain(config))
         return 0
+    from gateway_plugin.workers import WorkerLink
+
+    link = WorkerLink.from_env()
+    if link is None and config.runner.workers > 1:
+        return _supervise(config, args.config)
+    if link is not None:
+        signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
+        )
     loop = _new_loop(config.runner.uvloop)
     try:
-        return loop.run_until_complete(_run(config, args.config))
+        return loop.run_until_complete(_run(config, args.config, link))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -131,7 +144,19 @@ async def until_signalled() -> None:
     await stop.wait()
 
 
-async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
+def _supervise(config: SpillwayConfig, config_path: Path | None) -> int:
+    from gateway_plugin.runner import socket_path
+    from gateway_plugin.workers import supervise
+
+    try:
+        path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return supervise(config, config_path, path)
+
+
+async def _run(config: SpillwayConfig, config_path: Path | None, link: WorkerLink | None = None) -> int:
     from gateway_plugin.app import RunnerApp
     from gateway_plugin.runner import (
         ConfCache,
@@ -148,10 +173,15 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    app = RunnerApp(config, config_path)
+    app = RunnerApp(config, config_path, worker=None if link is None else link.worker)
     runner = Runner(app.plugins, ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
-    server = await serve(runner, path, config.runner.socket_group)
-    identity = socket_identity(path)
+    if link is None:
+        server = await serve(runner, path, config.runner.socket_group)
+        identity: tuple[int, int] | None = socket_identity(path)
+    else:
+        listening, channel = link.sockets()
+        server, identity = await serve(runner, path, sock=listening), None
+        app.take_outcomes(channel)
     app.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
@@ -165,5 +195,6 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
         await asyncio.gather(*calls, return_exceptions=True)
         await app.aclose()
         await server.wait_closed()
-        unlink_if_ours(path, identity)
+        if identity is not None:
+            unlink_if_ours(path, identity)
     return 0

@@ -38,6 +38,12 @@ class RunnerSettings(_Model):
         description="group that may use the socket (0660) when APISIX's workers run as another user; "
         "default: the runner's user only (0600)",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="runner processes accepting on the one socket (more than one needs shared_state)",
+    )
 
 
 class LocalEndpoint(_Model):
@@ -352,6 +358,12 @@ class SpillwayConfig(_Model):
                 raise ValueError(f"rule {rule.name!r} names unknown targets {sorted(unknown)}")
         if set(self.warmup.targets) - set(names):
             raise ValueError(f"warmup names unknown targets {sorted(set(self.warmup.targets) - set(names))}")
+        if self.runner.workers > 1 and self.shared_state is None:
+            raise ValueError(
+                f"runner.workers is {self.runner.workers}: more than one worker needs a shared_state "
+                "section, through which the workers share in-flight counts, budgets, breakers and quotas "
+                "(alone, each would count only its own)"
+            )
         for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
             if set(budget) - set(names):
                 raise ValueError(f"budgets name unknown targets {sorted(set(budget) - set(names))}")

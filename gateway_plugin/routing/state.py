@@ -96,6 +96,8 @@ class GatewayState:
         self.pools: dict[str, WarmPool] = {}
         self.outstanding: dict[str, Outstanding] = {}
         self.shared = shared
+        # Where several runner workers share the socket: this one's index, sent with each decision.
+        self.worker: str | None = None
         self.apply(config)
 
     def apply(self, config: SpillwayConfig) -> None:
