@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -308,3 +309,56 @@ def test_a_tenant_quota_holds_across_nodes(
     assert limit - 3 * 2 <= admitted <= limit, (
         f"{admitted} admitted of a quota of {limit} shared by three nodes"
     )
+
+
+def test_instances_seen_by_one_node_count_as_warm_on_the_others(
+    server: RedisServer, times: tuple[Clock, Clock]
+) -> None:
+    a, b = nodes(config(server.url), times, 2)
+    clock, wall = times
+
+    def free_warm(node: Node) -> int:
+        """What the policy reads: warm instances beyond those busy (it compares the two)."""
+        state = node.state.target_state("aws", clock.now, wall.now)
+        return state.warm_instances - state.in_flight
+
+    assert free_warm(b) == 0
+    a.state.answered("aws", None, ok=True, instance="i-1", seconds=0.1)
+    a.state.warm_report("aws", ["i-2", "i-3"])
+    a.sync()
+    b.sync()
+    assert b.view.warm["aws"] == 3
+    assert free_warm(b) == 3, "none busy: all three free"
+    assert b.decide().reason.value == "overflow_warm"
+    b.sync()
+    a.sync()
+    assert free_warm(a) == 2, "one now busy, seen from the other node"
+    wall.now += 301  # the target's idle TTL (300 s) passed
+    b.sync()
+    assert b.view.warm["aws"] == 0
+
+
+def test_a_slow_store_is_left_after_its_timeout_and_taken_back_when_it_answers(
+    server: RedisServer, times: tuple[Clock, Clock]
+) -> None:
+    """redis-server stopped (SIGSTOP), as a store too slow to answer: the round gives up after
+    ``timeout_ms``, the node decides alone; resumed, the next round reconnects."""
+    (node,) = nodes(config(server.url, budgets={"per_target_hourly_usd": {"aws": 0.3}}), times, 1)
+    sync = SharedSync(node.state, node.store, period_s=0.1, timeout_s=0.3)
+    assert server.proc is not None
+
+    async def run() -> None:
+        assert await sync.round()
+        server.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            assert not await sync.round()
+            assert not node.view.connected
+            assert node.decide().is_cloud, "alone, with its share"
+            assert not await sync.round(), "the call still out: no second one piled on it"
+        finally:
+            server.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        assert await sync.drained(30)
+        assert await sync.round()
+        assert node.view.connected
+
+    asyncio.run(run())

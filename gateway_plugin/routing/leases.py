@@ -117,10 +117,11 @@ class Slots:
         """Slots this node may fill."""
         return self.held if connected else max(1, self.cap // self.share)
 
-    def request(self, in_flight: int) -> dict[str, Any] | None:
-        """Ask for in-flight plus a block (the cap at most); nothing when that is already asked."""
+    def request(self, in_flight: int, always: bool = False) -> dict[str, Any] | None:
+        """Ask for in-flight plus a block (the cap at most); nothing when that is already asked,
+        unless ``always`` (a target's slots come in every round, with the others' busy counts)."""
         want = min(self.cap, in_flight + self.block)
-        if want == self.held and want == self.asked:
+        if want == self.held and want == self.asked and not always:
             return None
         self.asked = want
         return {"key": self.key, "cap": self.cap, "want": want, "busy": in_flight}

@@ -87,6 +87,7 @@ class SharedView:
         self.breakers: dict[str, SharedBreaker] = {}
         self.targets: dict[str, _Limits] = {}
         self.tenants: dict[str, _Limits] = {}
+        self.dirty: set[str] = set()  # tenants with something to tell the store
         self.warm: dict[str, int] = {}
         self.seen: dict[str, dict[str, int]] = {}
         self.apply(config, policy)
@@ -112,6 +113,7 @@ class SharedView:
         self.warm = {n: self.warm.get(n, 0) for n in policy.targets}
         self.seen = {n: self.seen.get(n, {}) for n in policy.targets}
         self.tenants.clear()
+        self.dirty.clear()
 
     def _lease(
         self,
@@ -150,7 +152,9 @@ class SharedView:
         if limits is not None:
             return limits
         while len(self.tenants) >= self.config.tenants.max_tracked:
-            del self.tenants[next(iter(self.tenants))]
+            forgotten = next(iter(self.tenants))
+            del self.tenants[forgotten]
+            self.dirty.discard(forgotten)
         limits = self.tenants[tenant] = _Limits(quota.hourly_usd, quota.daily_usd)
         key = _tenant_key(tenant)
         limits.hour = self._lease(None, key + ":spend:h", HOUR, quota.hourly_usd, self._dearest)
@@ -226,8 +230,10 @@ class SharedView:
         more = False
         tenant = decision.tenant
         tenant_limits = self.tenants.get(tenant) if tenant is not None else None
-        if tenant_limits is not None and tenant_limits.minute is not None:
-            more |= tenant_limits.minute.take(1, wall)
+        if tenant is not None and tenant_limits is not None:
+            self.dirty.add(tenant)
+            if tenant_limits.minute is not None:
+                more |= tenant_limits.minute.take(1, wall)
         if not decision.is_cloud:
             return self._wake_if(more)
         units = usd_units(decision.cost_usd)
@@ -279,10 +285,15 @@ class SharedView:
         slots: list[dict[str, Any]] = []
         slot_refs: list[Slots] = []
         for name, limits in self.targets.items():
-            self._gather(limits, in_flight.get(name, 0), wall, release, leases, lease_refs, slots, slot_refs)
-        for tenant, limits in itertools.islice(reversed(self.tenants.items()), MAX_TENANTS_PER_ROUND):
-            busy = tenants_in_flight.get(tenant, 0)
-            self._gather(limits, busy, wall, release, leases, lease_refs, slots, slot_refs)
+            busy = in_flight.get(name, 0)
+            self._gather(limits, busy, wall, release, leases, lease_refs, slots, slot_refs, always=True)
+        dirty = list(self.tenants) if release else list(itertools.islice(self.dirty, MAX_TENANTS_PER_ROUND))
+        for tenant in dirty:
+            self.dirty.discard(tenant)
+            tenant_limits = self.tenants.get(tenant)
+            if tenant_limits is not None:
+                busy = tenants_in_flight.get(tenant, 0)
+                self._gather(tenant_limits, busy, wall, release, leases, lease_refs, slots, slot_refs)
         timeouts = {t.name: t.timeout_s for t in self.config.targets}
         breakers = [
             shared.request(
@@ -329,6 +340,7 @@ class SharedView:
         lease_refs: list[Lease],
         slots: list[dict[str, Any]],
         slot_refs: list[Slots],
+        always: bool = False,
     ) -> None:
         for lease in limits.leases():
             asked = lease.request(wall, release)
@@ -339,7 +351,7 @@ class SharedView:
             asked_slots = (
                 {"key": limits.slots.key, "cap": limits.slots.cap, "want": 0, "busy": 0}
                 if release
-                else limits.slots.request(busy)
+                else limits.slots.request(busy, always)
             )
             if asked_slots is not None:
                 slots.append(asked_slots)

@@ -102,6 +102,13 @@ class SharedSync:
         self.view.connected = False
         self.metrics.shared_connected.set(0)
 
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a call still out; whether none is."""
+        out = self._out
+        if out is not None and not out.done():
+            await asyncio.wait([asyncio.wrap_future(out)], timeout=timeout_s)
+        return out is None or out.done()
+
     async def close(self) -> None:
         """Hand back unused leases and slots (best effort, bounded), then close the store."""
         if self.view.connected:
