@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import secrets
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -133,6 +134,8 @@ class RunnerApp:
                 data = b""
             if not data:
                 loop.remove_reader(channel.fileno())
+                log.warning("the parent of the workers is gone: stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
                 return
             try:
                 outcomes.apply(self.state, outcomes.parse_batch(data))

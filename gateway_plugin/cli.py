@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
         help="serve APISIX's ext-plugin protocol (what ext-plugin.cmd starts)",
         description="Listen on the Unix socket named by APISIX_LISTEN_ADDRESS and answer APISIX's "
         "PrepareConf, HTTPReqCall and HTTPRespCall frames. APISIX starts this itself through "
-        "ext-plugin.cmd in its config.yaml.",
+        "ext-plugin.cmd in its config.yaml. With runner.workers > 1 (and a shared_state section), this "
+        "process binds the socket and keeps that many worker processes accepting on it.",
     )
     run.add_argument("--config", type=Path, help="spillway.yaml (default: built-in defaults)")
     check = sub.add_parser(

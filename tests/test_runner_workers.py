@@ -221,3 +221,26 @@ def test_the_parent_restarts_a_dead_worker_forwards_reload_and_cleans_up(tmp_pat
         workers.proc.send_signal(signal.SIGTERM)
         assert workers.proc.wait(30) == 0
         assert not workers.sock.exists(), "the socket is removed on exit"
+
+
+@needs_redis
+@pytest.mark.integration
+def test_workers_stop_when_their_parent_is_killed(tmp_path: Path) -> None:
+    with two_workers(tmp_path) as workers:
+        children = subprocess.run(
+            ["pgrep", "-P", str(workers.proc.pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        workers.proc.kill()
+        workers.proc.wait(10)
+        for child in children:
+            wait_until(
+                lambda child=child: not Path(f"/proc/{child}").exists() or _zombie(child), 30, "worker gone"
+            )  # type: ignore[misc]
+        assert workers.log().count("the parent of the workers is gone") == 2
+
+
+def _zombie(pid: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
