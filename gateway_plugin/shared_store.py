@@ -166,6 +166,16 @@ def make_client(settings: SharedState, environ: Mapping[str, str] = os.environ) 
     return sentinel.master_for(master, db=int(db or 0))  # type: ignore[no-untyped-call]
 
 
+def check_url(url: str) -> None:
+    """What the config's pattern cannot see: every host:port well formed, a Sentinel's master named."""
+    scheme, _, rest = url.partition("://")
+    location, _, path = rest.partition("/")
+    if scheme.endswith(("+cluster", "+sentinel")):
+        _hosts(location)
+    if scheme.endswith("+sentinel") and not path.partition("/")[0]:
+        raise ValueError("a Sentinel URL names its master: redis+sentinel://host:26379/MASTER/0")
+
+
 class RedisStore:
     """``routing.shared_sync.Store`` on Redis: one script call per round."""
 
@@ -175,10 +185,18 @@ class RedisStore:
             for name in (settings.password_env, settings.username_env)
             if name and (value := environ.get(name))
         ]
-        self.client = make_client(settings, environ)
-        self._script = self.client.register_script(ROUND_SCRIPT)
+        self._settings, self._environ = settings, environ
+        check_url(settings.redis_url)
+        self.client: Any = None
+        self._script: Any = None
 
     def exchange(self, payload: dict[str, Any]) -> list[Any]:
+        """One round. The client is made on first use, here on the rounds' thread: a Cluster client
+        reaches its nodes as it is made, and a store away at start is a failed round, not a
+        runner that cannot start."""
+        if self._script is None:
+            self.client = make_client(self._settings, self._environ)
+            self._script = self.client.register_script(ROUND_SCRIPT)
         reply = self._script(keys=[payload["p"] + ":round"], args=[json.dumps(payload)])
         return reply  # type: ignore[no-any-return]
 
@@ -190,4 +208,5 @@ class RedisStore:
         return text[:300]
 
     def close(self) -> None:
-        self.client.close()
+        if self.client is not None:
+            self.client.close()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from functions.sidecar import free_port
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
 from gateway_plugin.routing.policy import Decision, RequestFeatures, decide
 from gateway_plugin.routing.policy_build import build_policy
@@ -273,8 +274,25 @@ def test_sentinel_and_cluster_urls_are_understood() -> None:
     client = make_client(cfg.shared_state, {})
     assert client.connection_pool.service_name == "main"
     assert client.connection_pool.connection_kwargs["db"] == 2
+    missing_master = parse({"shared_state": {"redis_url": "redis+sentinel://h:26379"}}).shared_state
+    assert missing_master is not None
     with pytest.raises(ValueError, match="names its master"):
-        make_client(parse({"shared_state": {"redis_url": "redis+sentinel://h:26379"}}).shared_state, {})  # type: ignore[arg-type]
+        RedisStore(missing_master)
+    with pytest.raises(ValueError, match="is not host:port"):
+        RedisStore(parse({"shared_state": {"redis_url": "redis+cluster://h1:7000,h2"}}).shared_state)  # type: ignore[arg-type]
+
+
+def test_a_cluster_away_at_start_is_a_failed_round_not_a_failed_start(times: tuple[Clock, Clock]) -> None:
+    """A Cluster client reaches its nodes when it is made: that happens in the first round."""
+    cfg = config(f"redis+cluster://127.0.0.1:{free_port()}")
+    assert cfg.shared_state is not None
+    store = RedisStore(cfg.shared_state)
+    view = SharedView(cfg.shared_state, cfg, build_policy(cfg), "node-0")
+    state = GatewayState(cfg, clock=times[0], wall=times[1], shared=view)
+    sync = SharedSync(state, store, period_s=0.1, timeout_s=5)
+    assert not asyncio.run(sync.round())
+    assert not view.connected
+    assert decide(PUBLIC, state.snapshot(None, "m"), state.policy).is_cloud, "deciding alone"
 
 
 def test_check_config_explains_shared_state_without_its_password(tmp_path: Path) -> None:
