@@ -327,6 +327,15 @@ def test_a_tenant_quota_holds_across_nodes(
     assert limit - 3 * 2 <= admitted <= limit, (
         f"{admitted} admitted of a quota of {limit} shared by three nodes"
     )
+    if "requests_per_minute" in quota:
+        times[0].now += 60
+        times[1].now += 60
+        again = 0
+        for turn in range(30):
+            node = three[turn % 3]
+            again += node.decide(tenant).status != 429
+            node.sync()
+        assert again > 0, "a new minute: the tenant, shed until now, is let in again"
 
 
 def test_instances_seen_by_one_node_count_as_warm_on_the_others(

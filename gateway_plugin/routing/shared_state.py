@@ -20,6 +20,7 @@ from gateway_plugin.config import SharedState, SpillwayConfig
 from gateway_plugin.routing.breakers import Breaker
 from gateway_plugin.routing.leases import Lease, SharedBreaker, Slots, usd_units
 from gateway_plugin.routing.policy import (
+    SHED,
     BreakerState,
     Decision,
     Policy,
@@ -227,13 +228,17 @@ class SharedView:
     # What the node did: leases spent, probes taken, outcomes seen.
 
     def committed(self, decision: Decision, wall: float, in_flight: int = 0) -> None:
+        """A request shed takes nothing (quotas count what was let in, as the node's own books do),
+        but its tenant asks the store again: its lease may have run out, or its window rolled."""
         more = False
         tenant = decision.tenant
         tenant_limits = self.tenants.get(tenant) if tenant is not None else None
         if tenant is not None and tenant_limits is not None:
             self.dirty.add(tenant)
-            if tenant_limits.minute is not None:
-                more |= tenant_limits.minute.take(1, wall)
+        if decision.target == SHED:
+            return
+        if tenant_limits is not None and tenant_limits.minute is not None:
+            more |= tenant_limits.minute.take(1, wall)
         if not decision.is_cloud:
             return self._wake_if(more)
         units = usd_units(decision.cost_usd)
