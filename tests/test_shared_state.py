@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -389,3 +390,43 @@ def test_a_slow_store_is_left_after_its_timeout_and_taken_back_when_it_answers(
         assert node.view.connected
 
     asyncio.run(run())
+
+
+class GarbledStore:
+    """A store whose answers do not fit the request: stands in for a broken or foreign server,
+    which a real redis-server running this project's script cannot be made into."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.third = threading.Event()
+
+    def exchange(self, payload: dict[str, Any]) -> list[Any]:
+        self.calls += 1
+        if self.calls >= 3:
+            self.third.set()
+        return [[], [], [], []]
+
+    def describe(self, error: BaseException) -> str:
+        return type(error).__name__
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_answer_that_cannot_be_applied_does_not_end_the_rounds(times: tuple[Clock, Clock]) -> None:
+    cfg = config("redis://127.0.0.1:1/0")
+    assert cfg.shared_state is not None
+    view = SharedView(cfg.shared_state, cfg, build_policy(cfg), "node-0")
+    state = GatewayState(cfg, clock=times[0], wall=times[1], shared=view)
+    store = GarbledStore()
+    sync = SharedSync(state, store, period_s=0.01, timeout_s=1)
+
+    async def run() -> None:
+        task = asyncio.ensure_future(sync.run())
+        assert await asyncio.to_thread(store.third.wait, 30), "a third round came"
+        assert not task.done(), "the rounds go on"
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run())
+    assert not view.connected

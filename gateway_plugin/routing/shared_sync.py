@@ -57,10 +57,15 @@ class SharedSync:
         self.metrics.shared_connected.set(0)
         while True:
             started = self.clock()
-            await self.round()
+            try:
+                await self.round()
+            except Exception:  # an answer that cannot be applied must not end the rounds
+                log.exception("a shared state round could not be applied")
+                self._lost("an answer that could not be applied")
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self.period_s)
+                async with asyncio.timeout(self.period_s):
+                    await self._wake.wait()
             except TimeoutError:
                 continue
             await asyncio.sleep(max(0.0, self.period_s / 10 - (self.clock() - started)))
@@ -73,7 +78,10 @@ class SharedSync:
         sent = self.state.shared_round(release)
         self._out = self._executor.submit(self.store.exchange, sent.payload)
         try:
-            reply = await asyncio.wait_for(asyncio.wrap_future(self._out), self.timeout_s)
+            # asyncio.timeout, not wait_for: on 3.11, wait_for can swallow a cancellation that
+            # arrives as the call returns, and the rounds would outlive the runner's stop.
+            async with asyncio.timeout(self.timeout_s):
+                reply = await asyncio.wrap_future(self._out)
         except TimeoutError:
             self._lost(f"no answer within {self.timeout_s * 1000:.0f} ms")
             return False
