@@ -39,6 +39,12 @@ class RunnerSettings(_Model):
         description="group that may use the socket (0660) when APISIX's workers run as another user; "
         "default: the runner's user only (0600)",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="runner processes accepting on the one socket (more than one needs shared_state)",
+    )
 
 
 # Platform payload limits. Lambda takes 6 MB per synchronous invocation; Function URL and Invoke
@@ -293,6 +299,57 @@ class WarmupSettings(_Model):
     )
 
 
+SHARED_STATE_SCHEMES = (
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
+
+
+class SharedState(_Model):
+    """Several gateways (and runner workers) sharing budgets, breakers, warm pools and caps in Redis."""
+
+    redis_url: str = Field(
+        description="redis://host:6379/0, rediss:// (TLS), redis+sentinel://h1:26379,h2:26379/master/0 "
+        "or redis+cluster://host:7000; no password here: it comes from password_env"
+    )
+    key_prefix: str = Field(default="spillway", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    sync_period_ms: int = Field(default=100, ge=10, le=10_000, description="how old the local view may get")
+    nodes_expected: int = Field(
+        default=1, ge=1, le=1000, description="gateways sharing the state; each gets 1/N while Redis is away"
+    )
+    timeout_ms: int = Field(default=200, ge=10, le=10_000, description="bound on every Redis call")
+    lease_share: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="share of a budget or quota leased to a node at once (at most one block per node "
+        "stays unused)",
+    )
+    username_env: str | None = Field(default=None, description="environment variable holding the ACL user")
+    password_env: str | None = Field(
+        default="SPILLWAY_REDIS_PASSWORD", description="environment variable holding Redis's password"
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in SHARED_STATE_SCHEMES:
+            raise ValueError(f"the scheme must be one of {', '.join(SHARED_STATE_SCHEMES)}")
+        if "@" in rest.split("/", 1)[0]:
+            raise ValueError(
+                "credentials do not belong in the URL (it is logged and shown): put the password in "
+                "the environment variable named by password_env"
+            )
+        if not rest.split("/", 1)[0]:
+            raise ValueError("the URL names no host")
+        return value
+
+
 class SpillwayConfig(_Model):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     local: LocalCluster = Field(default_factory=LocalCluster)
@@ -308,6 +365,9 @@ class SpillwayConfig(_Model):
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
     simulation: SimulationSettings = Field(
         default_factory=SimulationSettings, description="what `simulate` assumes; the runner ignores it"
+    )
+    shared_state: SharedState | None = Field(
+        default=None, description="share decision state through Redis; absent: this runner alone"
     )
 
     def declared_models(self) -> set[str]:
@@ -332,6 +392,12 @@ class SpillwayConfig(_Model):
             )
         if set(self.warmup.targets) - set(names):
             raise ValueError(f"warmup names unknown targets {sorted(set(self.warmup.targets) - set(names))}")
+        if self.runner.workers > 1 and self.shared_state is None:
+            raise ValueError(
+                f"runner.workers is {self.runner.workers}: more than one worker needs a shared_state "
+                "section, through which the workers share in-flight counts, budgets, breakers and quotas "
+                "(alone, each would count only its own)"
+            )
         for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
             if set(budget) - set(names):
                 raise ValueError(f"budgets name unknown targets {sorted(set(budget) - set(names))}")

@@ -27,13 +27,14 @@ READ_TIMEOUT_S = 10.0
 
 
 class OutcomeListener:
-    """Serves ``POST /spillway/outcomes`` until closed; ``deliver`` runs on ``loop``."""
+    """Serves ``POST /spillway/outcomes`` until closed; ``deliver`` runs on ``loop``, or on the
+    request's own thread when there is none (the parent of several workers, which only forwards)."""
 
     def __init__(
         self,
         listen: str,
         auth: str,
-        loop: asyncio.AbstractEventLoop,
+        loop: asyncio.AbstractEventLoop | None,
         deliver: Callable[[list[Outcome]], None],
     ) -> None:
         host, _, port = listen.rpartition(":")
@@ -52,7 +53,7 @@ class OutcomeListener:
 
 
 def _handler(
-    auth: str, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Outcome]], None]
+    auth: str, loop: asyncio.AbstractEventLoop | None, deliver: Callable[[list[Outcome]], None]
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S
@@ -77,7 +78,10 @@ def _handler(
             except (ValidationError, ValueError) as exc:
                 self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
                 return
-            loop.call_soon_threadsafe(deliver, entries)
+            if loop is None:
+                deliver(entries)
+            else:
+                loop.call_soon_threadsafe(deliver, entries)
             self._answer(204, "")
 
         def _answer(self, status: int, message: str) -> None:

@@ -28,6 +28,7 @@ from functions.contract import (
 from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
+from gateway_plugin.routing.outcomes import HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
@@ -128,6 +129,8 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         elif decision.target == LOCAL:
             action.set_header(HEADER_TARGET, LOCAL)
             action.delete_header(HEADER_SIGNATURE)
+            if self.state.worker is not None:
+                action.set_header(HEADER_WORKER, self.state.worker)
         elif self.state.target(decision.target).mode == "invoke":
             await self._invoke(decision, request, action)
         else:
@@ -137,6 +140,8 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         """Into traffic-split's cloud rule; the client's own credentials for on-prem stay home."""
         action.set_header(HEADER_TARGET, self.state.route_value(name))
         action.delete_header("authorization")
+        if self.state.worker is not None:
+            action.set_header(HEADER_WORKER, self.state.worker)
         signer = self.state.signer(name)
         if signer.key is None:
             action.delete_header(HEADER_SIGNATURE)
