@@ -114,8 +114,15 @@ class Bench:
             **dict(item.split("=", 1) for item in self.args.env),
             "SPILLWAY_TRITON_HTTP_PORT": str(self.triton_port),
             "SPILLWAY_MODELS": ",".join(models),
+            # Requests are counted from Triton's statistics, which the sidecar locks by default.
+            "SPILLWAY_EXPOSE_STATISTICS": "1",
         }
-        cmd = serve_command(self.function_port, repository)
+        # The shipped command, run through a launcher that lets perf_analyzer read model configs.
+        cmd = [
+            sys.executable,
+            str(Path(__file__).with_name("readable_config.py")),
+            *serve_command(self.function_port, repository)[3:],
+        ]
         say(f"starting the function on {self.function_port}, its Triton sidecar on {self.triton_port}")
         self.function = launch(cmd, env, self.work / "function.log")
         launched.append(self.function)

@@ -2151,7 +2151,7 @@ async def echo_handler(request: Request) -> Response:
     seq = request.headers.get("x-fuzz-seq", "")
     if seq.endswith("7"):
         await asyncio.sleep(0)
-    headers = [("x-fuzz-seq", seq), ("x-fuzz-body", body_digest(request.body)), ("x-fuzz-echo", "1")]
+    headers = [("x-fuzz-seq", seq), ("x-fuzz-body", body_digest(bytes(request.body))), ("x-fuzz-echo", "1")]
     return Response(200, headers, f"{request.method} {request.target}".encode("latin-1", "replace")[:4096])
 
 

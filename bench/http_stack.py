@@ -121,7 +121,7 @@ async def _serve_spillway(port: int, upstream_port: int) -> None:
 
     async def handler(request: Request) -> Response:
         if request.path == ECHO_PATH:
-            return Response(200, [("content-type", "application/octet-stream")], request.body)
+            return Response(200, [("content-type", "application/octet-stream")], bytes(request.body))
         headers = [
             (name.encode(), request.headers[name].encode("latin-1"))
             for name in FORWARD_REQUEST_HEADERS

@@ -91,13 +91,14 @@ class DevGateway:
 
     async def handle(self, request: Request) -> Response:
         path, _, query = request.target.partition("?")
+        request_body = bytes(request.body)
         peer_request = PeerRequest(
             method=request.method,
             path=path,
             args=parse_qsl(query, keep_blank_values=True),
             headers=list(request.headers.items()),
             vars=_variables(request, path, query),
-            body=request.body,
+            body=request_body,
         )
         outcome = await self.peer.request(self.route, peer_request)
         if outcome.status is not None:
@@ -106,7 +107,7 @@ class DevGateway:
             stop = outcome.stop
             return Response(stop.status or 200, [(k, v) for k, v in stop.headers if v is not None], stop.body)
         headers = dict(request.headers)
-        body, resp_headers = request.body, []
+        body, resp_headers = request_body, []
         if outcome.rewrite is not None:
             path, query, body = _rewrite(outcome.rewrite, headers, path, query, body)
             resp_headers = [(k, v) for k, v in outcome.rewrite.resp_headers if v is not None]

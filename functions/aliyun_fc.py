@@ -45,7 +45,7 @@ class FcRoutes:
 
     async def invoke(self, request: Request) -> Response:
         try:
-            result = await answer_event(self.core, request.body, None)
+            result = await answer_event(self.core, bytes(request.body), None)
         except UnknownEvent as exc:
             return error_response(400, str(exc), list(FAILED))
         return Response(200, [("content-type", "application/json")], json.dumps(result).encode())

@@ -16,7 +16,14 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from functions import contract, surface
-from functions.http_types import Request, Response, body_too_large, error_response, internal_error
+from functions.http_types import (
+    Body,
+    Request,
+    Response,
+    body_too_large,
+    error_response,
+    internal_error,
+)
 from functions.instance import Instance
 from functions.metrics import CONTENT_TYPE, FunctionMetrics
 from functions.model_probe import ModelProber
@@ -46,7 +53,7 @@ class Upstream(Protocol):
     """How requests reach the sidecar (``UpstreamPool`` in production, a handler in tests)."""
 
     async def request(
-        self, method: str, target: str, headers: Headers, body: bytes, timeout: float | None
+        self, method: str, target: str, headers: Headers, body: bytes | Body, timeout: float | None
     ) -> UpstreamResponse: ...
 
     def close(self) -> None: ...
@@ -207,7 +214,7 @@ class FunctionCore:
                     request.headers.get(contract.HEADER_SIGNATURE),
                     request.method,
                     request.target,
-                    request.body,
+                    request.body.parts if isinstance(request.body, Body) else request.body,
                     time.time(),
                 )
             except SignatureError as exc:
@@ -264,7 +271,7 @@ class FunctionCore:
 
     async def _warmup_over_http(self, request: Request, timeout: float | None, cold: bool) -> Response:
         try:
-            event = contract.WarmupEvent.model_validate_json(request.body)
+            event = contract.WarmupEvent.model_validate_json(bytes(request.body))
         except ValidationError as exc:
             return error_response(
                 400,

@@ -10,30 +10,31 @@ the number of connections. Every request gets exactly one answer, upgrades and C
 from __future__ import annotations
 
 import asyncio
-import http
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import cast
 
 import httptools
 
-from functions.http_types import Request, Response, body_too_large, error_response, internal_error
+from functions.http_body import BodyReader
+from functions.http_deadline import Deadline
+from functions.http_types import (
+    Body,
+    Request,
+    Response,
+    body_too_large,
+    encode_response,
+    error_response,
+    internal_error,
+)
 from functions.settings import HttpLimits
 
 Handler = Callable[[Request], Awaitable[Response]]
 
-_REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
 _LINGER_S = 2.0
-
-
-def encode_response(response: Response, keep_alive: bool) -> bytes:
-    lines = [b"HTTP/1.1 %d %s\r\n" % (response.status, _REASONS.get(response.status, b"Unknown"))]
-    lines.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in response.headers)
-    lines.append(b"content-length: %d\r\n" % len(response.body))
-    if not keep_alive:
-        lines.append(b"connection: close\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
+# Reads of request heads (and of whatever follows them in the same read) go through one buffer
+# that every connection shares: the parser copies what it keeps before the read returns.
+_SCRATCH_BYTES = 64 * 1024
 
 
 class _Refused(Exception):
@@ -49,16 +50,30 @@ class _Server:
         self.limits = limits
         self.tasks: set[asyncio.Task[None]] = set()
         self.connections = 0
+        self.scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        # A connection's one timer fires at least this often, so that moving on to a shorter
+        # deadline (idle, then a new request's head) never has to replace it.
+        self.tick_s = min(limits.header_timeout_s, limits.body_timeout_s, limits.idle_timeout_s)
 
 
 # No body: it goes out before the request is read, and an answer to HEAD may carry none.
 _TOO_MANY = Response(503, [("retry-after", "1")])
 
 
-class _HttpConnection(asyncio.Protocol):
+class _HttpConnection(asyncio.BufferedProtocol):
+    """One client connection.
+
+    httptools parses every request head and every body that is chunked or arrives in the same
+    read as its head. The rest of a body framed by ``Content-Length`` is read from the socket
+    straight into the request's own buffers, never more than the bytes still due, so the next
+    pipelined request stays in the socket; the parser then starts afresh for it. No body byte is
+    copied in user space on its way to Triton.
+    """
+
     def __init__(self, server: _Server) -> None:
         self._server = server
         self._limits = server.limits
+        self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         # (request or refusal, keep the connection, answer to HEAD: head only)
@@ -69,7 +84,7 @@ class _HttpConnection(asyncio.Protocol):
         self._reading: str | None = None
         self._head_bytes = 0
         self._begun = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = Deadline(self._loop, server.tick_s, self._expire)
         self._paused = False
         self._eof = False
         self._refusal: Response | None = None
@@ -83,8 +98,13 @@ class _HttpConnection(asyncio.Protocol):
         self._url = b""
         self._headers: dict[str, str] = {}
         self._header_count = 0
-        self._body: list[bytes] = []
+        self._body: list[bytes | bytearray] = []
         self._size = 0
+        # The declared length of a body this connection may read itself; -1: the parser reads it.
+        self._expect = -1
+        self._method = b""
+        self._keep_alive = False
+        self._direct: BodyReader | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -99,7 +119,7 @@ class _HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._pending.clear()
-        self._disarm()
+        self._deadline.cancel()
         self._writable.set()
         if self._counted:
             self._server.connections -= 1
@@ -111,11 +131,32 @@ class _HttpConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: the rest of the current body part, else the shared buffer."""
+        if self._direct is None or self._discarding:
+            return self._server.scratch
+        return self._direct.buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._discarding:
+            return
+        if self._direct is None:
+            self.data_received(self._server.scratch[:nbytes])
+            if self._reading == "body" and self._expect > self._size and not self._discarding:
+                self._direct = BodyReader(self._body, self._size, self._expect)
+        elif not self._direct.read(nbytes):
+            self._arm(self._limits.body_timeout_s, 408, "request body not received")
+        else:
+            # Complete; the parser, left inside this body, starts afresh for the next request.
+            self._direct = None
+            self._parser = httptools.HttpRequestParser(self)
+            self._complete(self._method, self._keep_alive)
+
+    def data_received(self, data: bytes | memoryview) -> None:
         """Feed the parser; a head still incomplete after ``max_header_bytes`` is refused.
 
         Bytes are counted from the first read after the one where a head began, so a head is cut
-        at most one read (256 KiB) past the limit.
+        at most one read (64 KiB) past the limit.
         """
         if self._discarding:
             return
@@ -133,7 +174,7 @@ class _HttpConnection(asyncio.Protocol):
                 self._head_bytes += len(data)
         self._feed(data)
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes | memoryview) -> None:
         if self._discarding or not data:
             return
         try:
@@ -167,18 +208,26 @@ class _HttpConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._reading = "body"
+        parser = self._parser
+        self._method = method = parser.get_method()
+        self._keep_alive = parser.should_keep_alive()
         # A complete HEAD request: its answer, whatever it is, carries no body.
-        self._head_method = self._parser.get_method() == b"HEAD"
+        self._head_method = method == b"HEAD"
         self._arm(self._limits.body_timeout_s, 408, "request body not received")
-        if self._parser.should_upgrade():
-            if self._parser.get_method() == b"CONNECT":
+        if parser.should_upgrade():
+            if method == b"CONNECT":
                 self._refusal = error_response(405, "CONNECT is not supported", [("allow", "GET, POST")])
                 return
             self._upgrade = True
         length = self._headers.get("content-length", "0")
         if length.isdigit() and int(length) > self._server.max_body:
             self._reject(body_too_large(self._server.max_body))
-        elif (
+            return
+        if length.isdigit() and "transfer-encoding" not in self._headers and not self._upgrade:
+            # Framed by Content-Length alone (the parser refuses it next to Transfer-Encoding, and
+            # twice): this connection may read the rest of the body itself.
+            self._expect = int(length)
+        if (
             self._headers.get("expect", "").lower() == "100-continue"
             and self._transport is not None
             and not (self._busy or self._pending)
@@ -196,6 +245,9 @@ class _HttpConnection(asyncio.Protocol):
         self._arm(self._limits.body_timeout_s, 408, "request body not received")
 
     def on_message_complete(self) -> None:
+        self._complete(self._parser.get_method(), self._parser.should_keep_alive())
+
+    def _complete(self, raw_method: bytes, keep_alive: bool) -> None:
         self._disarm()
         self._reading = None
         if self._discarding:
@@ -203,10 +255,17 @@ class _HttpConnection(asyncio.Protocol):
         if self._refusal is not None:
             self._reject(self._refusal)
             return
-        method = self._parser.get_method().decode("ascii", "replace")
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        method = raw_method.decode("ascii", "replace")
+        parts = self._body
+        body: bytes | Body
+        if not parts:
+            body = b""
+        elif len(parts) == 1 and isinstance(parts[0], bytes):
+            body = parts[0]
+        else:
+            body = Body(parts)
         request = Request(method, self._url.decode("latin-1"), self._headers, body)
-        keep_alive = self._parser.should_keep_alive() and not self._upgrade
+        keep_alive = keep_alive and not self._upgrade
         self._pending.append((request, keep_alive, method == "HEAD"))
         if len(self._pending) >= self._limits.max_pipelined:
             self._pause()
@@ -229,7 +288,8 @@ class _HttpConnection(asyncio.Protocol):
         while self._pending:
             item, keep_alive, head_only = self._pending.popleft()
             response = item if isinstance(item, Response) else await self._answer(item)
-            await self._writable.wait()
+            if not self._writable.is_set():
+                await self._writable.wait()
             transport = self._transport
             if transport is None or transport.is_closing():
                 break
@@ -267,11 +327,12 @@ class _HttpConnection(asyncio.Protocol):
         self._schedule()
 
     def _arm(self, seconds: float, status: int | None, what: str) -> None:
-        """One timer per connection: the deadline of whatever it is waiting for now. None while
+        """One deadline per connection: that of whatever it is waiting for now. None while
         reading is paused: a client cannot be late with what the server does not read."""
-        self._disarm()
-        if not self._paused:
-            self._timer = asyncio.get_running_loop().call_later(seconds, self._expire, seconds, status, what)
+        if self._paused:
+            self._deadline.clear()
+        else:
+            self._deadline.arm(seconds, status, what)
 
     def _pause(self) -> None:
         if self._transport is not None and not self._paused:
@@ -300,12 +361,9 @@ class _HttpConnection(asyncio.Protocol):
             self._transport.close()
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline.clear()
 
     def _expire(self, seconds: float, status: int | None, what: str) -> None:
-        self._timer = None
         if self._transport is None:
             return
         if status is None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import http
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 log = logging.getLogger("spillway.function")
+
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus}
 
 # Headers that describe one connection, not the request: never forwarded by a proxy.
 HOP_BY_HOP = frozenset(
@@ -26,12 +29,30 @@ HOP_BY_HOP = frozenset(
 )
 
 
+class Body:
+    """A request body kept in the pieces it arrived in, so a large one is never copied into one
+    buffer on its way to Triton: the socket takes the pieces as they are (``writelines``)."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: Sequence[bytes | bytearray]) -> None:
+        self.parts = parts
+        self.size = sum(len(p) for p in parts)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        """One buffer, for the few readers that parse the body (warm-up and FC event JSON)."""
+        return b"".join(self.parts)
+
+
 @dataclass(slots=True)
 class Request:
     method: str
     target: str
     headers: Mapping[str, str]
-    body: bytes = b""
+    body: bytes | Body = b""
 
     @property
     def path(self) -> str:
@@ -71,3 +92,17 @@ def internal_error(what: str) -> Response:
     error_id = uuid.uuid4().hex[:12]
     log.exception("internal error %s while answering %s", error_id, what)
     return error_response(500, f"internal error (id {error_id}); retry, or report the id to the operator")
+
+
+def encode_response(response: Response, keep_alive: bool) -> bytes:
+    """The status line and headers of an HTTP/1.1 answer (the body follows as it is)."""
+    status = response.status
+    head = _STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status
+    for name, value in response.headers:
+        head += f"{name}: {value}\r\n".encode("latin-1")
+    head += (
+        b"content-length: %d\r\n\r\n" % len(response.body)
+        if keep_alive
+        else (b"content-length: %d\r\nconnection: close\r\n\r\n" % len(response.body))
+    )
+    return head

@@ -13,6 +13,8 @@ from typing import cast
 
 import httptools
 
+from functions.http_types import Body
+
 Headers = list[tuple[bytes, bytes]]
 
 
@@ -68,10 +70,14 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(response)
 
-    def send(self, head: bytes, body: bytes) -> asyncio.Future[UpstreamResponse]:
+    def send(self, head: bytes, body: bytes | Body) -> asyncio.Future[UpstreamResponse]:
         """Only called on a connected protocol (the pool hands out connected ones)."""
         self._waiter = asyncio.get_running_loop().create_future()
-        cast(asyncio.Transport, self.transport).writelines((head, body) if body else (head,))
+        transport = cast(asyncio.Transport, self.transport)
+        if isinstance(body, Body):
+            transport.writelines((head, *body.parts))
+        else:
+            transport.writelines((head, body) if body else (head,))
         return self._waiter
 
     def close(self) -> None:
@@ -97,7 +103,7 @@ class UpstreamPool:
         self._host_header = f"Host: {host}:{port}\r\n".encode()
 
     async def request(
-        self, method: str, target: str, headers: Headers, body: bytes, timeout: float | None
+        self, method: str, target: str, headers: Headers, body: bytes | Body, timeout: float | None
     ) -> UpstreamResponse:
         """One round trip; raises ``TimeoutError`` or ``UpstreamUnavailable``."""
         conn = await self._acquire()

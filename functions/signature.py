@@ -15,7 +15,7 @@ import re
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote_to_bytes
 
@@ -76,8 +76,17 @@ def _raw_bytes(text: str) -> bytes:
         return text.encode("utf-8", "surrogateescape")
 
 
-def body_digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
+Pieces = Sequence[bytes | bytearray]
+
+
+def body_digest(body: bytes | Pieces) -> str:
+    """A body in pieces is hashed piece by piece, never joined into one copy."""
+    if isinstance(body, bytes | bytearray):
+        return hashlib.sha256(body).hexdigest()
+    digest = hashlib.sha256()
+    for part in body:
+        digest.update(part)
+    return digest.hexdigest()
 
 
 def _mac(key: bytes, t: str, nonce: str, method: str, path: str, digest: str) -> str:
@@ -190,7 +199,7 @@ class Verifier:
         self._allow_unsigned = allow_unsigned_payload
         self._nonces = NonceCache(max_nonces)
 
-    def verify(self, header: str | None, method: str, target: str, body: bytes, now: float) -> None:
+    def verify(self, header: str | None, method: str, target: str, body: bytes | Pieces, now: float) -> None:
         """``target`` as the request carried it; it is compared in canonical form."""
         if not header:
             raise SignatureError("missing X-Spillway-Signature header")

@@ -35,8 +35,32 @@ def is_v2(path: str) -> bool:
     return path == "/v2" or path.startswith("/v2/")
 
 
+_CACHE_ENTRIES = 1024
+_CACHE_PATH_CHARS = 256
+_decided: dict[tuple[str, str, bool], Refusal | None] = {}
+
+
 def check(method: str, path: str, expose_statistics: bool) -> Refusal | None:
-    """Why a request for the normalised ``path`` under ``/v2`` is refused; None to forward it."""
+    """Why a request for the normalised ``path`` under ``/v2`` is refused; None to forward it.
+
+    Remembered per (method, path): a function serves few paths, so the regular expressions run
+    once each. Clients choose the paths, so the memory is bounded twice: only short paths are
+    remembered, and the whole memo is forgotten when full.
+    """
+    if len(path) > _CACHE_PATH_CHARS:
+        return _check(method, path, expose_statistics)
+    key = (method, path, expose_statistics)
+    try:
+        return _decided[key]
+    except KeyError:
+        pass
+    if len(_decided) >= _CACHE_ENTRIES:
+        _decided.clear()
+    decided = _decided[key] = _check(method, path, expose_statistics)
+    return decided
+
+
+def _check(method: str, path: str, expose_statistics: bool) -> Refusal | None:
     if not _PATH_CHARS.fullmatch(path):
         return Refusal(400, f"path {path[:200]!r} holds characters no model name or route can hold")
     if _STATISTICS.fullmatch(path):

@@ -5,17 +5,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import secrets
+import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway_plugin.config import ConfigError, SpillwayConfig, load
+from gateway_plugin.config import ConfigError, SharedState, SpillwayConfig, load
 from gateway_plugin.outcome_listener import OutcomeListener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.fast_path import FastPathBook, apply_outcomes
+from gateway_plugin.routing.shared_state import SharedView
+from gateway_plugin.routing.shared_sync import SharedSync, Store
 from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
@@ -47,9 +53,13 @@ class RunnerApp:
         config: SpillwayConfig,
         config_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        worker: int | None = None,
     ) -> None:
         self.config_path = config_path
-        self.state = GatewayState(config, clock=clock)
+        self.worker = worker
+        share = config.shared_state.nodes_expected * config.runner.workers if config.shared_state else None
+        self.state = GatewayState(config, clock=clock, shared=self._shared_view(config, share))
+        self.state.worker = None if worker is None else str(worker)
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
@@ -57,6 +67,18 @@ class RunnerApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
         self.outcome_listener: OutcomeListener | None = None
+        self.shared_sync: SharedSync | None = None
+
+    @staticmethod
+    def _shared_view(config: SpillwayConfig, share: int | None) -> SharedView | None:
+        """This node's view of the shared state; ``share``: how many nodes split each budget and cap
+        while the store is away (default ``nodes_expected``)."""
+        if config.shared_state is None:
+            return None
+        from gateway_plugin.routing.policy_build import build_policy
+
+        node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        return SharedView(config.shared_state, config, build_policy(config), node, share)
 
     @staticmethod
     def _invokers(config: SpillwayConfig) -> dict[str, Invoker]:
@@ -78,7 +100,7 @@ class RunnerApp:
         """Background work on the running loop: metrics scraping, gauges, the /metrics endpoint."""
         config = self.state.config
         if config.metrics.listen:
-            self.state.metrics.serve(config.metrics.listen)
+            self.state.metrics.serve(self._metrics_listen(config.metrics.listen))
         urls = [e.metrics_url for e in config.local.endpoints]
         if urls:
             self._scraper = Scraper(
@@ -86,9 +108,62 @@ class RunnerApp:
             )
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
-        self._start_outcomes(config)
+        if self.worker is None:
+            self._start_outcomes(config)
+        if config.shared_state is not None:
+            self.start_shared(self._store(config.shared_state))
         if config.warmup.report_file:
             self._tasks.append(asyncio.ensure_future(self._warm_reports(Path(config.warmup.report_file))))
+
+    def _metrics_listen(self, listen: str) -> str:
+        """Worker ``i`` of several serves its own ``/metrics`` on the configured port plus ``i``."""
+        if self.worker is None:
+            return listen
+        host, _, port = listen.rpartition(":")
+        return f"{host}:{int(port) + self.worker}"
+
+    def take_outcomes(self, channel: socket.socket) -> None:
+        """A worker's outcomes come from its parent, one batch a message, on ``channel``."""
+        loop = asyncio.get_running_loop()
+        channel.setblocking(False)
+
+        def read() -> None:
+            try:
+                data = channel.recv(outcomes.MAX_MESSAGE_BYTES)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(channel.fileno())
+                log.warning("the parent of the workers is gone: stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            try:
+                outcomes.apply(self.state, outcomes.parse_batch(data))
+            except ValueError as exc:
+                log.warning("outcomes from the parent unreadable: %s", str(exc)[:200])
+
+        loop.add_reader(channel.fileno(), read)
+
+    @staticmethod
+    def _store(settings: SharedState) -> Store:
+        from gateway_plugin.shared_store import RedisStore
+
+        try:
+            return RedisStore(settings)
+        except (ImportError, ValueError) as exc:
+            raise ConfigError(f"shared_state: {exc}") from None
+
+    def start_shared(self, store: Store) -> None:
+        """Rounds with the shared store, every ``sync_period_ms``, in the background."""
+        settings = self.state.config.shared_state
+        if settings is None:
+            raise ConfigError("no shared_state section")
+        self.shared_sync = SharedSync(
+            self.state, store, settings.sync_period_ms / 1000, settings.timeout_ms / 1000
+        )
+        self._tasks.append(asyncio.ensure_future(self.shared_sync.run()))
 
     def _start_outcomes(self, config: SpillwayConfig) -> None:
         """The endpoint the route's http-logger posts to; it needs the route token (its auth)."""
@@ -145,6 +220,8 @@ class RunnerApp:
         try:
             config = load(self.config_path)
             invokers = self._invokers(config)
+            if config.shared_state != self.state.config.shared_state:
+                raise ConfigError("shared_state changes need a restart of the runner")
         except (ConfigError, ValueError) as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
@@ -164,3 +241,5 @@ class RunnerApp:
         leaves no half-gathered futures behind."""
         self.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.shared_sync is not None:
+            await self.shared_sync.close()

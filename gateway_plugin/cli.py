@@ -9,8 +9,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
+from gateway_plugin.simulation import command as simulation
+
+if TYPE_CHECKING:
+    from gateway_plugin.workers import WorkerLink
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
         help="serve APISIX's ext-plugin protocol (what ext-plugin.cmd starts)",
         description="Listen on the Unix socket named by APISIX_LISTEN_ADDRESS and answer APISIX's "
         "PrepareConf, HTTPReqCall and HTTPRespCall frames. APISIX starts this itself through "
-        "ext-plugin.cmd in its config.yaml.",
+        "ext-plugin.cmd in its config.yaml. With runner.workers > 1 (and a shared_state section), this "
+        "process binds the socket and keeps that many worker processes accepting on it.",
     )
     run.add_argument("--config", type=Path, help="spillway.yaml (default: built-in defaults)")
     check = sub.add_parser(
@@ -79,11 +85,14 @@ def _parser() -> argparse.ArgumentParser:
         "validated `targets:` section of spillway.yaml.",
     )
     imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
+    simulation.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "simulate":
+        return simulation.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "import-targets":
@@ -112,9 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.file}: valid")
         print(explain(config))
         return 0
+    from gateway_plugin.workers import WorkerLink
+
+    link = WorkerLink.from_env()
+    if link is None and config.runner.workers > 1:
+        return _supervise(config, args.config)
+    if link is not None:
+        signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
+        )
     loop = _new_loop(config.runner.uvloop)
     try:
-        return loop.run_until_complete(_run(config, args.config))
+        return loop.run_until_complete(_run(config, args.config, link))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -185,7 +203,19 @@ async def until_signalled() -> None:
     await stop.wait()
 
 
-async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
+def _supervise(config: SpillwayConfig, config_path: Path | None) -> int:
+    from gateway_plugin.runner import socket_path
+    from gateway_plugin.workers import supervise
+
+    try:
+        path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return supervise(config, config_path, path)
+
+
+async def _run(config: SpillwayConfig, config_path: Path | None, link: WorkerLink | None = None) -> int:
     from gateway_plugin.app import RunnerApp
     from gateway_plugin.runner import (
         ConfCache,
@@ -202,10 +232,15 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    app = RunnerApp(config, config_path)
+    app = RunnerApp(config, config_path, worker=None if link is None else link.worker)
     runner = Runner(app.plugins, ConfCache(ttl_s=config.runner.conf_ttl_s or default_ttl()))
-    server = await serve(runner, path, config.runner.socket_group)
-    identity = socket_identity(path)
+    if link is None:
+        server = await serve(runner, path, config.runner.socket_group)
+        identity: tuple[int, int] | None = socket_identity(path)
+    else:
+        listening, channel = link.sockets()
+        server, identity = await serve(runner, path, sock=listening), None
+        app.take_outcomes(channel)
     app.start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, app.reload)
     logging.getLogger("spillway.runner").info("listening on %s with plugins %s", path, sorted(runner.plugins))
@@ -219,5 +254,6 @@ async def _run(config: SpillwayConfig, config_path: Path | None) -> int:
         await asyncio.gather(*calls, return_exceptions=True)
         await app.aclose()
         await server.wait_closed()
-        unlink_if_ours(path, identity)
+        if identity is not None:
+            unlink_if_ours(path, identity)
     return 0

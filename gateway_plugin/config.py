@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway_plugin.routing.policy import RuleAction
+from gateway_plugin.simulation.settings import SimulationSettings
 
 
 class ConfigError(ValueError):
@@ -38,6 +39,22 @@ class RunnerSettings(_Model):
         description="group that may use the socket (0660) when APISIX's workers run as another user; "
         "default: the runner's user only (0600)",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="runner processes accepting on the one socket (more than one needs shared_state)",
+    )
+
+
+# Platform payload limits. Lambda takes 6 MB per synchronous invocation; Function URL and Invoke
+# events carry a binary body base64-encoded (4 bytes per 3), inside an envelope of headers and
+# context, for which 64 KiB is kept. FC's HTTP trigger passes 32 MB bodies as they are; its
+# InvokeFunction event carries them base64-encoded like Lambda's.
+_ENVELOPE_BYTES = 64 * 1024
+LAMBDA_MAX_REQUEST_BYTES = (6 * 1024 * 1024 - _ENVELOPE_BYTES) * 3 // 4
+FC_MAX_HTTP_BYTES = 32 * 1024 * 1024
+FC_MAX_INVOKE_BYTES = (32 * 1024 * 1024 - _ENVELOPE_BYTES) * 3 // 4
 
 
 class LocalEndpoint(_Model):
@@ -98,7 +115,23 @@ class Target(_Model):
         description="hash the body into the signature (fetches it from APISIX; else UNSIGNED-PAYLOAD)",
     )
     idle_ttl_s: float = Field(default=300.0, gt=0, description="how long an idle instance stays warm")
+    max_request_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="largest request body (Content-Length) sent here; default: the platform's limit",
+    )
     cost: TargetCost = Field(default_factory=TargetCost)
+
+    @property
+    def request_limit_bytes(self) -> int | None:
+        """The configured limit, else the platform's (None: no limit is known)."""
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        if self.kind == "aws_lambda":
+            return LAMBDA_MAX_REQUEST_BYTES
+        if self.kind == "aliyun_fc":
+            return FC_MAX_INVOKE_BYTES if self.mode == "invoke" else FC_MAX_HTTP_BYTES
+        return None
 
     @model_validator(mode="after")
     def _addressable(self) -> Target:
@@ -266,6 +299,57 @@ class WarmupSettings(_Model):
     )
 
 
+SHARED_STATE_SCHEMES = (
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
+
+
+class SharedState(_Model):
+    """Several gateways (and runner workers) sharing budgets, breakers, warm pools and caps in Redis."""
+
+    redis_url: str = Field(
+        description="redis://host:6379/0, rediss:// (TLS), redis+sentinel://h1:26379,h2:26379/master/0 "
+        "or redis+cluster://host:7000; no password here: it comes from password_env"
+    )
+    key_prefix: str = Field(default="spillway", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    sync_period_ms: int = Field(default=100, ge=10, le=10_000, description="how old the local view may get")
+    nodes_expected: int = Field(
+        default=1, ge=1, le=1000, description="gateways sharing the state; each gets 1/N while Redis is away"
+    )
+    timeout_ms: int = Field(default=200, ge=10, le=10_000, description="bound on every Redis call")
+    lease_share: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="share of a budget or quota leased to a node at once (at most one block per node "
+        "stays unused)",
+    )
+    username_env: str | None = Field(default=None, description="environment variable holding the ACL user")
+    password_env: str | None = Field(
+        default="SPILLWAY_REDIS_PASSWORD", description="environment variable holding Redis's password"
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in SHARED_STATE_SCHEMES:
+            raise ValueError(f"the scheme must be one of {', '.join(SHARED_STATE_SCHEMES)}")
+        if "@" in rest.split("/", 1)[0]:
+            raise ValueError(
+                "credentials do not belong in the URL (it is logged and shown): put the password in "
+                "the environment variable named by password_env"
+            )
+        if not rest.split("/", 1)[0]:
+            raise ValueError("the URL names no host")
+        return value
+
+
 class SpillwayConfig(_Model):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     local: LocalCluster = Field(default_factory=LocalCluster)
@@ -279,6 +363,12 @@ class SpillwayConfig(_Model):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
+    simulation: SimulationSettings = Field(
+        default_factory=SimulationSettings, description="what `simulate` assumes; the runner ignores it"
+    )
+    shared_state: SharedState | None = Field(
+        default=None, description="share decision state through Redis; absent: this runner alone"
+    )
 
     def declared_models(self) -> set[str]:
         """Models the config itself names (latency targets, rules)."""
@@ -296,8 +386,18 @@ class SpillwayConfig(_Model):
             unknown = set(rule.targets) - set(names)
             if unknown:
                 raise ValueError(f"rule {rule.name!r} names unknown targets {sorted(unknown)}")
+        if set(self.simulation.targets) - set(names):
+            raise ValueError(
+                f"simulation names unknown targets {sorted(set(self.simulation.targets) - set(names))}"
+            )
         if set(self.warmup.targets) - set(names):
             raise ValueError(f"warmup names unknown targets {sorted(set(self.warmup.targets) - set(names))}")
+        if self.runner.workers > 1 and self.shared_state is None:
+            raise ValueError(
+                f"runner.workers is {self.runner.workers}: more than one worker needs a shared_state "
+                "section, through which the workers share in-flight counts, budgets, breakers and quotas "
+                "(alone, each would count only its own)"
+            )
         for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
             if set(budget) - set(names):
                 raise ValueError(f"budgets name unknown targets {sorted(set(budget) - set(names))}")

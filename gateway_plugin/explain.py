@@ -49,4 +49,12 @@ def explain(config: SpillwayConfig) -> str:
         f"residency: {residency.header} in [{leaving}] may leave; unclassified "
         f"{'may leave' if residency.unclassified_may_leave else 'stays on premises'}"
     )
+    shared = config.shared_state
+    if shared is not None:
+        password = f"from ${shared.password_env}" if shared.password_env else "none"
+        lines.append(
+            f"shared state: {masked_url(shared.redis_url)} (keys {{{shared.key_prefix}}}:*, password "
+            f"{password}), view refreshed every {shared.sync_period_ms} ms; {shared.nodes_expected} "
+            f"node(s) expected, each alone keeps 1/{shared.nodes_expected} of every budget and cap"
+        )
     return "\n".join(lines)

@@ -38,13 +38,14 @@ FastSink = Callable[[FastOutcomes], None]
 
 
 class OutcomeListener:
-    """Serves ``POST /spillway/outcomes`` until closed; ``deliver`` runs on ``loop``."""
+    """Serves ``POST /spillway/outcomes`` until closed; ``deliver`` runs on ``loop``, or on the
+    request's own thread when there is none (the parent of several workers, which only forwards)."""
 
     def __init__(
         self,
         listen: str,
         auth: str,
-        loop: asyncio.AbstractEventLoop,
+        loop: asyncio.AbstractEventLoop | None,
         deliver: Callable[[list[Outcome]], None],
         table: TableSource | None = None,
         fast: FastSink | None = None,
@@ -80,12 +81,17 @@ def _on_loop(loop: asyncio.AbstractEventLoop, build: TableSource, report: FastPa
 
 def _handler(
     auth: str,
-    loop: asyncio.AbstractEventLoop,
+    loop: asyncio.AbstractEventLoop | None,
     deliver: Callable[[list[Outcome]], None],
     table: TableSource | None,
     fast: FastSink | None,
 ) -> type[BaseHTTPRequestHandler]:
-    served = {PATH: True, TABLE_PATH: table is not None, FAST_OUTCOMES_PATH: fast is not None}
+    owned = loop is not None  # a workers' parent holds no state: it serves outcomes only
+    served = {
+        PATH: True,
+        TABLE_PATH: owned and table is not None,
+        FAST_OUTCOMES_PATH: owned and fast is not None,
+    }
 
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S
@@ -108,41 +114,44 @@ def _handler(
                 self._answer(413 if length.isdigit() else 411, f"a Content-Length up to {limit} bytes")
                 return
             body = self.rfile.read(int(length))
-            if path == TABLE_PATH and table is not None:
-                self._table(table, body)
+            if path == TABLE_PATH and table is not None and loop is not None:
+                self._table(loop, table, body)
                 return
-            if path == FAST_OUTCOMES_PATH and fast is not None:
-                self._fast(fast, body)
+            if path == FAST_OUTCOMES_PATH and fast is not None and loop is not None:
+                self._fast(loop, fast, body)
                 return
             try:
                 entries = parse_batch(body)
             except (ValidationError, ValueError) as exc:
                 self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
                 return
-            loop.call_soon_threadsafe(deliver, entries)
+            if loop is None:
+                deliver(entries)
+            else:
+                loop.call_soon_threadsafe(deliver, entries)
             self._answer(204, "")
 
-        def _table(self, build: TableSource, body: bytes) -> None:
+        def _table(self, owner: asyncio.AbstractEventLoop, build: TableSource, body: bytes) -> None:
             try:
                 report = FastPathReport.model_validate_json(body)
             except ValidationError as exc:
                 self._answer(400, f"not a fast-path report: {str(exc)[:300]}")
                 return
             try:
-                answer = _on_loop(loop, build, report)
+                answer = _on_loop(owner, build, report)
             except Exception as exc:
                 log.error("decision table not built: %s", exc)
                 self._answer(500, "the decision table could not be built; see the runner's log")
                 return
             self._send(200, answer)
 
-        def _fast(self, sink: FastSink, body: bytes) -> None:
+        def _fast(self, owner: asyncio.AbstractEventLoop, sink: FastSink, body: bytes) -> None:
             try:
                 summary = FastOutcomes.model_validate_json(body)
             except ValidationError as exc:
                 self._answer(400, f"not a summary of fast-path outcomes: {str(exc)[:300]}")
                 return
-            loop.call_soon_threadsafe(sink, summary)
+            owner.call_soon_threadsafe(sink, summary)
             self._answer(204, "")
 
         def _answer(self, status: int, message: str) -> None:

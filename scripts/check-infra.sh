@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Static checks of the provisioning code and the function images, from the repository root:
 #   terraform fmt -check   (formatting of infra/terraform)
+#   tf_offline.py          (terraform validate of every module and example, and plan of every
+#                           example, on a provider-free rendering: Terraform's own type checks,
+#                           validations and preconditions, offline)
 #   hadolint               (every Dockerfile; each ignored rule carries its reason inline)
 #   checkov                (infra/terraform; each skipped check carries its reason inline)
-# terraform init/validate need the provider registry: run them where it is reachable (see
-# infra/terraform/*/README.md). Exits non-zero on the first failing tool, saying what to do.
+# A real terraform init/validate/plan needs the provider registry: run them where it is
+# reachable (see infra/terraform/*/README.md). Runs every tool, then exits non-zero if any
+# failed, saying what to do.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +32,18 @@ if [ -z "$TERRAFORM" ]; then
     fail "terraform not found" "install Terraform >= 1.5 (https://developer.hashicorp.com/terraform/install)"
 elif ! "$TERRAFORM" fmt -check -recursive -diff infra/terraform; then
     fail "terraform fmt found unformatted files (listed above)" "run: terraform fmt -recursive infra/terraform"
+fi
+
+echo "== terraform validate/plan without providers: python -m scripts.tf_offline" >&2
+PY=$(tool python)
+PY=${PY:-$(command -v python3 || true)}
+if [ -z "$TERRAFORM" ]; then
+    echo "skipped: terraform not found (reported above)" >&2
+elif [ -z "$PY" ] || ! "$PY" -c "import hcl2" 2>/dev/null; then
+    fail "python-hcl2 is not importable by '${PY:-python3}'" "run: bash scripts/setup.sh (installs the dev dependencies into .venv)"
+elif ! "$PY" -m scripts.tf_offline infra/terraform; then
+    fail "Terraform rejects infra/terraform (errors above, at their source lines)" \
+        "fix those expressions (both results of a conditional must have the same type), then rerun: $PY -m scripts.tf_offline"
 fi
 
 echo "== hadolint" >&2
@@ -65,4 +81,4 @@ if [ "$failures" -gt 0 ]; then
     echo "check-infra: $failures check(s) failed" >&2
     exit 1
 fi
-echo "check-infra: terraform fmt, hadolint and checkov passed" >&2
+echo "check-infra: terraform fmt, offline validate/plan, hadolint and checkov passed" >&2

@@ -18,6 +18,14 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     echo "warning: chromium could not be installed; the report's browser test will be skipped" >&2
   fi
 fi
+# A real redis-server for the shared-state tests (Debian's package, where apt and root are there;
+# else those tests skip, saying why). Only the binary is used: the tests start their own servers.
+if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing redis-server (apt) for the shared-state tests" >&2
+  if ! { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; then
+    echo "warning: redis-server could not be installed; the shared-state tests will be skipped" >&2
+  fi
+fi
 # A real Apache APISIX 3.18 for the gateway tests, the demo and the benchmarks (root and apt; else
 # those tests skip, saying why).
 bash scripts/install-apisix.sh

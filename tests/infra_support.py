@@ -8,6 +8,7 @@ they are only known after apply.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -95,7 +96,7 @@ class Unsupported(ValueError):
 
 _TOKEN = re.compile(
     r"""\s*(?:
-    (?P<number>\d+(?:\.\d+)?)
+    (?P<number>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
   | (?P<op>==|!=|<=|>=|&&|\|\||=>|[-+*/%<>!?:=,.()\[\]{}])
   | (?P<name>[A-Za-z_][A-Za-z0-9_-]*)
     )""",
@@ -161,6 +162,10 @@ def _regex(pattern: str, text: str) -> Any:
     return list(m.groups()) if m.groups() else m.group(0)
 
 
+def _flatten(items: list[Any]) -> list[Any]:
+    return [leaf for item in items for leaf in (_flatten(item) if isinstance(item, list) else [item])]
+
+
 class Evaluator:
     """Evaluates HCL expressions with variable values and the module's locals."""
 
@@ -172,6 +177,7 @@ class Evaluator:
         "keys": lambda m: sorted(m),
         "setintersection": lambda *sets: sorted(set.intersection(*(set(s) for s in sets))),
         "floor": math.floor,
+        "abs": abs,
         "join": lambda sep, items: sep.join(items),
         "lower": str.lower,
         "replace": lambda s, old, new: (
@@ -182,6 +188,9 @@ class Evaluator:
         "regex": _regex,
         "alltrue": lambda items: all(items),
         "concat": lambda *lists: [item for lst in lists for item in lst],
+        "flatten": lambda items: _flatten(items),
+        "distinct": lambda items: list(dict.fromkeys(items)),
+        "sha256": lambda text: hashlib.sha256(text.encode()).hexdigest(),
     }
 
     def __init__(self, variables: Mapping[str, Any], locals_: Mapping[str, Any]) -> None:
@@ -324,16 +333,31 @@ class Evaluator:
             if self._take()[1] == ".":
                 attr = self._take()[1]
                 value = Unknown(f"{value}.{attr}") if isinstance(value, Unknown) else value[attr]
+            elif self._peek() == "*":
+                self._take("*")
+                self._take("]")
+                value = self._splat(value)
             else:
                 index = self._ternary()
                 self._take("]")
                 value = Unknown(f"{value}[{index}]") if isinstance(value, Unknown) else value[index]
         return value
 
+    def _splat(self, value: Any) -> Any:
+        """``value[*]`` and the attribute traversals after it: null is [], one value [value]."""
+        if isinstance(value, Unknown):
+            return Unknown(f"{value}[*]")
+        items = [] if value is None else value if isinstance(value, list) else [value]
+        while self._peek() == ".":
+            self._take(".")
+            attr = self._take()[1]
+            items = [item[attr] for item in items]
+        return items
+
     def _primary(self) -> Any:
         kind, text = self._take()
         if kind == "number":
-            return float(text) if "." in text else int(text)
+            return int(text) if text.isdigit() else float(text)
         if kind == "string":
             return self._template(text)
         if text == "(":
@@ -402,7 +426,7 @@ class Evaluator:
 
     def _object(self) -> Any:
         if self._peek() == "for":
-            raise Unsupported("for expressions")
+            return self._object_for()
         result = {}
         while self._peek() != "}":
             key = self._take()
@@ -412,6 +436,28 @@ class Evaluator:
             if self._peek() == ",":
                 self._take(",")
         self._take("}")
+        return result
+
+    def _object_for(self) -> dict[Any, Any]:
+        """``{ for [k,] v in source : key => value [if cond] }``."""
+        self._take("for")
+        names = [self._take()[1]]
+        if self._peek() == ",":
+            self._take(",")
+            names.append(self._take()[1])
+        self._take("in")
+        source = self._sub(self._skip((":",)))
+        self._take(":")
+        key = self._skip(("=>",))
+        self._take("=>")
+        value = self._skip(("}", "if"))
+        condition = self._skip(("}",))[1:] if self._peek() == "if" else None
+        self._take("}")
+        result = {}
+        for k, v in source.items() if isinstance(source, dict) else enumerate(source):
+            scope = {names[0]: v} if len(names) == 1 else {names[0]: k, names[1]: v}
+            if condition is None or self._sub(condition, **scope):
+                result[self._sub(key, **scope)] = self._sub(value, **scope)
         return result
 
     def _call(self, name: str) -> Any:
@@ -431,6 +477,46 @@ class Evaluator:
             return self.FUNCTIONS[name](*args)
         except (TypeError, ValueError, StopIteration) as exc:
             raise Unsupported(f"{name}{tuple(args)}: {exc}") from None
+
+
+# Values the providers and cloud APIs accept, and values they reject, per module variable: the
+# modules' validations must agree. alicloud_fcv3_function in aliyun/terraform-provider-alicloud
+# v1.252.0 (gpu_config.gpu_type, memory_size 64-32768, cpu 0.05-16), FC's HTTP trigger authType
+# (function or anonymous; the module refuses anonymous), RAM role and policy names (letters,
+# digits and '-'; the module name also names FC resources and must start with a letter), and
+# Lambda permission statement ids (at most 100 characters, so IAM names of at most 64).
+LONG_ROLE = "arn:aws:iam::123456789012:role/" + "platform/" * 30 + "g" * 64
+PROVIDER_VALUES: dict[str, dict[str, tuple[list[Any], list[Any]]]] = {
+    "aliyun_function": {
+        "gpu_type": (
+            ["fc.gpu.tesla.1", "fc.gpu.ampere.1", "fc.gpu.ada.1", "g1", None],
+            ["fc.gpu.hopper.1", "tesla.1", "fc.gpu.tesla.2", "G1", ""],
+        ),
+        "memory_size": ([64, 128, 4096, 32768], [0, 32, 100, 32832, 65536]),
+        "cpu": ([0.05, 0.35, 1, 8, 16], [0, 0.04, 0.33, 16.05, 32]),
+        "http_auth_type": (["function"], ["anonymous", "jwt", "Function"]),
+        "name": (
+            ["spillway-add-sub", "a", "Fn2", "x" * 48],
+            ["spillway_add_sub", "_fn", "1fn", "-fn", "fn.v2", "x" * 49],
+        ),
+    },
+    "aws_function": {
+        "invoker_principal_arns": (
+            [
+                ["123456789012"],
+                ["arn:aws:iam::123456789012:role/gateway"],
+                ["arn:aws-cn:iam::123456789012:user/ops.gateway@team"],
+                [LONG_ROLE],
+            ],
+            [
+                ["*"],
+                ["arn:aws:iam::123456789012:role/*"],
+                ["arn:aws:iam::123456789012:role/a/*/gateway"],
+                ["arn:aws:iam::123456789012:role/" + "g" * 65],
+            ],
+        ),
+    },
+}
 
 
 def validations(module: Module, variable: str) -> list[dict[str, Any]]:

@@ -63,6 +63,12 @@ RULES: dict[str, tuple[str, ...]] = {
         "functions.contract",
         "functions.signature",
     ),
+    "gateway_plugin.simulation": (
+        "gateway_plugin.simulation",
+        "gateway_plugin.routing",
+        "gateway_plugin.config",
+        "gateway_plugin.costs",
+    ),
     "gateway_plugin": ("gateway_plugin", "functions.contract", "functions.signature"),
     "warmup": (
         "warmup",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -198,3 +199,113 @@ def test_pipelined_requests_are_answered_in_order_and_reading_pauses_when_too_ma
     server_kept_reading, bodies = _run(go())  # type: ignore[misc]
     assert not server_kept_reading, "a blocked handler must stop the server reading more requests"
     assert bodies == [f"/{i}".encode() for i in range(count)]
+
+
+async def _digest(request: Request) -> Response:
+    """Answers with the size and SHA-256 of the body the handler got."""
+    body = bytes(request.body)
+    return Response(200, [("x-size", str(len(body)))], hashlib.sha256(body).hexdigest().encode())
+
+
+def _post(body: bytes, path: str = "/up", extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+async def _big_server(limits: HttpLimits = QUICK) -> asyncio.Server:
+    return await http_server.serve(_digest, "127.0.0.1", 0, 8 * 1024 * 1024, limits)
+
+
+@pytest.mark.parametrize("split", [1, 7, 64 * 1024 - 3, 64 * 1024, 300_000])
+def test_a_body_read_past_its_head_reaches_the_handler_whole_and_the_next_request_is_parsed(
+    split: int,
+) -> None:
+    """The rest of a Content-Length body is read into the request's own buffers, never past its
+    end: what follows in the same bytes is the next request, whatever the read boundaries."""
+    first = bytes(range(256)) * 4096 + b"tail"
+    second = b"second body"
+    stream = _post(first) + _post(second, "/two") + b"GET /three HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    async def go() -> list[tuple[int, bytes]]:
+        server = await _big_server(HttpLimits(body_timeout_s=5, header_timeout_s=5))
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for at in range(0, len(stream), split):
+                writer.write(stream[at : at + split])
+                await writer.drain()
+            return [(s, b) for s, _, b in [await _read_answer(reader) for _ in range(3)]]
+        finally:
+            server.close()
+
+    answers = _run(go())
+    assert answers == [
+        (200, hashlib.sha256(first).hexdigest().encode()),
+        (200, hashlib.sha256(second).hexdigest().encode()),
+        (200, hashlib.sha256(b"").hexdigest().encode()),
+    ]
+
+
+def test_a_body_that_stops_arriving_gets_408_even_when_read_past_the_parser() -> None:
+    async def go() -> list[int]:
+        server = await _big_server()
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(bytes(1_000_000))[:200_000])
+            return await _answers_until_closed(reader)
+        finally:
+            server.close()
+
+    assert _run(go()) == [408]
+
+
+def test_chunked_and_smuggling_shaped_bodies_stay_with_the_parser() -> None:
+    """Only a body framed by one Content-Length and nothing else is read outside the parser:
+    Transfer-Encoding next to Content-Length, or two Content-Lengths, is refused as before."""
+    chunk = bytes(100_000)
+    chunked = (
+        b"POST /c HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(chunk)
+        + chunk
+        + b"\r\n0\r\n\r\n"
+    )
+    both = b"POST /s HTTP/1.1\r\nHost: x\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+    twice = b"POST /t HTTP/1.1\r\nHost: x\r\ncontent-length: 5\r\ncontent-length: 50\r\n\r\nhello"
+
+    async def go(stream: bytes) -> list[tuple[int, bytes]]:
+        server = await _big_server()
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(stream)
+            answers = []
+            while True:
+                try:
+                    status, _, body = await asyncio.wait_for(_read_answer(reader), 30)
+                except asyncio.IncompleteReadError:
+                    return answers
+                answers.append((status, body))
+        finally:
+            server.close()
+
+    ok = _run(go(chunked + b"GET /x HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n"))
+    assert ok == [
+        (200, hashlib.sha256(chunk).hexdigest().encode()),
+        (200, hashlib.sha256(b"").hexdigest().encode()),
+    ]
+    assert [s for s, _ in _run(go(both))] == [400]  # type: ignore[attr-defined]
+    assert [s for s, _ in _run(go(twice))] == [400]  # type: ignore[attr-defined]
+
+
+def test_a_body_larger_than_the_limit_is_refused_from_its_head_before_any_buffer_is_made() -> None:
+    async def go() -> list[int]:
+        server = await http_server.serve(_digest, "127.0.0.1", 0, 100_000, QUICK)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /big HTTP/1.1\r\nHost: x\r\ncontent-length: 100001\r\n\r\n" + bytes(1000))
+            return await _answers_until_closed(reader)
+        finally:
+            server.close()
+
+    assert _run(go()) == [413]

@@ -7,6 +7,7 @@ import ast
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from functions.events import parse_event
 from functions.settings import IMAGE_MODEL_REPOSITORY
 from functions.sidecar import free_port
 from tests.infra_support import (
+    LONG_ROLE,
+    PROVIDER_VALUES,
     Module,
     Unknown,
     accepts,
@@ -130,6 +133,27 @@ def test_schedules_send_the_payload_to_the_alias(aws: Module) -> None:
     assert aws_eval(aws, create_alias=False).local("invoke_arn") == "aws_lambda_function.this[0].arn"
 
 
+def test_failed_pings_are_not_retried(aws: Module) -> None:
+    """Scheduler invokes the function asynchronously: Lambda would retry a failed ping twice and
+    keep a throttled one for hours unless the invoke config of the qualifier it calls says not."""
+    config = aws.resource("aws_lambda_function_event_invoke_config", "this")
+    assert config["maximum_retry_attempts"] == 0
+    assert config["maximum_event_age_in_seconds"] == 60
+    assert config["qualifier"] == "${local.qualifier}"
+    for create_alias in (True, False):
+        evaluator = aws_eval(aws, create_alias=create_alias)
+        qualifier = evaluator.local("qualifier")
+        arn = evaluator.local("invoke_arn")
+        assert (qualifier is not None) == arn.startswith("aws_lambda_alias."), (qualifier, arn)
+    schedule = aws.resource("aws_scheduler_schedule", "this")
+    assert schedule["target"][0]["retry_policy"][0]["maximum_retry_attempts"] == 0
+    assert aws_eval(aws).value(config["count"]) == 1
+    assert aws_eval(aws, warmup_pings=0).value(config["count"]) == 0
+    assert aws_eval(aws, create=False).value(config["count"]) == 0
+    readme = (TF / "modules" / "aws_function" / "README.md").read_text()
+    assert "aws_lambda_function_event_invoke_config" in readme
+
+
 def test_fc_timer_triggers_carry_the_payload_in_the_event_fc_sends(aliyun: Module) -> None:
     trigger = aliyun.resource("alicloud_fcv3_trigger", "warmup")
     assert trigger["trigger_type"] == "timer"
@@ -199,27 +223,83 @@ def test_function_url_uses_iam_unless_a_signing_secret_is_mandatory(aws: Module)
     assert allowed("AWS_IAM", None)
 
 
-def test_only_a_none_url_gets_a_public_permission(aws: Module) -> None:
-    public = [
-        (name, body)
-        for (kind, name), body in aws.resources.items()
-        if kind == "aws_lambda_permission" and body.get("principal") == "*"
-    ]
-    assert len(public) == 1
-    name, body = public[0]
-    assert body["function_url_auth_type"] == "NONE" and body["action"] == "lambda:InvokeFunctionUrl"
+def permissions(aws: Module) -> dict[str, dict[str, Any]]:
+    return {name: body for (kind, name), body in aws.resources.items() if kind == "aws_lambda_permission"}
+
+
+def test_a_none_url_grants_anyone_invoke_through_the_url_only(aws: Module) -> None:
+    """Since October 2025 a URL call needs lambda:InvokeFunctionUrl and lambda:InvokeFunction.
+    For NONE the URL resource grants anyone the first when it creates the URL; the one public
+    permission here is the second, only through the URL, on the URL's qualifier."""
+    public = {name: body for name, body in permissions(aws).items() if body["principal"] == "*"}
+    assert list(public) == ["public_url"]
+    body = public["public_url"]
+    assert body["action"] == "lambda:InvokeFunction"
+    assert body["invoked_via_function_url"] is True
+    assert "function_url_auth_type" not in body and "source_arn" not in body
+    url = aws.resource("aws_lambda_function_url", "this")
+    assert body["qualifier"] == url["qualifier"] == "${local.qualifier}"
+    assert url["authorization_type"] == "${var.function_url_authorization_type}"
     assert aws_eval(aws).value(body["count"]) == 0
-    assert (
-        aws_eval(aws, function_url_authorization_type="NONE", signing_key_secret_arn=SECRET_ARN).value(
-            body["count"]
-        )
-        == 1
-    )
-    for kind_name, other in aws.resources.items():
-        if kind_name[0] == "aws_lambda_permission" and kind_name[1] != name:
-            assert other["principal"] == "${each.value}"
+    none = {"function_url_authorization_type": "NONE", "signing_key_secret_arn": SECRET_ARN}
+    assert aws_eval(aws, **none).value(body["count"]) == 1
+    assert aws_eval(aws, **none, create_function_url=False).value(body["count"]) == 0
+    assert aws_eval(aws, **none, create=False).value(body["count"]) == 0
+    for name, other in permissions(aws).items():
+        if name != "public_url":
+            assert other["principal"] == "${each.value}", name
     assert not accepts(aws, "invoker_principal_arns", ["*"])
     assert accepts(aws, "invoker_principal_arns", ["arn:aws:iam::123456789012:role/gateway"])
+
+
+def test_a_new_auth_type_replaces_the_url(aws: Module) -> None:
+    """The provider adds a NONE URL's public statements on creation only, never on update."""
+    url = aws.resource("aws_lambda_function_url", "this")
+    [lifecycle] = url["lifecycle"]
+    assert lifecycle["replace_triggered_by"] == ["${terraform_data.url_authorization_type[count.index]}"]
+    trigger = aws.resource("terraform_data", "url_authorization_type")
+    assert trigger["input"] == "${var.function_url_authorization_type}"
+    assert trigger["count"] == url["count"]
+
+
+def test_an_iam_url_grants_its_callers_both_url_actions(aws: Module) -> None:
+    invoke_url, invoke = permissions(aws)["invoke_url"], permissions(aws)["invoke"]
+    assert invoke_url["action"] == "lambda:InvokeFunctionUrl"
+    assert invoke_url["function_url_auth_type"] == "AWS_IAM"
+    assert invoke["action"] == "lambda:InvokeFunction" and "invoked_via_function_url" not in invoke
+    for body in (invoke_url, invoke):
+        assert body["qualifier"] == "${local.qualifier}"
+        assert "local.invoker_principal" in body["for_each"]
+    # Every principal that may call the IAM URL may invoke too: invoke is created whenever
+    # invoke_url is.
+    principals = ["arn:aws:iam::123456789012:role/gateway"]
+    evaluator = aws_eval(aws, invoker_principal_arns=principals)
+    assert evaluator.value(invoke_url["for_each"]) == evaluator.value(invoke["for_each"])
+    assert list(evaluator.value(invoke["for_each"]).values()) == principals
+
+
+def test_url_conditions_only_go_with_the_actions_aws_accepts_them_for(aws: Module) -> None:
+    """AddPermission takes FunctionUrlAuthType only with lambda:InvokeFunctionUrl, and
+    InvokedViaFunctionUrl only with lambda:InvokeFunction."""
+    for name, body in permissions(aws).items():
+        if "function_url_auth_type" in body:
+            assert body["action"] == "lambda:InvokeFunctionUrl", name
+        if "invoked_via_function_url" in body:
+            assert body["action"] == "lambda:InvokeFunction", name
+
+
+def test_modules_require_the_provider_versions_they_use(aws: Module, aliyun: Module, example: Module) -> None:
+    """Reusable modules declare minimums, as terraform-aws-modules does; the example, a root,
+    stays on one major version. invoked_via_function_url arrived in hashicorp/aws 6.28."""
+
+    def constraints(module: Module) -> dict[str, str]:
+        [block] = module.terraform
+        [providers] = block["required_providers"]
+        return {name: spec["version"] for name, spec in providers.items() if not name.startswith("__")}
+
+    assert constraints(aws) == {"aws": ">= 6.28"}
+    assert constraints(aliyun) == {"alicloud": ">= 1.252.0"}
+    assert constraints(example) == {"aws": "~> 6.28", "alicloud": "~> 1.252"}
 
 
 def test_signing_key_comes_from_secrets_manager_never_a_literal(aws: Module) -> None:
@@ -331,17 +411,16 @@ def test_provisioned_concurrency_cannot_exceed_the_cap(aws: Module) -> None:
 
 
 def test_fc_http_trigger_is_never_anonymous(aliyun: Module) -> None:
+    """FC's HTTP trigger authType is function or anonymous; the module allows function only."""
     trigger = aliyun.resource("alicloud_fcv3_trigger", "http")
     assert trigger["trigger_type"] == "http"
     assert aliyun.defaults()["http_auth_type"] == "function"
-    assert not accepts(aliyun, "http_auth_type", "anonymous")
-    for auth in ("function", "jwt"):
-        config = json.loads(
-            aliyun_eval(aliyun, http_auth_type=auth, http_auth_config="{}").value(trigger["trigger_config"])
-        )
-        assert config["authType"] == auth
-    [check] = preconditions(trigger)
-    assert not aliyun_eval(aliyun, http_auth_type="jwt").value(check["condition"])
+    assert accepts(aliyun, "http_auth_type", "function")
+    for auth in ("anonymous", "jwt", "Function", ""):
+        assert not accepts(aliyun, "http_auth_type", auth), auth
+    config = json.loads(aliyun_eval(aliyun).value(trigger["trigger_config"]))
+    assert config == {"authType": "function", "methods": ["GET", "POST", "HEAD"], "disableURLInternet": False}
+    assert "http_auth_config" not in aliyun.variables
 
 
 def test_fc_concurrency_cap_and_log_retention(aliyun: Module) -> None:
@@ -440,6 +519,40 @@ def test_fc_signing_key_oss_rejects_paths_outside_one_folder(aliyun: Module, cha
     assert accepts(aliyun, "signing_key_oss", KEY_OSS)
     assert accepts(aliyun, "signing_key_oss", None)
     assert not accepts(aliyun, "signing_key_oss", {**KEY_OSS, **change})
+
+
+@pytest.mark.parametrize(
+    ("which", "variable"),
+    [(which, variable) for which, table in PROVIDER_VALUES.items() for variable in table],
+)
+def test_validations_accept_what_the_provider_accepts_and_nothing_else(
+    which: str, variable: str, request: Any
+) -> None:
+    module: Module = request.getfixturevalue("aws" if which == "aws_function" else "aliyun")
+    good, bad = PROVIDER_VALUES[which][variable]
+    assert [v for v in good if not accepts(module, variable, v)] == []
+    assert [v for v in bad if accepts(module, variable, v)] == []
+
+
+def test_permission_statement_ids_fit_lambda_whatever_the_role_path(aws: Module) -> None:
+    """Statement ids are 1-100 letters, digits, '-' and '_', and must differ per principal."""
+    principals = [
+        LONG_ROLE,
+        "arn:aws:iam::123456789012:user/ops.gateway",
+        "arn:aws:iam::123456789012:user/ops-gateway",
+        "arn:aws:iam::123456789012:role/other-path/ops-gateway",
+        "123456789012",
+    ]
+    evaluator = aws_eval(aws, invoker_principal_arns=[*principals, principals[0]])
+    grants = evaluator.local("invoker_principal")
+    assert sorted(grants.values()) == sorted(principals)
+    ids = []
+    for name in ("invoke", "invoke_url"):
+        for key, principal in grants.items():
+            evaluator.scope["each"] = {"key": key, "value": principal}
+            ids.append(evaluator.value(permissions(aws)[name]["statement_id"]))
+    assert len(set(ids)) == len(ids) == 2 * len(principals)
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,100}", i) for i in ids), ids
 
 
 # -- the example and the gateway's targets --
@@ -602,11 +715,21 @@ def test_constraints_pin_every_image_package() -> None:
         assert name in pins
 
 
+def test_fc_image_readme_names_only_drivers_triton_supports() -> None:
+    """Triton 24.10 (CUDA 12.6) runs on data-centre drivers R470, R525, R535 or R545 through CUDA
+    forward compatibility, or on 560 and newer."""
+    readme = (IMAGES / "README.md").read_text()
+    section = readme.split("## GPU driver and CUDA on FC", 1)[1].split("\n## ", 1)[0]
+    branches = {int(b) for b in re.findall(r"\bR?(\d{3})\b", section)}
+    assert branches, section
+    assert all(b in (470, 525, 535, 545) or b >= 560 for b in branches), branches
+
+
 @pytest.mark.parametrize(
     ("driver_line", "uses_compat"),
     [
         ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.07  Sat Feb 17 22:55:48 UTC 2024", True),
-        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build", True),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  545.23.08  Release Build", True),
         ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Thu Jan 23 21:33:15 UTC 2025", False),
         (None, False),
     ],

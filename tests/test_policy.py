@@ -305,3 +305,30 @@ def test_a_drained_cluster_stops_the_overflow_whatever_earlier_answers_took() ->
         assert estimated_latency_ms(busy, POLICY) >= 300, (
             "while the cluster queues, the observed time is a floor"
         )
+
+
+def test_a_saturated_cluster_starts_one_cold_instance_at_a_time_rather_than_shed() -> None:
+    """Past saturation the request would be shed: a cold start answers it, and the instance it
+    starts serves the rest of the burst; the next start waits until it answers, and only the first
+    cold target of the chain starts. Short of saturation, a queue shorter than the start wins."""
+    saturated = SATURATED._replace(queue_ms=450, pending=90)
+    decision = decide(req(), snap(saturated), POLICY)
+    assert (decision.target, decision.label) == ("aws", "overflow_cold")
+    starting = TargetState(in_flight=1)
+    assert decide(req(), snap(saturated, aws=starting), POLICY).target == SHED
+    one_warm_busy = TargetState(warm_instances=1, in_flight=1)
+    assert decide(req(), snap(saturated, aws=one_warm_busy), POLICY).target == "aws"
+    assert decide(req(), snap(BUSY), POLICY).target == LOCAL
+    assert decide(req("confidential"), snap(saturated), POLICY).target == SHED
+
+
+def test_a_busy_warm_pool_grows_one_instance_at_a_time_while_local_would_miss() -> None:
+    """Local would miss the target (not saturated): a target whose warm instances are all busy
+    starts one more, since the request misses either way and the instance serves the burst; a
+    target with no warm instance, or one already starting, keeps the old rule (local)."""
+    all_busy = TargetState(warm_instances=2, in_flight=2)
+    decision = decide(req(), snap(BUSY, aws=all_busy), POLICY)
+    assert (decision.target, decision.label) == ("aws", "overflow_cold")
+    starting = TargetState(warm_instances=2, in_flight=3)
+    assert decide(req(), snap(BUSY, aws=starting, ali=all_busy), POLICY).target == LOCAL
+    assert decide(req(), snap(CALM, aws=all_busy), POLICY).target == LOCAL

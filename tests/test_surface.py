@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from functions import surface
 from functions.contract import normalise_path
 from functions.surface import check, is_v2
 
@@ -79,3 +80,12 @@ def test_statistics_only_when_enabled() -> None:
     assert check("GET", "/v2/models/m/stats", expose_statistics=True) is None
     refusal = check("GET", "/v2/models/m/stats", expose_statistics=False)
     assert refusal is not None and "SPILLWAY_EXPOSE_STATISTICS=1" in refusal.message
+
+
+def test_the_memo_of_decisions_stays_small_whatever_paths_clients_send() -> None:
+    for i in range(3_000):
+        surface.check("POST", f"/v2/models/m{i}/infer", False)
+        surface.check("POST", f"/v2/models/{'x' * 1_000}{i}/infer", False)
+    assert len(surface._decided) <= surface._CACHE_ENTRIES
+    assert max(len(path) for _, path, _ in surface._decided) <= surface._CACHE_PATH_CHARS
+    assert surface.check("POST", f"/v2/models/{'x' * 10_000}/infer", False) is None

@@ -119,17 +119,40 @@ class EntryMap(Mapping[str, str]):
         self._values = values
         if not at:
             return
+        # One loop with everything inlined: it runs for every header of every call.
+        u32, i32, vtable, size = _U32, _I32, _VTABLE_2, len(buf)
         for item in _vector(buf, at):
-            pos = item + _U32(buf, item)[0]
-            name_off, value_off = _entry_fields(buf, pos)
-            if value_off:
-                name = _lower(_raw_string(buf, pos + name_off)) if name_off else b""
-                value = _raw_string(buf, pos + value_off)
-                found = values.get(name)
-                if found is None:
-                    values[name] = [value]
-                else:
-                    found.append(value)
+            pos = item + u32(buf, item)[0]
+            vt = pos - i32(buf, pos)[0]
+            if vt >= 0 and vt + 8 <= size:
+                vlen, _, name_off, value_off = vtable(buf, vt)
+                if vlen <= 6:
+                    name_off, value_off = _entry_fields(buf, pos)
+            else:
+                name_off, value_off = _entry_fields(buf, pos)
+            if not value_off:
+                continue
+            ref = pos + value_off
+            start = ref + u32(buf, ref)[0]
+            end = start + 4 + u32(buf, start)[0]
+            if end > size:
+                raise Malformed(f"string at {start} runs past the end of the buffer")
+            value = buf[start + 4 : end]
+            if name_off:
+                ref = pos + name_off
+                start = ref + u32(buf, ref)[0]
+                end = start + 4 + u32(buf, start)[0]
+                if end > size:
+                    raise Malformed(f"string at {start} runs past the end of the buffer")
+                name = buf[start + 4 : end]
+                name = name.lower() if name.isascii() else _lower(name)
+            else:
+                name = b""
+            found = values.get(name)
+            if found is None:
+                values[name] = [value]
+            else:
+                found.append(value)
 
     def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
         found = self._values.get(key.encode("utf-8", "surrogateescape"))

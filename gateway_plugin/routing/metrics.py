@@ -103,6 +103,17 @@ class RunnerMetrics:
             "Outcomes the fast path dropped because its buffer was full.",
             registry=r,
         )
+        self.shared_connected = Gauge(
+            "spillway_shared_state_connected",
+            "1 while the shared store answers; 0: deciding alone with this node's share.",
+            registry=r,
+        )
+        self.shared_rounds = Counter(
+            "spillway_shared_state_rounds", "Rounds the shared store answered.", registry=r
+        )
+        self.shared_errors = Counter(
+            "spillway_shared_state_errors", "Rounds the shared store failed or answered late.", registry=r
+        )
 
     def decided(self, target: str, reason: str, count: int = 1) -> None:
         key = (target, reason)

@@ -19,6 +19,10 @@ from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET
 from gateway_plugin.routing.state import GatewayState
 
 MAX_ENTRIES = 10_000
+# A batch forwarded from the parent of several workers to one of them, at most.
+MAX_MESSAGE_BYTES = 256 << 10
+# Which runner worker decided a request, where several share the socket: its outcome goes back there.
+HEADER_WORKER = "x-spillway-worker"
 _MODEL = re.compile(r"^/v2/models/([^/]+)")
 
 
@@ -34,6 +38,7 @@ def log_format(tenant_header: str) -> dict[str, str]:
         "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
         "tenant": "$http_" + tenant_header.lower().replace("-", "_"),
         "uri": "$uri",
+        "worker": "$http_" + HEADER_WORKER.replace("-", "_"),
     }
 
 
@@ -57,6 +62,7 @@ class Outcome(BaseModel):
     cold: str | None = Field(default=None, max_length=20)
     tenant: str | None = Field(default=None, max_length=200)
     uri: str | None = Field(default=None, max_length=4096)
+    worker: str | None = Field(default=None, max_length=8)
 
 
 _BATCH = TypeAdapter(list[Outcome] | Outcome)

@@ -10,8 +10,11 @@ The order of concerns, each able only to narrow the choice:
 3. the first matching rule picks the action (default: overflow over every target);
 4. overflow: stay local while the estimated local wait plus service time meets the latency target,
    with hysteresis; fail safe to local when the signals are missing;
-5. cold starts: a cold target is not worth it when the local queue is shorter than its start;
-6. targets: the first of the chain whose breaker, concurrency cap and budget allow, warm first;
+5. cold starts: a cold target is not worth it when the local queue is shorter than its start,
+   unless local would miss anyway with the target's warm instances all busy, or is saturated
+   (then the chain's first cold target starts one instance at a time);
+6. targets: the first of the chain whose breaker, concurrency cap, budget and request size limit
+   allow, warm first (a body too big for one target goes to the next, else stays local);
 7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
 """
 
@@ -64,12 +67,17 @@ class Reason(StrEnum):
 
 
 class RequestFeatures(NamedTuple):
-    """What the policy may know of a request; built at the edge from the APISIX call."""
+    """What the policy may know of a request; built at the edge from the APISIX call.
+
+    ``body_bytes`` is the body's declared size (Content-Length); None when it is not known (a
+    chunked body), which no target with a size limit takes.
+    """
 
     path: str
     headers: Mapping[str, str]
     args: Mapping[str, str] = _EMPTY
     model: str | None = None
+    body_bytes: int | None = 0
 
 
 class LocalLoad(NamedTuple):
@@ -131,6 +139,12 @@ class TargetPolicy:
     cold_cost_usd: float
     hourly_usd: float | None = None
     daily_usd: float | None = None
+    max_request_bytes: int | None = None
+
+    def takes(self, body_bytes: int | None) -> bool:
+        """Whether the platform accepts a body this size (an unknown size only where none is set)."""
+        limit = self.max_request_bytes
+        return limit is None or (body_bytes is not None and body_bytes <= limit)
 
 
 @dataclass(frozen=True)
@@ -272,12 +286,10 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
         return Decision(LOCAL, Reason.SIGNALS_MISSING, tenant=tenant)
     if not wants_out:
         return Decision(LOCAL, Reason.LOCAL_OK, tenant=tenant)
-    local_wait = (
-        estimated_latency_ms(load, policy) - load.compute_ms
-        if action is RuleAction.OVERFLOW
-        else float("inf")
-    )
-    choice = _pick_target(chain, snapshot, policy, tenant, local_wait)
+    latency = estimated_latency_ms(load, policy)
+    local_wait = latency - load.compute_ms if action is RuleAction.OVERFLOW else float("inf")
+    grow = (latency > target_ms, _saturated(load, latency, policy))
+    choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes, grow)
     if choice is not None:
         name, chosen, cost = choice
         return Decision(name, chosen, overflowing=hot, cost_usd=cost, tenant=tenant)
@@ -293,23 +305,26 @@ def _stay_local(
     residency_kept: bool = False,
 ) -> Decision:
     """Local, unless local is saturated too: then shed, so the client retries rather than times out."""
-    if load.fresh:
-        latency = estimated_latency_ms(load, policy)
-        if (
-            latency - load.compute_ms > policy.max_queue_ms
-            or latency > policy.latency_target_ms * policy.saturation_ratio
-        ):
-            return Decision(
-                SHED,
-                reason,
-                503,
-                policy.retry_after_s,
-                residency_kept,
-                hot,
-                tenant=tenant,
-                local_saturated=True,
-            )
+    if load.fresh and _saturated(load, estimated_latency_ms(load, policy), policy):
+        retry = policy.retry_after_s
+        return Decision(SHED, reason, 503, retry, residency_kept, hot, tenant=tenant, local_saturated=True)
     return Decision(LOCAL, reason, residency_kept=residency_kept, overflowing=hot, tenant=tenant)
+
+
+def _may_start(state: TargetState, misses: bool, saturated: bool) -> bool:
+    """Whether the chain's first cold target may start an instance though the local queue is
+    shorter than its start: one at a time, when local would miss the target anyway and the
+    target's warm instances are all busy, or local is saturated (the request would be shed). The
+    request misses either way; the instance serves the rest of the burst."""
+    one_at_a_time = state.in_flight <= state.warm_instances
+    return one_at_a_time and (saturated or (misses and state.warm_instances > 0))
+
+
+def _saturated(load: LocalLoad, latency_ms: float, policy: Policy) -> bool:
+    return (
+        latency_ms - load.compute_ms > policy.max_queue_ms
+        or latency_ms > policy.latency_target_ms * policy.saturation_ratio
+    )
 
 
 def _over_quota(tenant: str | None, snapshot: Snapshot, policy: Policy) -> Decision | None:
@@ -339,13 +354,19 @@ def _within(spend: float, limit: float | None) -> bool:
 
 
 def _pick_target(
-    chain: tuple[str, ...], snapshot: Snapshot, policy: Policy, tenant: str | None, local_wait_ms: float
+    chain: tuple[str, ...],
+    snapshot: Snapshot,
+    policy: Policy,
+    tenant: str | None,
+    local_wait_ms: float,
+    body_bytes: int | None,
+    grow: tuple[bool, bool],
 ) -> tuple[str, Reason, float] | None:
     """The first eligible target of the chain, preferring one with a free warm instance."""
     eligible: list[tuple[str, bool, float]] = []
     for name in chain:
         spec = policy.targets.get(name)
-        if spec is None:
+        if spec is None or not spec.takes(body_bytes):
             continue
         state = snapshot.targets.get(name, _NO_TARGET_STATE)
         if state.breaker == BreakerState.OPEN or (
@@ -356,7 +377,9 @@ def _pick_target(
             continue
         warm = state.warm_instances > state.in_flight
         if not warm and local_wait_ms < spec.cold_start_ms:
-            continue
+            first_cold, grow = grow, (False, False)
+            if not _may_start(state, *first_cold):
+                continue
         cost = spec.cost_usd if warm else spec.cold_cost_usd
         if not (
             _within(state.spent_hour_usd + cost, spec.hourly_usd)

@@ -23,6 +23,7 @@ def build_policy(config: SpillwayConfig) -> Policy:
             cold_cost_usd=request_cost_usd(t.cost, cold=True, cold_start_ms=t.cold_start_ms),
             hourly_usd=config.budgets.per_target_hourly_usd.get(t.name),
             daily_usd=config.budgets.per_target_daily_usd.get(t.name),
+            max_request_bytes=t.request_limit_bytes,
         )
         for t in config.targets
     }

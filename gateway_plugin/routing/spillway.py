@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +28,7 @@ from functions.contract import (
 from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
+from gateway_plugin.routing.outcomes import HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
@@ -105,7 +107,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         match = _MODEL.match(path)
         model = match.group(1) if match else None
         args = request.args
-        features = RequestFeatures(path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model)
+        features = RequestFeatures(
+            path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
+        )
         policy = self.policy_for(conf)
         snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
         decision = decide(features, snapshot, policy)
@@ -125,6 +129,8 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         elif decision.target == LOCAL:
             action.set_header(HEADER_TARGET, LOCAL)
             action.delete_header(HEADER_SIGNATURE)
+            if self.state.worker is not None:
+                action.set_header(HEADER_WORKER, self.state.worker)
         elif self.state.target(decision.target).mode == "invoke":
             await self._invoke(decision, request, action)
         else:
@@ -134,6 +140,8 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         """Into traffic-split's cloud rule; the client's own credentials for on-prem stay home."""
         action.set_header(HEADER_TARGET, self.state.route_value(name))
         action.delete_header("authorization")
+        if self.state.worker is not None:
+            action.set_header(HEADER_WORKER, self.state.worker)
         signer = self.state.signer(name)
         if signer.key is None:
             action.delete_header(HEADER_SIGNATURE)
@@ -182,6 +190,16 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         seconds = time.perf_counter() - started
         self.state.invoke_answered(name, decision.tenant, answer.status, answer_headers, seconds)
         action.stop(answer.status, answer.body, answer.headers)
+
+
+def body_bytes(headers: Mapping[str, str]) -> int | None:
+    """The body's declared size: Content-Length, none without a body, unknown when chunked or
+    malformed (so no target with a size limit takes it)."""
+    declared = headers.get("content-length")
+    if declared is None:
+        return None if "transfer-encoding" in headers else 0
+    declared = declared.strip()
+    return int(declared) if declared.isascii() and declared.isdigit() else None
 
 
 def _shed(decision: Decision, action: RequestAction) -> None:

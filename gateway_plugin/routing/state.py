@@ -29,6 +29,7 @@ from gateway_plugin.routing.policy import (
     TenantState,
 )
 from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.routing.shared_state import Round, SharedView
 from gateway_plugin.routing.signals import LoadTracker
 from gateway_plugin.routing.target_header import RouteTokenError, route_token, target_values
 from gateway_plugin.routing.warm_instances import WarmPool
@@ -39,6 +40,9 @@ residency_log = logging.getLogger("spillway.residency")
 
 # What the residency log says of the request a decision was for (request id, path, model, class).
 RequestSeen = dict[str, object]
+
+
+_NO_TENANT = TenantState()
 
 
 def _described(decision: Decision) -> dict[str, object]:
@@ -78,6 +82,7 @@ class GatewayState:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         metrics: RunnerMetrics | None = None,
+        shared: SharedView | None = None,
     ) -> None:
         self.clock = clock
         self.wall = wall
@@ -90,6 +95,9 @@ class GatewayState:
         self.breakers: dict[str, Breaker] = {}
         self.pools: dict[str, WarmPool] = {}
         self.outstanding: dict[str, Outstanding] = {}
+        self.shared = shared
+        # Where several runner workers share the socket: this one's index, sent with each decision.
+        self.worker: str | None = None
         self.apply(config)
 
     def apply(self, config: SpillwayConfig) -> None:
@@ -109,6 +117,8 @@ class GatewayState:
         self.load.stale_after_s = config.local.stale_after_s
         self.load.declare(config.declared_models())
         self.tenants.max_tenants = config.tenants.max_tracked
+        if self.shared is not None:
+            self.shared.apply(config, self.policy)
         self.version += 1
         log.info("config %d applied: targets %s", self.version, sorted(self.targets))
 
@@ -136,16 +146,21 @@ class GatewayState:
                 spent_hour_usd=hour,
                 spent_day_usd=day,
             )
+        if tenant is not None and self.shared is not None:
+            tenants[tenant] = self.shared.tenant_state(tenant, tenants.get(tenant, _NO_TENANT), wall)
         return Snapshot(self.load.snapshot(model or ""), _TargetStates(self, now, wall), tenants)
 
     def target_state(self, name: str, now: float, wall: float) -> TargetState:
         breaker = self.breakers[name]
+        in_flight, warm = self.outstanding[name].count(now), self.pools[name].warm(now)
+        if self.shared is not None:
+            return self.shared.target_state(name, breaker, in_flight, warm, now, wall)
         hour, day = self.ledger.spent(f"target:{name}", wall)
         return TargetState(
             breaker=breaker.current(now),
             probe_allowed=breaker.probe_allowed(now),
-            in_flight=self.outstanding[name].count(now),
-            warm_instances=self.pools[name].warm(now),
+            in_flight=in_flight,
+            warm_instances=warm,
             spent_hour_usd=hour,
             spent_day_usd=day,
         )
@@ -189,6 +204,9 @@ class GatewayState:
             if book is not None:
                 book.add_spend(decision.cost_usd, wall)
             self.metrics.spend.labels(name).inc(decision.cost_usd)
+        if self.shared is not None:
+            in_flight = len(self.outstanding[decision.target].started) if decision.is_cloud else 0
+            self.shared.committed(decision, wall, in_flight)
 
     def _tenant_book(self, decision: Decision) -> TenantBook | None:
         """Only tenants under a quota are kept, and only as many as ``tenants.max_tracked``."""
@@ -215,7 +233,12 @@ class GatewayState:
         if target is None or target not in self.targets:
             return
         self.outstanding[target].done(now, seconds)
-        self.breakers[target].record(ok, now)
+        breaker = self.breakers[target]
+        was_open = breaker.current(now) is BreakerState.OPEN
+        breaker.record(ok, now)
+        if self.shared is not None:
+            tripped = not was_open and breaker.current(now) is BreakerState.OPEN
+            self.shared.answered(target, ok, instance, self.wall(), tripped)
         if instance:
             self.pools[target].seen(instance, now, cold)
             if cold:
@@ -260,6 +283,26 @@ class GatewayState:
         if pool is not None:
             for instance in instances:
                 pool.seen(instance, now)
+                if self.shared is not None:
+                    self.shared.instance_seen(target, instance, self.wall())
+
+    def shared_round(self, release: bool = False) -> Round:
+        """What this node tells the shared store now (its in-flight counts for the slots it holds)."""
+        shared = self._shared()
+        now = self.clock()
+        in_flight = {name: o.count(now) for name, o in self.outstanding.items()}
+        tenants = {}
+        for tenant in shared.tenants:
+            book = self.tenants.get(tenant)
+            if book is not None:
+                tenants[tenant] = book.in_flight.count(now)
+        return shared.round_request(self.wall(), in_flight, tenants, release)
+
+    def shared_answered(self, sent: Round, reply: list[object]) -> None:
+        """A breaker the store opened for every node is open in the shared view; the local one,
+        its detector, starts afresh."""
+        for target in self._shared().round_done(sent, reply):
+            self.breakers[target] = Breaker(self.config.breaker)
 
     def refresh_gauges(self) -> None:
         now = self.clock()
@@ -269,9 +312,14 @@ class GatewayState:
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
+        wall = self.wall()
         for name in self.targets:
-            m.breaker_open.labels(name).set(
-                0 if self.breakers[name].current(now) is BreakerState.CLOSED else 1
-            )
+            breaker = self.target_state(name, now, wall).breaker
+            m.breaker_open.labels(name).set(0 if breaker is BreakerState.CLOSED else 1)
             m.in_flight.labels(name).set(self.outstanding[name].count(now))
             m.warm.labels(name).set(self.pools[name].warm(now))
+
+    def _shared(self) -> SharedView:
+        if self.shared is None:
+            raise RuntimeError("this runner has no shared_state section")
+        return self.shared

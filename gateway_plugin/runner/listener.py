@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 from pathlib import Path
 
 from gateway_plugin.runner.connection import ApisixConnection
 from gateway_plugin.runner.dispatch import Runner
+
+BACKLOG = 1024
 
 
 def socket_path(address: str | None = None) -> Path:
@@ -23,20 +26,39 @@ def socket_path(address: str | None = None) -> Path:
     return Path(raw.removeprefix("unix:"))
 
 
-async def serve(runner: Runner, path: Path, group: str | None = None) -> asyncio.AbstractServer:
+async def serve(
+    runner: Runner, path: Path, group: str | None = None, sock: socket.socket | None = None
+) -> asyncio.AbstractServer:
     """Listen on ``path``, owner-only (0600), or owner and ``group`` (0660) where APISIX's workers
-    run as another user: only APISIX may talk to the runner."""
+    run as another user: only APISIX may talk to the runner. ``sock``: a socket already bound and
+    listening there (a worker's, inherited from its parent), accepted on as it is."""
+    loop = asyncio.get_running_loop()
+    if sock is not None:
+        return await loop.create_unix_server(lambda: ApisixConnection(runner), sock=sock, backlog=BACKLOG)
     if path.is_socket():
         path.unlink()
-    server = await asyncio.get_running_loop().create_unix_server(
-        lambda: ApisixConnection(runner), str(path), backlog=1024
-    )
+    server = await loop.create_unix_server(lambda: ApisixConnection(runner), str(path), backlog=BACKLOG)
+    _restrict(path, group)
+    return server
+
+
+def bind(path: Path, group: str | None = None) -> socket.socket:
+    """The listening socket the parent of several workers binds once; each worker accepts on it."""
+    if path.is_socket():
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    _restrict(path, group)
+    sock.listen(BACKLOG)
+    return sock
+
+
+def _restrict(path: Path, group: str | None) -> None:
     if group is None:
         os.chmod(path, 0o600)
     else:
         shutil.chown(path, group=group)
         os.chmod(path, 0o660)
-    return server
 
 
 def socket_identity(path: Path) -> tuple[int, int]:

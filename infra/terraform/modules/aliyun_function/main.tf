@@ -8,7 +8,7 @@ locals {
   create      = var.create
   region      = try(data.alicloud_regions.current.regions[0].id, "")
   account_id  = try(data.alicloud_account.current.id, "")
-  slug        = replace(lower(var.name), "_", "-")
+  slug        = lower(var.name)
   log_project = substr("spillway-${local.slug}-${local.account_id}", 0, 63)
   log_store   = "function"
   image_repo  = regex("^[^/]+/([^/]+)/([^:@/]+)", var.image)
@@ -28,6 +28,25 @@ locals {
     bucket_arn  = "acs:oss:*:${local.account_id}:${var.signing_key_oss.bucket}"
     prefix      = "${var.signing_key_oss.object_dir}/"
   }
+
+  # Read-only mount of the key's folder: its objects, and listing under its prefix only. The
+  # for expression yields both statements per key and none without one: a conditional could not,
+  # since its two results ([] and two statements of different shapes) must have the same type.
+  signing_key_statements = flatten([
+    for key in local.signing_key_oss[*] : [
+      {
+        Effect   = "Allow"
+        Action   = ["oss:GetObject"]
+        Resource = ["${key.bucket_arn}/${key.prefix}", "${key.bucket_arn}/${key.prefix}*"]
+      },
+      {
+        Effect    = "Allow"
+        Action    = ["oss:ListObjects"]
+        Resource  = [key.bucket_arn]
+        Condition = { StringLike = { "oss:Prefix" = [key.prefix, "${key.prefix}*"] } }
+      },
+    ]
+  ])
 
   # Exactly functions.contract.warmup_payload(dwell_ms, models, probe): jsonencode sorts keys.
   warmup_payload = jsonencode({ spillway_warmup = { dwell_ms = var.warmup_dwell_ms, models = var.models, probe = var.warmup_probe } })
@@ -92,20 +111,7 @@ resource "alicloud_ram_policy" "this" {
         { Effect = "Allow", Action = ["cr:PullRepository"], Resource = local.acr_pull_resources },
         { Effect = "Allow", Action = ["cr:GetAuthorizationToken"], Resource = ["*"] },
       ],
-      # Read-only mount of the key's folder: its objects, and listing under its prefix only.
-      local.signing_key_oss == null ? [] : [
-        {
-          Effect   = "Allow"
-          Action   = ["oss:GetObject"]
-          Resource = ["${local.signing_key_oss.bucket_arn}/${local.signing_key_oss.prefix}", "${local.signing_key_oss.bucket_arn}/${local.signing_key_oss.prefix}*"]
-        },
-        {
-          Effect    = "Allow"
-          Action    = ["oss:ListObjects"]
-          Resource  = [local.signing_key_oss.bucket_arn]
-          Condition = { StringLike = { "oss:Prefix" = [local.signing_key_oss.prefix, "${local.signing_key_oss.prefix}*"] } }
-        },
-      ],
+      local.signing_key_statements,
     )
   })
 }

@@ -10,7 +10,7 @@ output "function_arn" {
 
 output "qualifier" {
   description = "Version or alias the triggers target."
-  value       = var.qualifier
+  value       = local.create ? var.qualifier : null
 }
 
 output "http_trigger_url" {
@@ -24,8 +24,8 @@ output "http_trigger_url_intranet" {
 }
 
 output "http_auth_type" {
-  description = "Auth type of the HTTP trigger (never anonymous)."
-  value       = var.http_auth_type
+  description = "Auth type of the HTTP trigger (function: FC-signed requests)."
+  value       = local.create ? var.http_auth_type : null
 }
 
 output "reserved_concurrency" {
@@ -35,7 +35,7 @@ output "reserved_concurrency" {
 
 output "region" {
   description = "Region the function runs in."
-  value       = local.region
+  value       = local.create ? local.region : null
 }
 
 output "role_arn" {
@@ -60,5 +60,5 @@ output "warmup_trigger_names" {
 
 output "warmup_payload" {
   description = "The warm-up ping each timer sends, as functions.contract.warmup_payload renders it."
-  value       = local.warmup_payload
+  value       = local.create ? local.warmup_payload : null
 }

@@ -6,21 +6,11 @@ resource "alicloud_fcv3_trigger" "http" {
   trigger_type  = "http"
   qualifier     = var.qualifier
   description   = "Inference and health over the KServe v2 protocol (authenticated)"
-  trigger_config = jsonencode(merge(
-    {
-      authType           = var.http_auth_type
-      methods            = ["GET", "POST", "HEAD"]
-      disableURLInternet = var.disable_url_internet
-    },
-    var.http_auth_config == null ? {} : { authConfig = var.http_auth_config },
-  ))
-
-  lifecycle {
-    precondition {
-      condition     = var.http_auth_type != "jwt" || var.http_auth_config != null
-      error_message = "http_auth_type = \"jwt\" needs http_auth_config (JWKS and token lookup)."
-    }
-  }
+  trigger_config = jsonencode({
+    authType           = var.http_auth_type
+    methods            = ["GET", "POST", "HEAD"]
+    disableURLInternet = var.disable_url_internet
+  })
 
   depends_on = [alicloud_fcv3_concurrency_config.this]
 }

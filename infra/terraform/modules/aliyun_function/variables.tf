@@ -5,12 +5,12 @@ variable "create" {
 }
 
 variable "name" {
-  description = "Function name; also names the RAM role, policy, triggers and (lower-cased) the log project."
+  description = "Function name; also names the RAM role and policy (letters, digits and '-' only) and, lower-cased, the log project."
   type        = string
 
   validation {
-    condition     = can(regex("^[A-Za-z_][A-Za-z0-9_-]{0,47}$", var.name))
-    error_message = "name must start with a letter or '_' and be at most 48 letters, digits, '-' or '_'."
+    condition     = can(regex("^[A-Za-z][A-Za-z0-9-]{0,47}$", var.name))
+    error_message = "name must be 1-48 letters, digits or '-', starting with a letter: it also names the RAM role and policy, whose names allow no '_'."
   }
 }
 
@@ -49,19 +49,24 @@ variable "container_command" {
 }
 
 variable "cpu" {
-  description = "vCPUs per instance (multiple of 0.05; memory in GB must be 1 to 4 times this)."
+  description = "vCPUs per instance: 0.05-16, a multiple of 0.05 (memory in GB must be 1 to 4 times this)."
   type        = number
   default     = 8
+
+  validation {
+    condition     = var.cpu >= 0.05 && var.cpu <= 16 && abs(var.cpu * 20 - floor(var.cpu * 20 + 0.5)) < 0.000001
+    error_message = "cpu must be a multiple of 0.05 between 0.05 and 16 vCPUs."
+  }
 }
 
 variable "memory_size" {
-  description = "Memory per instance in MB (multiple of 64)."
+  description = "Memory per instance in MB: 64-32768, a multiple of 64."
   type        = number
   default     = 32768
 
   validation {
-    condition     = var.memory_size >= 128 && var.memory_size % 64 == 0
-    error_message = "memory_size must be a multiple of 64 MB, at least 128."
+    condition     = var.memory_size >= 64 && var.memory_size <= 32768 && var.memory_size % 64 == 0
+    error_message = "memory_size must be a multiple of 64 MB between 64 and 32768."
   }
 }
 
@@ -99,13 +104,13 @@ variable "instance_concurrency" {
 }
 
 variable "gpu_type" {
-  description = "FC GPU type (fc.gpu.tesla.1, fc.gpu.ampere.1, fc.gpu.ada.1, ...); null for a CPU-only function."
+  description = "FC GPU type: fc.gpu.tesla.1, fc.gpu.ampere.1, fc.gpu.ada.1 or g1; null for a CPU-only function."
   type        = string
   default     = "fc.gpu.tesla.1"
 
   validation {
-    condition     = var.gpu_type == null || can(regex("^fc\\.gpu\\.[a-z0-9]+\\.[0-9]+$", var.gpu_type))
-    error_message = "gpu_type must look like fc.gpu.<family>.<n>, or be null."
+    condition     = var.gpu_type == null ? true : contains(["fc.gpu.tesla.1", "fc.gpu.ampere.1", "fc.gpu.ada.1", "g1"], var.gpu_type)
+    error_message = "gpu_type must be fc.gpu.tesla.1, fc.gpu.ampere.1, fc.gpu.ada.1 or g1, or null."
   }
 }
 
@@ -218,20 +223,19 @@ variable "provisioned_instances" {
 }
 
 variable "http_auth_type" {
-  description = "Auth of the HTTP trigger: function (FC-signed requests) or jwt. Anonymous is not allowed."
+  description = "Auth of the HTTP trigger. FC takes function (FC-signed requests) or anonymous; this module allows function only."
   type        = string
   default     = "function"
 
   validation {
-    condition     = contains(["function", "jwt"], var.http_auth_type)
-    error_message = "http_auth_type must be function or jwt; an anonymous trigger would expose the function."
+    condition     = contains(["function", "anonymous"], var.http_auth_type)
+    error_message = "http_auth_type must be one of FC's HTTP trigger auth types: function or anonymous."
   }
-}
 
-variable "http_auth_config" {
-  description = "JSON auth config of the HTTP trigger (JWKS, token lookup); required when http_auth_type is jwt."
-  type        = string
-  default     = null
+  validation {
+    condition     = var.http_auth_type != "anonymous"
+    error_message = "http_auth_type = \"anonymous\" would let anyone call the function: use function."
+  }
 }
 
 variable "disable_url_internet" {

@@ -3,13 +3,20 @@ data "aws_region" "current" {}
 data "aws_caller_identity" "current" {}
 
 locals {
-  create            = var.create
-  image_uri         = coalesce(var.image_uri, "${try(aws_ecr_repository.this[0].repository_url, "unset")}:${var.image_tag}")
-  qualifier         = var.create_alias ? var.alias_name : null
-  invoke_arn        = var.create_alias ? try(aws_lambda_alias.this[0].arn, "") : try(aws_lambda_function.this[0].arn, "")
-  create_schedules  = local.create && var.warmup_pings > 0
-  public_url        = var.function_url_authorization_type == "NONE"
-  invoker_principal = { for p in var.invoker_principal_arns : replace(p, "/[^A-Za-z0-9_-]/", "-") => p }
+  create           = var.create
+  image_uri        = coalesce(var.image_uri, "${try(aws_ecr_repository.this[0].repository_url, "unset")}:${var.image_tag}")
+  qualifier        = var.create_alias ? var.alias_name : null
+  invoke_arn       = var.create_alias ? try(aws_lambda_alias.this[0].arn, "") : try(aws_lambda_function.this[0].arn, "")
+  create_schedules = local.create && var.warmup_pings > 0
+  public_url       = var.function_url_authorization_type == "NONE"
+
+  # Permission statement ids are 1-100 letters, digits, '-' and '_': the principal's name (at
+  # most 64 characters) and a hash of its whole ARN keep them short and distinct whatever the
+  # role's path.
+  invoker_principal = {
+    for p in distinct(var.invoker_principal_arns) :
+    "${replace(regex("[^/:]+$", p), "/[^A-Za-z0-9_-]/", "-")}-${substr(sha256(p), 0, 8)}" => p
+  }
 
   # Exactly functions.contract.warmup_payload(dwell_ms, models, probe): jsonencode sorts keys.
   warmup_payload = jsonencode({ spillway_warmup = { dwell_ms = var.warmup_dwell_ms, models = var.models, probe = var.warmup_probe } })
@@ -108,7 +115,7 @@ data "aws_iam_policy_document" "execution" {
       condition {
         test     = "StringEquals"
         variable = "kms:ViaService"
-        values   = ["secretsmanager.${data.aws_region.current.name}.amazonaws.com"]
+        values   = ["secretsmanager.${data.aws_region.current.region}.amazonaws.com"]
       }
     }
   }

@@ -40,7 +40,7 @@ output "reserved_concurrent_executions" {
 
 output "region" {
   description = "Region the function runs in."
-  value       = try(data.aws_region.current.name, null)
+  value       = local.create ? try(data.aws_region.current.region, null) : null
 }
 
 output "ecr_repository_url" {
@@ -85,5 +85,5 @@ output "warmup_role_arn" {
 
 output "warmup_payload" {
   description = "The warm-up ping each schedule sends, as functions.contract.warmup_payload renders it."
-  value       = local.warmup_payload
+  value       = local.create ? local.warmup_payload : null
 }

@@ -227,8 +227,8 @@ variable "invoker_principal_arns" {
   default     = []
 
   validation {
-    condition     = alltrue([for p in var.invoker_principal_arns : can(regex("^([0-9]{12}|arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/.+)$", p))])
-    error_message = "invoker_principal_arns entries must be account IDs or IAM role/user ARNs (no wildcards)."
+    condition     = alltrue([for p in var.invoker_principal_arns : can(regex("^([0-9]{12}|arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/([^*/\\s]+/)*[A-Za-z0-9+=,.@_-]{1,64})$", p))])
+    error_message = "invoker_principal_arns entries must be account IDs or IAM role/user ARNs (no wildcards; IAM names are at most 64 characters)."
   }
 }
 

@@ -3,8 +3,10 @@ terraform {
 
   required_providers {
     aws = {
-      source  = "hashicorp/aws"
-      version = "~> 5.40"
+      source = "hashicorp/aws"
+      # invoked_via_function_url on aws_lambda_permission, and a NONE function URL granting
+      # lambda:InvokeFunction through the URL, both since 6.28.
+      version = ">= 6.28"
     }
   }
 }

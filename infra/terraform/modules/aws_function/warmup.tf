@@ -68,3 +68,17 @@ resource "aws_scheduler_schedule" "this" {
 
   depends_on = [aws_iam_role_policy.scheduler]
 }
+
+# EventBridge Scheduler invokes the function asynchronously, and Lambda retries a failed
+# asynchronous invocation twice by default and keeps a throttled one queued for up to six hours.
+# A ping is worth only its tick: no retry, and dropped after a minute in the queue.
+resource "aws_lambda_function_event_invoke_config" "this" {
+  count = local.create_schedules ? 1 : 0
+
+  function_name                = aws_lambda_function.this[0].function_name
+  qualifier                    = local.qualifier
+  maximum_retry_attempts       = 0
+  maximum_event_age_in_seconds = 60
+
+  depends_on = [aws_lambda_alias.this]
+}

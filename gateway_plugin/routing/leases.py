@@ -1,0 +1,194 @@
+"""The arithmetic of state shared by several gateways: leased limits, held slots, a shared breaker.
+
+Each node decides from its own view and never waits on the shared store; the store hands out
+shares of each limit ahead of use, so no two nodes can spend the same unit:
+
+- ``Lease``: a windowed limit (a budget in nano-dollars, requests per minute). A node is leased
+  blocks of it; it may spend what it was leased. All leases together never exceed the limit, so
+  while the store answers the limit holds exactly. Away from the store, a node may also spend
+  ``1/share`` of what was left at its last round; back, it claims what it spent beyond its
+  leases. Claims are a node's own field, set to the larger value, never added, so a claim sent
+  twice (a reply lost) counts once.
+- ``Slots``: a concurrency cap. A node holds slots, all nodes together at most the cap, and
+  dispatches only while its in-flight count is under what it holds; away, it holds
+  ``cap // share`` (at least one).
+- ``SharedBreaker``: the breaker state every node reads (generation, open until, cooldown) and the
+  half-open probe tokens this node was given; a node that trips its own breaker says so at once in
+  its view and in the next round.
+
+Plain values, no I/O: ``shared_state`` builds the rounds, the store runs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway_plugin.routing.policy import BreakerState
+
+NANO_USD = 1_000_000_000
+
+
+def usd_units(usd: float) -> int:
+    """Nano-dollars, rounded up: a budget is never under-counted."""
+    return -int(-usd * NANO_USD // 1)
+
+
+@dataclass
+class Lease:
+    key: str
+    window_s: int
+    limit: int
+    block: int
+    share: int
+    window: int = -1
+    leased: int = 0
+    spent: int = 0
+    total: int = 0
+    starts: float = 0.0
+    ends: float = 0.0
+
+    def roll(self, wall: float) -> None:
+        if self.starts <= wall < self.ends:
+            return
+        window = int(wall // self.window_s)
+        self.starts, self.ends = window * self.window_s, (window + 1) * self.window_s
+        if window != self.window:
+            self.window, self.leased, self.spent, self.total = window, 0, 0, 0
+
+    def remaining(self, wall: float, connected: bool) -> int:
+        """What this node may still spend in the current window."""
+        if not self.starts <= wall < self.ends:
+            self.roll(wall)
+        if connected:
+            return self.leased - self.spent
+        return self.leased + max(0, self.limit - max(self.total, self.leased)) // self.share - self.spent
+
+    def take(self, units: int, wall: float) -> bool:
+        """Spend ``units``; whether the node should ask for more now (below half a block)."""
+        if not self.starts <= wall < self.ends:
+            self.roll(wall)
+        self.spent += units
+        return self.leased - self.spent < self.block // 2 + 1 and self.total < self.limit
+
+    def request(self, wall: float, release: bool = False) -> dict[str, Any] | None:
+        """This lease's part of a round: a claim for what was spent beyond the leases, and a block
+        when less than half a block is left; ``release`` hands back what is unused (at exit)."""
+        self.roll(wall)
+        claim = max(self.leased, self.spent)
+        if release:
+            return {
+                "key": f"{self.key}:{self.window}",
+                "limit": self.limit,
+                "claim": self.spent,
+                "want": 0,
+                "release": 1,
+                "ttl_ms": self.window_s * 1000,
+            }
+        want = self.block if claim - self.spent < self.block // 2 + 1 else 0
+        if want == 0 and claim == self.leased:
+            return None
+        return {
+            "key": f"{self.key}:{self.window}",
+            "limit": self.limit,
+            "claim": claim,
+            "want": want,
+            "release": 0,
+            "ttl_ms": self.window_s * 1000,
+        }
+
+    def granted(self, window: int, mine: int, total: int) -> None:
+        """The store's answer: this node's leases in the window, and all nodes' together."""
+        if window == self.window:
+            self.leased, self.total = mine, total
+
+
+@dataclass
+class Slots:
+    key: str
+    cap: int
+    block: int
+    share: int
+    held: int = 0
+    others_busy: int = 0
+    asked: int = -1
+
+    def allowed(self, connected: bool) -> int:
+        """Slots this node may fill."""
+        return self.held if connected else max(1, self.cap // self.share)
+
+    def request(self, in_flight: int, always: bool = False) -> dict[str, Any] | None:
+        """Ask for in-flight plus a block (the cap at most); nothing when that is already asked,
+        unless ``always`` (a target's slots come in every round, with the others' busy counts)."""
+        want = min(self.cap, in_flight + self.block)
+        if want == self.held and want == self.asked and not always:
+            return None
+        self.asked = want
+        return {"key": self.key, "cap": self.cap, "want": want, "busy": in_flight}
+
+    def granted(self, held: int, others_busy: int) -> None:
+        self.held, self.others_busy = held, others_busy
+
+
+@dataclass
+class SharedBreaker:
+    gen: int = 0
+    until_ms: int = 0
+    cooldown_ms: int = 0
+    probes: int = 0
+    probes_out: int = 0
+    op: str | None = None
+    op_gen: int = 0
+
+    def state(self, wall: float) -> BreakerState:
+        if self.op == "open":
+            return BreakerState.OPEN
+        if self.until_ms == 0:
+            return BreakerState.CLOSED
+        return BreakerState.OPEN if wall * 1000 < self.until_ms else BreakerState.HALF_OPEN
+
+    def dispatched(self, wall: float) -> None:
+        if self.until_ms and self.state(wall) is BreakerState.HALF_OPEN and self.probes > 0:
+            self.probes -= 1
+            self.probes_out += 1
+
+    def outcome(self, ok: bool) -> bool:
+        """An answer while a probe is out resolves it (answers are anonymous); whether it did."""
+        if self.probes_out == 0:
+            return False
+        self.probes_out -= 1
+        self.say("close" if ok else "open")
+        return True
+
+    def say(self, op: str) -> None:
+        """Open or close it for every node, as of the generation this node knows."""
+        if self.op != "open":
+            self.op, self.op_gen = op, self.gen
+
+    def request(
+        self, target: str, wall: float, base_s: float, max_s: float, probes: int, probe_ttl_s: float
+    ) -> dict[str, Any]:
+        half_open = self.until_ms > 0 and wall * 1000 >= self.until_ms
+        want = max(0, probes - self.probes - self.probes_out) if half_open else 0
+        return {
+            "target": target,
+            "op": self.op or "",
+            "gen": self.op_gen if self.op else self.gen,
+            "now": int(wall * 1000),
+            "base": int(base_s * 1000),
+            "max": int(max_s * 1000),
+            "probes": want,
+            "max_probes": probes,
+            "probe_ttl_ms": int(probe_ttl_s * 1000),
+        }
+
+    def granted(self, sent_op: str | None, gen: int, until_ms: int, cooldown_ms: int, probes: int) -> bool:
+        """The store's answer; whether the breaker is now open for every node (the local one, a
+        mere detector while the store answers, may start afresh)."""
+        if gen != self.gen:
+            self.probes = self.probes_out = 0
+        self.gen, self.until_ms, self.cooldown_ms = gen, until_ms, cooldown_ms
+        self.probes += probes
+        if sent_op is not None and self.op == sent_op:
+            self.op = None
+        return sent_op == "open" and until_ms > 0

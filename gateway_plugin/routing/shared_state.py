@@ -1,0 +1,388 @@
+"""This node's view of the state several gateways share, read on the decision path without I/O.
+
+``GatewayState`` asks the view to adjust the per-target and per-tenant states it builds for each
+snapshot: budgets show what this node may still spend (its leases), concurrency caps what it may
+still fill (its slots), breakers the state every node agreed on, warm instances those any node
+saw. A background round (``shared_sync``) sends what changed and brings back the answers; between
+rounds, the view is what the last round said plus what this node did since. Everything here runs
+on the runner's event loop, like the rest of the state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from gateway_plugin.config import SharedState, SpillwayConfig
+from gateway_plugin.routing.breakers import Breaker
+from gateway_plugin.routing.leases import Lease, SharedBreaker, Slots, usd_units
+from gateway_plugin.routing.policy import (
+    SHED,
+    BreakerState,
+    Decision,
+    Policy,
+    Quota,
+    TargetState,
+    TenantState,
+)
+
+log = logging.getLogger("spillway.shared")
+
+HOUR, DAY, MINUTE = 3600, 86400, 60
+MAX_WARM_PER_ROUND = 1000
+MAX_TENANTS_PER_ROUND = 500
+MAX_WARM_SHARED = 10_000
+
+
+def _block(limit: int, share: int, lease_share: float, unit: int) -> int:
+    """A lease's block: ``lease_share`` of the limit, and at least two of the dearest requests, so
+    that asking at half a block always leaves room for one."""
+    return max(2 * unit, int(limit * lease_share), limit // (share * 64))
+
+
+def _tenant_key(tenant: str) -> str:
+    """Tenant names come from clients: keys carry a digest, never the name itself."""
+    return "tenant:" + hashlib.sha256(tenant.encode()).hexdigest()[:24]
+
+
+class Round(NamedTuple):
+    """One exchange with the store: what is sent, and which of this node's leases and slots each
+    line of the answer belongs to."""
+
+    payload: dict[str, Any]
+    leases: list[Lease]
+    slots: list[Slots]
+
+
+class _Limits:
+    """The leases and slots of one target or tenant (only those the config limits)."""
+
+    def __init__(self, hour_usd: float | None = None, day_usd: float | None = None) -> None:
+        self.hour_usd, self.day_usd = hour_usd, day_usd
+        self.hour: Lease | None = None
+        self.day: Lease | None = None
+        self.minute: Lease | None = None
+        self.slots: Slots | None = None
+
+    def leases(self) -> list[Lease]:
+        return [lease for lease in (self.hour, self.day, self.minute) if lease is not None]
+
+
+class SharedView:
+    def __init__(
+        self,
+        settings: SharedState,
+        config: SpillwayConfig,
+        policy: Policy,
+        node: str,
+        share: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.node = node
+        self.share = share or settings.nodes_expected
+        self.connected = False
+        self.wake: Callable[[], None] = lambda: None
+        self.breakers: dict[str, SharedBreaker] = {}
+        self.targets: dict[str, _Limits] = {}
+        self.tenants: dict[str, _Limits] = {}
+        self.dirty: set[str] = set()  # tenants with something to tell the store
+        self.warm: dict[str, int] = {}
+        self.seen: dict[str, dict[str, int]] = {}
+        self.apply(config, policy)
+
+    def apply(self, config: SpillwayConfig, policy: Policy) -> None:
+        """A new config: limits are rebuilt, what was leased and spent in the window is kept."""
+        self.config, self.policy = config, policy
+        self.breakers = {n: self.breakers.get(n) or SharedBreaker() for n in policy.targets}
+        old = self.targets
+        self.targets = {}
+        self._dearest = max((usd_units(t.cold_cost_usd) for t in policy.targets.values()), default=1)
+        for name, spec in policy.targets.items():
+            limits = self.targets[name] = _Limits(spec.hourly_usd, spec.daily_usd)
+            key = f"target:{name}"
+            unit = usd_units(spec.cold_cost_usd)
+            limits.hour = self._lease(
+                old.get(name, _Limits()).hour, key + ":spend:h", HOUR, spec.hourly_usd, unit
+            )
+            limits.day = self._lease(
+                old.get(name, _Limits()).day, key + ":spend:d", DAY, spec.daily_usd, unit
+            )
+            limits.slots = self._slots(old.get(name, _Limits()).slots, key, spec.concurrency_cap)
+        self.warm = {n: self.warm.get(n, 0) for n in policy.targets}
+        self.seen = {n: self.seen.get(n, {}) for n in policy.targets}
+        self.tenants.clear()
+        self.dirty.clear()
+
+    def _lease(
+        self,
+        old: Lease | None,
+        key: str,
+        window_s: int,
+        usd: float | None,
+        unit: int,
+        units: int | None = None,
+    ) -> Lease | None:
+        limit = usd_units(usd) if usd is not None else units
+        if limit is None:
+            return None
+        block = _block(limit, self.share, self.settings.lease_share, unit)
+        lease = Lease(key, window_s, limit, block, self.share)
+        if old is not None and old.key == key:
+            lease.window, lease.leased, lease.spent, lease.total = (
+                old.window,
+                old.leased,
+                old.spent,
+                old.total,
+            )
+        return lease
+
+    def _slots(self, old: Slots | None, key: str, cap: int | None) -> Slots | None:
+        if cap is None:
+            return None
+        slots = Slots(key, cap, max(1, cap // (2 * self.share)), self.share)
+        if old is not None:
+            slots.held, slots.others_busy = old.held, old.others_busy
+        return slots
+
+    def _tenant(self, tenant: str, quota: Quota) -> _Limits:
+        """The tenant's limits; at most ``tenants.max_tracked``, the first seen forgotten first."""
+        limits = self.tenants.get(tenant)
+        if limits is not None:
+            return limits
+        while len(self.tenants) >= self.config.tenants.max_tracked:
+            forgotten = next(iter(self.tenants))
+            del self.tenants[forgotten]
+            self.dirty.discard(forgotten)
+        limits = self.tenants[tenant] = _Limits(quota.hourly_usd, quota.daily_usd)
+        key = _tenant_key(tenant)
+        limits.hour = self._lease(None, key + ":spend:h", HOUR, quota.hourly_usd, self._dearest)
+        limits.day = self._lease(None, key + ":spend:d", DAY, quota.daily_usd, self._dearest)
+        limits.minute = self._lease(None, key + ":requests:m", MINUTE, None, 1, quota.requests_per_minute)
+        limits.slots = self._slots(None, key, quota.concurrency)
+        return limits
+
+    # The decision path: plain arithmetic on the last round's answers.
+
+    def target_state(
+        self, name: str, breaker: Breaker, in_flight: int, warm: int, now: float, wall: float
+    ) -> TargetState:
+        """``in_flight`` and ``warm``: this node's own counts."""
+        limits, shared, connected = self.targets[name], self.breakers[name], self.connected
+        state, probe = self._breaker(shared, breaker, now, wall)
+        warm = max(warm, self.warm.get(name, 0))
+        slots = limits.slots
+        if slots is not None:
+            shown = in_flight + slots.cap - (slots.held if connected else max(1, slots.cap // slots.share))
+            warm -= in_flight + (slots.others_busy if connected else 0) - shown
+            in_flight = shown
+        hour, day = limits.hour, limits.day
+        return TargetState(
+            state,
+            probe,
+            in_flight,
+            warm,
+            0.0 if hour is None else (limits.hour_usd or 0.0) - hour.remaining(wall, connected) / 1e9,
+            0.0 if day is None else (limits.day_usd or 0.0) - day.remaining(wall, connected) / 1e9,
+        )
+
+    def _breaker(
+        self, shared: SharedBreaker, local: Breaker, now: float, wall: float
+    ) -> tuple[BreakerState, bool]:
+        state = shared.state(wall)
+        if self.connected:
+            return state, state is BreakerState.HALF_OPEN and shared.probes > 0
+        if state is BreakerState.OPEN:
+            return state, False
+        return local.current(now), local.probe_allowed(now)
+
+    def _spent(self, lease: Lease | None, limit: float | None, local: float, wall: float) -> float:
+        """What the policy compares with the limit: the limit less what this node may still spend."""
+        if lease is None or limit is None:
+            return local
+        return limit - lease.remaining(wall, self.connected) / 1e9
+
+    def tenant_state(self, tenant: str, base: TenantState, wall: float) -> TenantState:
+        limits = self.tenants.get(tenant)
+        if limits is None:
+            quota = self.policy.quota_of(tenant)
+            if not quota.limits_anything:
+                return base
+            limits = self._tenant(tenant, quota)
+        connected = self.connected
+        requests, in_flight = base.requests_last_minute, base.in_flight
+        minute, slots = limits.minute, limits.slots
+        if minute is not None:
+            requests = minute.limit - minute.remaining(wall, connected)
+        if slots is not None:
+            in_flight += slots.cap - slots.allowed(connected)
+        return TenantState(
+            requests,
+            in_flight,
+            self._spent(limits.hour, limits.hour_usd, base.spent_hour_usd, wall),
+            self._spent(limits.day, limits.day_usd, base.spent_day_usd, wall),
+        )
+
+    # What the node did: leases spent, probes taken, outcomes seen.
+
+    def committed(self, decision: Decision, wall: float, in_flight: int = 0) -> None:
+        """A request shed takes nothing (quotas count what was let in, as the node's own books do),
+        but its tenant asks the store again: its lease may have run out, or its window rolled."""
+        more = False
+        tenant = decision.tenant
+        tenant_limits = self.tenants.get(tenant) if tenant is not None else None
+        if tenant is not None and tenant_limits is not None:
+            self.dirty.add(tenant)
+        if decision.target == SHED:
+            return
+        if tenant_limits is not None and tenant_limits.minute is not None:
+            more |= tenant_limits.minute.take(1, wall)
+        if not decision.is_cloud:
+            return self._wake_if(more)
+        units = usd_units(decision.cost_usd)
+        limits = self.targets[decision.target]
+        for lease in (limits.hour, limits.day):
+            if lease is not None:
+                more |= lease.take(units, wall)
+        if tenant_limits is not None:
+            for lease in (tenant_limits.hour, tenant_limits.day):
+                if lease is not None:
+                    more |= lease.take(units, wall)
+        self.breakers[decision.target].dispatched(wall)
+        slots = limits.slots
+        if slots is not None and slots.held - in_flight <= slots.block // 2 and slots.held < slots.cap:
+            more = True
+        self._wake_if(more)
+
+    def _wake_if(self, more: bool) -> None:
+        if more and self.connected:
+            self.wake()
+
+    def answered(self, target: str, ok: bool, instance: str | None, wall: float, tripped: bool) -> None:
+        """After the local breaker recorded the answer: a probe resolved, or the local breaker
+        tripped (``tripped``), is told to every node."""
+        shared = self.breakers.get(target)
+        if shared is None:
+            return
+        if not shared.outcome(ok) and tripped and shared.state(wall) is not BreakerState.OPEN:
+            shared.say("open")
+            self.wake()
+        elif shared.op is not None:
+            self.wake()
+        if instance:
+            self.instance_seen(target, instance, wall)
+
+    def instance_seen(self, target: str, instance: str, wall: float) -> None:
+        seen = self.seen.get(target)
+        if seen is not None and (instance in seen or len(seen) < MAX_WARM_PER_ROUND):
+            seen[instance] = int(wall * 1000)
+
+    # The rounds.
+
+    def round_request(
+        self, wall: float, in_flight: dict[str, int], tenants_in_flight: dict[str, int], release: bool = False
+    ) -> Round:
+        settings, breaker = self.settings, self.config.breaker
+        leases: list[dict[str, Any]] = []
+        lease_refs: list[Lease] = []
+        slots: list[dict[str, Any]] = []
+        slot_refs: list[Slots] = []
+        for name, limits in self.targets.items():
+            busy = in_flight.get(name, 0)
+            self._gather(limits, busy, wall, release, leases, lease_refs, slots, slot_refs, always=True)
+        dirty = list(self.tenants) if release else list(itertools.islice(self.dirty, MAX_TENANTS_PER_ROUND))
+        for tenant in dirty:
+            self.dirty.discard(tenant)
+            tenant_limits = self.tenants.get(tenant)
+            if tenant_limits is not None:
+                busy = tenants_in_flight.get(tenant, 0)
+                self._gather(tenant_limits, busy, wall, release, leases, lease_refs, slots, slot_refs)
+        timeouts = {t.name: t.timeout_s for t in self.config.targets}
+        breakers = [
+            shared.request(
+                name,
+                wall,
+                breaker.cooldown_s,
+                breaker.max_cooldown_s,
+                breaker.half_open_probes,
+                timeouts[name],
+            )
+            for name, shared in self.breakers.items()
+        ]
+        warm = []
+        for target_config in self.config.targets:
+            seen = self.seen[target_config.name]
+            warm.append(
+                {
+                    "target": target_config.name,
+                    "seen": [[k, v] for k, v in seen.items()],
+                    "now": int(wall * 1000),
+                    "ttl_ms": int(target_config.idle_ttl_s * 1000),
+                    "max": MAX_WARM_SHARED,
+                }
+            )
+        payload = {
+            "p": "{" + settings.key_prefix + "}",
+            "node": self.node,
+            "node_ttl_ms": max(3000, 30 * settings.sync_period_ms),
+            "bye": 1 if release else 0,
+            "leases": leases,
+            "slots": slots,
+            "breakers": breakers,
+            "warm": warm,
+        }
+        return Round(payload, lease_refs, slot_refs)
+
+    @staticmethod
+    def _gather(
+        limits: _Limits,
+        busy: int,
+        wall: float,
+        release: bool,
+        leases: list[dict[str, Any]],
+        lease_refs: list[Lease],
+        slots: list[dict[str, Any]],
+        slot_refs: list[Slots],
+        always: bool = False,
+    ) -> None:
+        for lease in limits.leases():
+            asked = lease.request(wall, release)
+            if asked is not None:
+                leases.append(asked)
+                lease_refs.append(lease)
+        if limits.slots is not None:
+            asked_slots = (
+                {"key": limits.slots.key, "cap": limits.slots.cap, "want": 0, "busy": 0}
+                if release
+                else limits.slots.request(busy, always)
+            )
+            if asked_slots is not None:
+                slots.append(asked_slots)
+                slot_refs.append(limits.slots)
+
+    def round_done(self, sent: Round, reply: list[Any]) -> list[str]:
+        """The store's answers, in the order of the request; the targets whose breaker this round
+        opened for every node."""
+        request, lease_refs, slot_refs = sent
+        lease_replies, slot_replies, breaker_replies, warm_replies = reply
+        for lease, asked, (mine, total) in zip(lease_refs, request["leases"], lease_replies, strict=True):
+            lease.granted(int(asked["key"].rsplit(":", 1)[1]), int(mine), int(total))
+        for slots, (held, others_busy) in zip(slot_refs, slot_replies, strict=True):
+            slots.granted(int(held), int(others_busy))
+        opened = []
+        for asked, (gen, until_ms, cooldown_ms, probes) in zip(
+            request["breakers"], breaker_replies, strict=True
+        ):
+            if self.breakers[asked["target"]].granted(
+                asked["op"] or None, int(gen), int(until_ms), int(cooldown_ms), int(probes)
+            ):
+                opened.append(asked["target"])
+        for asked, count in zip(request["warm"], warm_replies, strict=True):
+            self.warm[asked["target"]] = int(count)
+            seen = self.seen[asked["target"]]
+            for instance, at in asked["seen"]:
+                if seen.get(instance) == at:
+                    del seen[instance]
+        return opened

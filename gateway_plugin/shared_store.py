@@ -1,0 +1,212 @@
+"""The shared store at the edge: Redis (standalone, TLS, Sentinel or Cluster) through redis-py.
+
+A round is one ``EVALSHA`` of the script below, atomic on the server: node liveness, lease
+claims and grants, slots, breaker transitions and probe tokens, warm instances. Every key carries
+the hash tag ``{prefix}``, so on a Cluster all of them live in one slot and the script may touch
+them together. Every call is bounded by ``timeout_ms`` (connect and read); the password comes from
+the environment and is never part of a message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from gateway_plugin.config import SharedState
+
+ROUND_SCRIPT = r"""
+local req = cjson.decode(ARGV[1])
+local p, me = req.p, req.node
+local function int(x) return string.format('%d', x) end
+local function live(node)
+  return node == me or redis.call('EXISTS', p .. ':node:' .. node) == 1
+end
+if req.bye == 1 then
+  redis.call('DEL', p .. ':node:' .. me)
+else
+  redis.call('SET', p .. ':node:' .. me, '1', 'PX', req.node_ttl_ms)
+end
+local leases = {}
+for i, l in ipairs(req.leases) do
+  local k = p .. ':lease:' .. l.key
+  local fields = redis.call('HGETALL', k)
+  local total, mine = 0, 0
+  for j = 1, #fields, 2 do
+    local v = tonumber(fields[j + 1])
+    total = total + v
+    if fields[j] == me then mine = v end
+  end
+  if l.claim > mine or l.release == 1 then
+    total = total + l.claim - mine
+    mine = l.claim
+  end
+  local give = math.min(l.want, l.limit - total)
+  if give > 0 then
+    total = total + give
+    mine = mine + give
+  end
+  redis.call('HSET', k, me, int(mine))
+  redis.call('PEXPIRE', k, l.ttl_ms + 60000)
+  leases[i] = {mine, total}
+end
+local slots = {}
+for i, s in ipairs(req.slots) do
+  local hk, bk = p .. ':slots:' .. s.key, p .. ':busy:' .. s.key
+  local fields = redis.call('HGETALL', hk)
+  local others = 0
+  for j = 1, #fields, 2 do
+    if fields[j] ~= me then
+      if live(fields[j]) then
+        others = others + tonumber(fields[j + 1])
+      else
+        redis.call('HDEL', hk, fields[j])
+        redis.call('HDEL', bk, fields[j])
+      end
+    end
+  end
+  local held = math.max(0, math.min(s.want, s.cap - others))
+  redis.call('HSET', hk, me, int(held))
+  redis.call('HSET', bk, me, int(s.busy))
+  local busy = 0
+  local counts = redis.call('HGETALL', bk)
+  for j = 1, #counts, 2 do
+    if counts[j] ~= me then busy = busy + tonumber(counts[j + 1]) end
+  end
+  redis.call('PEXPIRE', hk, 86400000)
+  redis.call('PEXPIRE', bk, 86400000)
+  slots[i] = {held, busy}
+end
+local breakers = {}
+for i, b in ipairs(req.breakers) do
+  local k = p .. ':breaker:' .. b.target
+  local h = redis.call('HMGET', k, 'gen', 'until', 'cooldown')
+  local gen, untl, cool = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
+  if b.op == 'open' and b.gen == gen and (untl == 0 or b.now >= untl) then
+    if cool == 0 then cool = b.base else cool = math.min(cool * 2, b.max) end
+    gen, untl = gen + 1, b.now + cool
+    redis.call('HSET', k, 'gen', int(gen), 'until', int(untl), 'cooldown', int(cool))
+  elseif b.op == 'close' and b.gen == gen and untl > 0 then
+    untl, cool = 0, 0
+    redis.call('HSET', k, 'gen', int(gen), 'until', '0', 'cooldown', '0')
+  end
+  redis.call('PEXPIRE', k, 86400000)
+  local granted = 0
+  if b.probes > 0 and untl > 0 and b.now >= untl then
+    local pk = k .. ':probes:' .. int(gen)
+    local used = tonumber(redis.call('GET', pk)) or 0
+    granted = math.max(0, math.min(b.probes, b.max_probes - used))
+    if granted > 0 then
+      redis.call('INCRBY', pk, granted)
+      if used == 0 then redis.call('PEXPIRE', pk, b.probe_ttl_ms) end
+    end
+  end
+  breakers[i] = {gen, untl, cool, granted}
+end
+local warm = {}
+for i, w in ipairs(req.warm) do
+  local k = p .. ':warm:' .. w.target
+  for _, e in ipairs(w.seen) do redis.call('ZADD', k, int(e[2]), e[1]) end
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. int(w.now - w.ttl_ms))
+  local n = redis.call('ZCARD', k)
+  if n > w.max then
+    redis.call('ZREMRANGEBYRANK', k, 0, n - w.max - 1)
+    n = w.max
+  end
+  redis.call('PEXPIRE', k, w.ttl_ms)
+  warm[i] = n
+end
+return {leases, slots, breakers, warm}
+"""
+
+
+def _hosts(spec: str) -> list[tuple[str, int]]:
+    hosts = []
+    for item in spec.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{item!r} is not host:port")
+        hosts.append((host.strip("[]"), int(port)))
+    return hosts
+
+
+def make_client(settings: SharedState, environ: Mapping[str, str] = os.environ) -> Any:
+    """A redis-py client for the URL's kind, with every call bounded; connects lazily."""
+    import redis
+
+    timeout = settings.timeout_ms / 1000
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "password": environ.get(settings.password_env) if settings.password_env else None,
+        "username": environ.get(settings.username_env) if settings.username_env else None,
+    }
+    scheme, _, rest = settings.redis_url.partition("://")
+    tls = scheme.startswith("rediss")
+    if scheme in ("redis", "rediss"):
+        return redis.Redis.from_url(settings.redis_url, **options)
+    location, _, path = rest.partition("/")
+    if scheme.endswith("+cluster"):
+        from redis.cluster import ClusterNode, RedisCluster
+
+        nodes = [ClusterNode(host, port) for host, port in _hosts(location)]  # type: ignore[no-untyped-call]
+        return RedisCluster(startup_nodes=nodes, ssl=tls, **options)
+    from redis.sentinel import Sentinel
+
+    master, _, db = path.partition("/")
+    if not master:
+        raise ValueError("a Sentinel URL names its master: redis+sentinel://host:26379/MASTER/0")
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        _hosts(location),
+        sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout, "ssl": tls},
+        ssl=tls,
+        **options,
+    )
+    return sentinel.master_for(master, db=int(db or 0))  # type: ignore[no-untyped-call]
+
+
+def check_url(url: str) -> None:
+    """What the config's pattern cannot see: every host:port well formed, a Sentinel's master named."""
+    scheme, _, rest = url.partition("://")
+    location, _, path = rest.partition("/")
+    if scheme.endswith(("+cluster", "+sentinel")):
+        _hosts(location)
+    if scheme.endswith("+sentinel") and not path.partition("/")[0]:
+        raise ValueError("a Sentinel URL names its master: redis+sentinel://host:26379/MASTER/0")
+
+
+class RedisStore:
+    """``routing.shared_sync.Store`` on Redis: one script call per round."""
+
+    def __init__(self, settings: SharedState, environ: Mapping[str, str] = os.environ) -> None:
+        self._secrets = [
+            value
+            for name in (settings.password_env, settings.username_env)
+            if name and (value := environ.get(name))
+        ]
+        self._settings, self._environ = settings, environ
+        check_url(settings.redis_url)
+        self.client: Any = None
+        self._script: Any = None
+
+    def exchange(self, payload: dict[str, Any]) -> list[Any]:
+        """One round. The client is made on first use, here on the rounds' thread: a Cluster client
+        reaches its nodes as it is made, and a store away at start is a failed round, not a
+        runner that cannot start."""
+        if self._script is None:
+            self.client = make_client(self._settings, self._environ)
+            self._script = self.client.register_script(ROUND_SCRIPT)
+        reply = self._script(keys=[payload["p"] + ":round"], args=[json.dumps(payload)])
+        return reply  # type: ignore[no-any-return]
+
+    def describe(self, error: BaseException) -> str:
+        """The error as a log line may carry it: its kind and text, never a credential."""
+        text = f"{type(error).__name__}: {error}"
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text[:300]
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()

@@ -1,0 +1,130 @@
+"""A cloud target as the platform runs it: instances that start cold, take one request each
+(Lambda) or ``instance_concurrency`` (FC), are reused while warm and reaped after ``idle_ttl_s``
+idle, up to the platform's concurrency limit; every answer crosses the network."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import NamedTuple
+
+from gateway_plugin.config import Target
+from gateway_plugin.simulation.billing import Bill
+from gateway_plugin.simulation.settings import SimulatedTarget
+
+
+class Instance:
+    __slots__ = ("free", "id", "last_used", "ready_at")
+
+    def __init__(self, ident: str, slots: int, ready_at: float) -> None:
+        self.id = ident
+        self.free = slots
+        self.ready_at = ready_at
+        self.last_used = ready_at
+
+
+class Served(NamedTuple):
+    """Where and when a request sent to the target is answered."""
+
+    done_at: float
+    instance: Instance | None
+    cold: bool
+    ok: bool
+
+
+def lognormal(mean: float, cv: float) -> tuple[float, float]:
+    """(mu, sigma) of a lognormal with this mean and coefficient of variation."""
+    sigma2 = math.log1p(cv * cv)
+    return math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
+
+
+class CloudTarget:
+    def __init__(self, target: Target, model: SimulatedTarget, bill: Bill, rng: random.Random) -> None:
+        self.name = target.name
+        self.idle_ttl_s = target.idle_ttl_s
+        self.cap = target.concurrency_cap
+        self.slots = model.instance_concurrency
+        self.max_instances = model.max_instances
+        self.network_s = model.network_ms / 1000
+        self.error_rate = model.error_rate
+        self.idle_usd_per_s = model.idle_usd_per_second
+        self.service = lognormal(model.service_ms or target.cost.expected_duration_ms, model.service_cv)
+        self.cold = lognormal(max(model.cold_start_ms or target.cold_start_ms, 1e-3), model.cold_start_cv)
+        self.cold_mean_s = (model.cold_start_ms or target.cold_start_ms) / 1000
+        self.bill = bill
+        self.rng = rng
+        self.ready: list[Instance] = []
+        self.live = 0
+        self.started = 0
+        self.in_flight = 0
+
+    def service_ms(self, z: float) -> float:
+        mu, sigma = self.service
+        return math.exp(mu + sigma * z)
+
+    def idle_warm(self, now: float) -> int:
+        """Instances with a free slot that would answer without a cold start."""
+        self._reap(now)
+        return len(self.ready)
+
+    def dispatch(self, now: float, service_ms: float) -> Served:
+        """Run one request (or a warm-up ping holding an instance for ``service_ms``)."""
+        self._reap(now)
+        cold = False
+        if self.ready:
+            instance = self.ready[-1]
+            self.bill.idle(self.name, max(0.0, now - instance.last_used) * self.idle_usd_per_s, now)
+            instance.free -= 1
+            if instance.free == 0:
+                self.ready.pop()
+        elif self.live >= self.max_instances:
+            return Served(now + self.network_s, None, False, False)
+        else:
+            instance = self._launch(now)
+            cold = True
+            instance.free -= 1
+            if instance.free:
+                self.ready.append(instance)
+        self.in_flight += 1
+        start = max(now + self.network_s / 2, instance.ready_at)
+        done = start + service_ms / 1000
+        init_ms = (instance.ready_at - now) * 1000 if cold else 0.0
+        self.bill.request(self.name, service_ms, init_ms, done)
+        ok = self.error_rate == 0 or self.rng.random() >= self.error_rate
+        return Served(done + self.network_s / 2, instance, cold, ok)
+
+    def prewarm(self, count: int, now: float) -> list[str]:
+        """Instances the warm-up pinger has kept warm since before the trace began."""
+        for _ in range(count):
+            self.started += 1
+            self.live += 1
+            self.ready.append(Instance(f"{self.name}-{self.started}", self.slots, now))
+        return [i.id for i in self.ready]
+
+    def release(self, instance: Instance, now: float) -> None:
+        self.in_flight -= 1
+        instance.last_used = now
+        if instance.free == 0:
+            self.ready.append(instance)
+        instance.free += 1
+
+    def _launch(self, now: float) -> Instance:
+        mu, sigma = self.cold
+        self.started += 1
+        self.live += 1
+        start_s = math.exp(mu + sigma * self.rng.gauss(0.0, 1.0)) / 1000
+        return Instance(f"{self.name}-{self.started}", self.slots, now + self.network_s / 2 + start_s)
+
+    def _reap(self, now: float) -> None:
+        """The platform stops instances idle past the TTL (the oldest idle are at the bottom)."""
+        ready, horizon = self.ready, now - self.idle_ttl_s
+        while ready and ready[0].last_used < horizon and ready[0].free == self.slots:
+            gone = ready.pop(0)
+            self.live -= 1
+            self.bill.idle(self.name, self.idle_ttl_s * self.idle_usd_per_s, gone.last_used + self.idle_ttl_s)
+
+    def close(self, now: float) -> None:
+        """The run is over: bill what idle instances cost until then."""
+        for instance in self.ready:
+            idle = min(now - instance.last_used, self.idle_ttl_s)
+            self.bill.idle(self.name, max(0.0, idle) * self.idle_usd_per_s, now)

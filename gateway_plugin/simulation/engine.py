@@ -1,0 +1,237 @@
+"""The discrete-event loop: arrivals from the trace, the cluster and the clouds answering, the
+runner's scrapes, outcome reports and warm-up rounds, one router deciding, everything measured.
+
+Time is simulated seconds from the trace's start; the warm-up pinger has been running before it,
+so the instances it keeps are warm at the start. Each request's random draws (service times)
+come from one stream seeded by ``seed`` and are made once, so every policy meets the same
+requests; each cloud target's cold starts and failures come from a stream of their own.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.policy import LOCAL, SHED, RequestFeatures
+from gateway_plugin.simulation.billing import Bill
+from gateway_plugin.simulation.cloud import CloudTarget, Served, lognormal
+from gateway_plugin.simulation.cluster import Batch, Cluster, Job
+from gateway_plugin.simulation.results import CLOUD_KIND, FAILED_KIND, LOCAL_KIND, SHED_KIND, Measures
+from gateway_plugin.simulation.trace import Shaping, Trace, arrivals
+from gateway_plugin.simulation.world import Router, World
+
+LOCAL_DONE, CLOUD_DONE, SCRAPE, SCRAPED, FLUSH, WARMUP, PING_DONE, WARM_REPORT = range(8)
+# The runner reads the warm-up report file every 2 s: on average a report is 1 s old when read.
+WARM_REPORT_DELAY_S = 1.0
+Progress = Callable[[float], None]
+
+
+def features(config: SpillwayConfig) -> dict[bool, RequestFeatures]:
+    """The request the trace stands for, public and confidential (content-type as Triton's JSON)."""
+    model = config.simulation.model
+    header = config.residency.header.lower()
+    out = {}
+    for confidential in (False, True):
+        headers = {"content-type": "application/json", header: "confidential" if confidential else "public"}
+        out[confidential] = RequestFeatures(f"/v2/models/{model}/infer", headers, {}, model, 0)
+    return out
+
+
+def jobs(config: SpillwayConfig, trace: Trace, shaping: Shaping, seed: int) -> Iterator[Job]:
+    rng = random.Random(seed)
+    mu, sigma = lognormal(config.simulation.cluster.service_ms, config.simulation.cluster.service_cv)
+    gauss, exp = rng.gauss, math.exp
+    for a in arrivals(trace, shaping, rng):
+        job = Job(a.at_s, a.body_bytes, a.confidential, exp(mu + sigma * gauss(0.0, 1.0)), gauss(0.0, 1.0))
+        job.tenant = a.tenant
+        yield job
+
+
+class Engine:
+    def __init__(self, config: SpillwayConfig, router: Router, seed: int) -> None:
+        sim = config.simulation
+        self.config, self.router, self.seed = config, router, seed
+        self.bill = Bill({t.name: t.cost for t in config.targets})
+        self.clouds = {
+            t.name: CloudTarget(
+                t, sim.target(t.name), self.bill, random.Random(seed ^ zlib.crc32(t.name.encode()))
+            )
+            for t in config.targets
+        }
+        self.cluster = Cluster(config.local.parallelism, sim.cluster)
+        target_ms = config.local.model_latency_targets_ms.get(sim.model, config.local.latency_target_ms)
+        self.world = World(self.cluster, self.clouds, target_ms, features=features(config))
+        self.measures = Measures(target_ms)
+        self.local_net_s = sim.cluster.network_ms / 1000
+        self.lag_s = sim.outcome_lag_s if sim.outcome_lag_s is not None else float(config.outcomes.batch_s)
+        self.invoke = {t.name for t in config.targets if t.mode == "invoke"}
+        self.events: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.outstanding = 0
+        self.pending: list[tuple[int, Any]] = []
+        self.busy_at_scrape = 0.0
+
+    def push(self, at: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, kind, payload))
+
+    def run(self, stream: Iterator[Job], progress: Progress | None = None) -> Measures:
+        self.push(0.0, SCRAPE, None)
+        warmup = self.config.warmup
+        for name, spec in warmup.targets.items():
+            self.router.warm_report(name, self.clouds[name].prewarm(spec.instances, 0.0), 0.0)
+        if warmup.targets:
+            self.push(warmup.interval_s, WARMUP, None)
+        events, handle, now = self.events, self._handle, 0.0
+        for count, job in enumerate(stream):
+            now = job.at
+            while events[0][0] <= now:
+                at, _, kind, payload = heapq.heappop(events)
+                handle(at, kind, payload)
+            self._arrive(job, now)
+            if progress is not None and not count & 0x3FFF:
+                progress(now)
+        while self.outstanding or self.pending:
+            at, _, kind, payload = heapq.heappop(events)
+            now = at
+            handle(at, kind, payload)
+        for cloud in self.clouds.values():
+            cloud.close(now)
+        self.measures.seconds = now
+        self.measures.cost_by_target = dict(self.bill.by_target)
+        self.measures.cost_by_second = self.bill.by_second
+        return self.measures
+
+    def _arrive(self, job: Job, now: float) -> None:
+        target = self.router.route(job, now, self.world)
+        job.target = target
+        measures = self.measures
+        if target == LOCAL:
+            self.outstanding += 1
+            started = self.cluster.arrive(job, now)
+            if started is not None:
+                self.push(started[0], LOCAL_DONE, started[1])
+        elif target == SHED:
+            measures.record(job.at, 0.0, SHED_KIND)
+        else:
+            if job.confidential:
+                measures.residency_breaches += 1
+            self.outstanding += 1
+            cloud = self.clouds[target]
+            served = cloud.dispatch(now, cloud.service_ms(job.cloud_z))
+            self.push(served.done_at, CLOUD_DONE, (job, served))
+        if not job.confidential:
+            measures.decided(target not in (LOCAL, SHED))
+
+    def _handle(self, now: float, kind: int, payload: Any) -> None:
+        if kind == LOCAL_DONE:
+            self._local_done(payload, now)
+        elif kind == CLOUD_DONE:
+            self._cloud_done(payload[0], payload[1], now)
+        elif kind == SCRAPE:
+            self._scrape(now)
+        elif kind == SCRAPED:
+            self.world.utilisation = payload[1]
+            self.router.scraped(payload[0], now)
+        elif kind == FLUSH:
+            self._flush(now)
+        elif kind == WARMUP:
+            self._warmup(now)
+        elif kind == PING_DONE:
+            self.clouds[payload[0]].release(payload[1].instance, now)
+        elif kind == WARM_REPORT:
+            self.router.warm_report(payload[0], payload[1], now)
+
+    def _local_done(self, batch: Batch, now: float) -> None:
+        net, record = self.local_net_s, self.measures.record
+        listens = self.router.listens
+        for job in batch:
+            ms = (now - job.at + net) * 1000
+            record(job.at, ms, LOCAL_KIND)
+            if listens:
+                self._report((LOCAL_DONE, (ms, job.tenant)), now)
+        self.outstanding -= len(batch)
+        started = self.cluster.finish(batch, now)
+        if started is not None:
+            self.push(started[0], LOCAL_DONE, started[1])
+
+    def _cloud_done(self, job: Job, served: Served, now: float) -> None:
+        self.outstanding -= 1
+        ms = (now - job.at) * 1000
+        self.measures.record(job.at, ms, CLOUD_KIND if served.ok else FAILED_KIND)
+        instance = served.instance
+        if served.cold:
+            self.measures.cold_hits += 1
+        if instance is not None:
+            self.clouds[job.target].release(instance, now)
+        if self.router.listens:
+            answer = (
+                job.target,
+                instance.id if instance else "",
+                served.cold,
+                served.ok,
+                ms / 1000,
+                job.tenant,
+            )
+            if job.target in self.invoke:
+                self.router.answered_cloud(*answer[:5], now=now, tenant=job.tenant)
+            else:
+                self._report((CLOUD_DONE, answer), now)
+
+    def _report(self, outcome: tuple[int, Any], now: float) -> None:
+        """The gateway's logger batches outcomes: the first of a batch starts its timer."""
+        if not self.pending:
+            self.push(now + self.lag_s, FLUSH, None)
+        self.pending.append(outcome)
+
+    def _flush(self, now: float) -> None:
+        router, pending = self.router, self.pending
+        self.pending = []
+        for kind, answer in pending:
+            if kind == LOCAL_DONE:
+                router.answered_local(answer[0], now, answer[1])
+            else:
+                target, instance, cold, ok, seconds, tenant = answer
+                router.answered_cloud(target, instance, cold, ok, seconds, now, tenant)
+
+    def _scrape(self, now: float) -> None:
+        period = self.config.local.scrape_period_s
+        busy = self.cluster.busy_s(now)
+        utilisation = (busy - self.busy_at_scrape) / (period * self.cluster.servers)
+        self.busy_at_scrape = busy
+        lag = self.config.simulation.cluster.scrape_lag_ms / 1000
+        self.push(now + lag, SCRAPED, (self.cluster.counters(), utilisation))
+        self.push(now + period, SCRAPE, None)
+
+    def _warmup(self, now: float) -> None:
+        """A warm-up round: each target's pings, each holding an instance for the dwell."""
+        warmup = self.config.warmup
+        for name, spec in warmup.targets.items():
+            cloud = self.clouds[name]
+            before = self.bill.by_target[name]
+            pings = [cloud.dispatch(now, float(spec.dwell_ms)) for _ in range(spec.instances)]
+            self.measures.warmup_cost_usd += self.bill.by_target[name] - before
+            reached = [p.instance.id for p in pings if p.instance is not None]
+            for ping in pings:
+                if ping.instance is not None:
+                    self.push(ping.done_at, PING_DONE, (name, ping))
+            last = max((p.done_at for p in pings), default=now)
+            self.push(last + WARM_REPORT_DELAY_S, WARM_REPORT, (name, reached))
+        self.push(now + warmup.interval_s, WARMUP, None)
+
+
+def simulate(
+    config: SpillwayConfig,
+    router: Router,
+    trace: Trace,
+    shaping: Shaping,
+    seed: int,
+    progress: Progress | None = None,
+) -> Measures:
+    """One policy over one trace."""
+    return Engine(config, router, seed).run(jobs(config, trace, shaping, seed), progress)

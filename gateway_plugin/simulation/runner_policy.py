@@ -1,0 +1,76 @@
+"""Spillway's own policy in simulated time: the runner's ``GatewayState`` (snapshots, commits,
+breakers, budgets, quotas, warm pools, in-flight horizons, the load tracker) on a simulated clock,
+and ``policy.decide()`` itself, fed the scrapes, answers and warm-up reports the runner would get."""
+
+from __future__ import annotations
+
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.policy import RequestFeatures, decide
+from gateway_plugin.routing.signals import Counters
+from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.simulation.cluster import Job
+from gateway_plugin.simulation.world import World
+
+# Simulated wall-clock time starts at a fixed instant (budgets roll over on wall-clock hours).
+EPOCH = 1_767_225_600.0
+
+
+class _SimulatedState(GatewayState):
+    """The runner's state; upstream targets need no route token here, nothing is routed for real."""
+
+    @staticmethod
+    def route_values(config: SpillwayConfig) -> dict[str, str]:
+        return {}
+
+
+class SpillwayRouter:
+    name = "spillway"
+    listens = True
+
+    def __init__(self, config: SpillwayConfig) -> None:
+        self.now = 0.0
+        self.state = _SimulatedState(config, clock=self._clock, wall=self._wall)
+        self.model = config.simulation.model
+        self.tenant_header = config.tenants.header.lower()
+
+    def _clock(self) -> float:
+        return self.now
+
+    def _wall(self) -> float:
+        return EPOCH + self.now
+
+    def route(self, job: Job, now: float, world: World) -> str:
+        self.now = now
+        base = world.features[job.confidential]
+        headers = base.headers if job.tenant is None else {**base.headers, self.tenant_header: job.tenant}
+        features = RequestFeatures(base.path, headers, base.args, base.model, job.body_bytes)
+        state = self.state
+        decision = decide(features, state.snapshot(job.tenant, self.model), state.policy)
+        state.commit(decision, self.model)
+        return decision.target
+
+    def scraped(self, counters: Counters, now: float) -> None:
+        self.now = now
+        self.state.load.observe([{self.model: counters}])
+
+    def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
+        self.now = now
+        self.state.answered_local(self.model, ms)
+        self.state.answered(None, tenant, True, seconds=ms / 1000)
+
+    def answered_cloud(
+        self,
+        target: str,
+        instance: str,
+        cold: bool,
+        ok: bool,
+        seconds: float,
+        now: float,
+        tenant: str | None = None,
+    ) -> None:
+        self.now = now
+        self.state.answered(target, tenant, ok, instance or None, cold, seconds)
+
+    def warm_report(self, target: str, instances: list[str], now: float) -> None:
+        self.now = now
+        self.state.warm_report(target, instances)

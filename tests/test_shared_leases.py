@@ -1,0 +1,136 @@
+"""The lease, slot and shared-breaker arithmetic alone (no store: plain values; the store's side is
+tested against a real Redis in test_shared_state.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway_plugin.routing.leases import Lease, SharedBreaker, Slots, usd_units
+from gateway_plugin.routing.policy import BreakerState
+
+WALL = 3600 * 100 + 10.0
+
+
+def lease(limit: int = 1000, block: int = 100, share: int = 3) -> Lease:
+    return Lease("target:aws:spend:h", 3600, limit, block, share)
+
+
+def test_dollars_become_nano_dollars_rounded_up() -> None:
+    assert usd_units(1.0) == 1_000_000_000
+    assert usd_units(0.0000002) == 200
+    assert usd_units(1e-12) == 1, "a cost too small to count still counts"
+    assert usd_units(0.0) == 0
+
+
+def test_a_connected_node_spends_only_what_it_was_leased() -> None:
+    held = lease()
+    assert held.remaining(WALL, connected=True) == 0
+    asked = held.request(WALL)
+    assert asked is not None and asked["want"] == 100 and asked["claim"] == 0
+    held.granted(held.window, mine=100, total=250)
+    assert held.remaining(WALL, connected=True) == 100
+    assert held.take(40, WALL) is False, "60 left, more than half a block"
+    assert held.take(20, WALL) is True, "40 left: time to ask for the next block"
+    assert held.remaining(WALL, connected=True) == 40
+
+
+def test_away_from_the_store_a_node_adds_its_share_of_what_was_left() -> None:
+    held = lease(limit=1000, share=4)
+    held.request(WALL)
+    held.granted(held.window, mine=100, total=600)
+    held.take(30, WALL)
+    assert held.remaining(WALL, connected=False) == 100 + (1000 - 600) // 4 - 30
+    never_reached = lease(limit=1000, share=4)
+    assert never_reached.remaining(WALL, connected=False) == 250, "no round yet: a quarter of the limit"
+
+
+def test_back_at_the_store_a_node_claims_what_it_spent_alone() -> None:
+    held = lease(limit=1000, share=2)
+    held.request(WALL)
+    held.granted(held.window, mine=100, total=100)
+    held.take(300, WALL)
+    asked = held.request(WALL)
+    assert asked is not None and asked["claim"] == 300, "spent beyond its lease: claimed, not added"
+
+
+def test_a_new_window_starts_empty() -> None:
+    held = lease()
+    held.request(WALL)
+    held.granted(held.window, mine=100, total=100)
+    held.take(100, WALL)
+    assert held.remaining(WALL + 3600, connected=True) == 0
+    assert held.spent == 0 and held.leased == 0
+    held.granted(held.window - 1, mine=500, total=500)
+    assert held.leased == 0, "an answer about the previous window changes nothing"
+
+
+@given(
+    st.integers(1, 10_000),
+    st.integers(1, 8),
+    st.lists(st.integers(0, 2000), min_size=1, max_size=8),
+    st.integers(0, 10_000),
+)
+def test_nodes_all_alone_never_spend_more_than_the_limit_left(
+    limit: int, share: int, leased: list[int], extra: int
+) -> None:
+    """Leases never exceed the limit; each node alone adds 1/share of what was left, so N nodes cut
+    off at once spend at most the limit (each with the same last view of the total)."""
+    nodes = [lease(limit=limit, share=share) for _ in range(share)]
+    grants, total = [], 0
+    for want in (leased * share)[:share]:
+        give = max(0, min(want, limit - total))
+        grants.append(give)
+        total += give
+    for node, mine in zip(nodes, grants, strict=True):
+        node.roll(WALL)
+        node.granted(node.window, mine, total)
+    spent = 0
+    for node in nodes:
+        may = node.remaining(WALL, connected=False)
+        node.take(may, WALL)
+        spent += may
+    assert spent <= limit
+
+
+def test_slots_connected_and_alone() -> None:
+    slots = Slots("target:aws", cap=10, block=2, share=3)
+    asked = slots.request(in_flight=0)
+    assert asked == {"key": "target:aws", "cap": 10, "want": 2, "busy": 0}
+    assert slots.request(in_flight=0) == asked, "unanswered: asked again"
+    slots.granted(2, others_busy=5)
+    assert slots.request(in_flight=0) is None, "nothing changed"
+    assert slots.allowed(connected=True) == 2
+    assert slots.allowed(connected=False) == 3
+    assert Slots("t", cap=2, block=1, share=5).allowed(connected=False) == 1, "never less than one"
+    asked = slots.request(in_flight=9)
+    assert asked is not None and asked["want"] == 10, "never more than the cap"
+
+
+def test_a_breaker_tripped_here_is_open_before_the_store_knows() -> None:
+    shared = SharedBreaker()
+    shared.say("open")
+    assert shared.state(WALL) is BreakerState.OPEN
+    asked = shared.request("aws", WALL, 5, 60, 1, 30)
+    assert asked["op"] == "open" and asked["gen"] == 0
+    assert shared.granted("open", gen=1, until_ms=int(WALL * 1000) + 5000, cooldown_ms=5000, probes=0)
+    assert shared.op is None and shared.state(WALL + 4.9) is BreakerState.OPEN
+    assert shared.state(WALL + 5) is BreakerState.HALF_OPEN
+
+
+def test_probe_tokens_come_from_the_store_and_their_answer_is_told_to_all() -> None:
+    shared = SharedBreaker(gen=3, until_ms=int(WALL * 1000) - 1, cooldown_ms=5000)
+    assert shared.state(WALL) is BreakerState.HALF_OPEN
+    assert shared.request("aws", WALL, 5, 60, 2, 30)["probes"] == 2
+    shared.granted(None, gen=3, until_ms=shared.until_ms, cooldown_ms=5000, probes=1)
+    shared.dispatched(WALL)
+    assert shared.probes == 0 and shared.probes_out == 1
+    assert shared.outcome(ok=True)
+    assert shared.op == "close" and shared.op_gen == 3
+    assert not shared.outcome(ok=True), "no probe out: an ordinary answer"
+
+
+def test_a_new_generation_voids_the_tokens_of_the_old_one() -> None:
+    shared = SharedBreaker(gen=3, until_ms=1, cooldown_ms=5000, probes=1)
+    shared.granted(None, gen=4, until_ms=int(WALL * 1000) + 10_000, cooldown_ms=10_000, probes=0)
+    assert shared.probes == 0 and shared.state(WALL) is BreakerState.OPEN

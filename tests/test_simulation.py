@@ -1,0 +1,239 @@
+"""The simulator: deterministic for a seed, residency kept by every policy, the model behaving as
+the platforms do, traces read or refused with a clear error, and the command's JSON as promised."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway_plugin.config import SpillwayConfig, load
+from gateway_plugin.simulation.billing import Bill
+from gateway_plugin.simulation.cloud import CloudTarget
+from gateway_plugin.simulation.cluster import Cluster, Job
+from gateway_plugin.simulation.command import run_policies
+from gateway_plugin.simulation.settings import SimulatedCluster, SimulatedTarget
+from gateway_plugin.simulation.trace import RateTrace, Shaping, TraceError, arrivals, generate
+from gateway_plugin.simulation.trace import load as load_trace
+from tests.support import ROOT
+
+BURSTY = load(ROOT / "examples" / "simulation" / "bursty.yaml")
+SHORT = generate("mmpp", {"base": 40, "burst": 110, "on_s": 20, "off_s": 40, "seconds": 240})
+POLICY_NAMES = {"spillway", "all_local", "all_cloud", "static_threshold", "least_busy", "perfect"}
+
+
+def test_the_same_seed_gives_the_same_result_and_another_seed_another() -> None:
+    shaping = Shaping(confidential_share=0.2)
+    first = {n: m.summary() for n, m in run_policies(BURSTY, SHORT, shaping, 7).items()}
+    again = {n: m.summary() for n, m in run_policies(BURSTY, SHORT, shaping, 7).items()}
+    other = {n: m.summary() for n, m in run_policies(BURSTY, SHORT, shaping, 8).items()}
+    assert first == again
+    assert first != other
+
+
+def test_every_policy_meets_the_same_requests_and_keeps_residency() -> None:
+    runs = run_policies(BURSTY, SHORT, Shaping(confidential_share=0.5), 3)
+    assert set(runs) == POLICY_NAMES
+    counts = {m.summary()["requests"] for m in runs.values()}
+    assert len(counts) == 1 and counts.pop() > 10_000
+    for name, measures in runs.items():
+        assert measures.residency_breaches == 0, name
+    assert runs["all_local"].summary()["cloud_share"] == 0
+    assert runs["all_cloud"].summary()["cloud_share"] > 0.4
+
+
+def test_the_bursts_overload_the_cluster_and_spilling_restores_the_slo() -> None:
+    runs = {n: m.summary() for n, m in run_policies(BURSTY, SHORT, Shaping(), 1).items()}
+    assert runs["all_local"]["slo_attainment"] < 0.9
+    assert runs["spillway"]["slo_attainment"] > runs["all_local"]["slo_attainment"] + 0.05
+    assert 0 < runs["spillway"]["cloud_share"] < runs["all_cloud"]["cloud_share"]
+
+
+def test_requests_too_big_for_lambda_go_to_fc_in_the_simulation_too() -> None:
+    sized = BURSTY.model_copy(
+        update={
+            "simulation": BURSTY.simulation.model_copy(update={"large_share": 1.0, "large_bytes": 5 << 20})
+        }
+    )
+    runs = run_policies(sized, SHORT, Shaping(large_share=1.0, large_bytes=5 << 20), 1)
+    assert runs["spillway"].cost_by_target.get("aws", 0.0) == pytest.approx(
+        runs["all_local"].cost_by_target.get("aws", 0.0)
+    ), "only warm-up pings may reach Lambda"
+    assert runs["spillway"].summary()["cloud_share"] > 0
+
+
+def _cluster(servers: int, max_batch: int = 1) -> Cluster:
+    return Cluster(servers, SimulatedCluster(max_batch=max_batch, batch_growth=0.5))
+
+
+def test_the_cluster_queues_fifo_and_counts_as_triton_does() -> None:
+    cluster = _cluster(1)
+    first = cluster.arrive(Job(0.0, 0, False, 100.0, 0.0), 0.0)
+    assert first is not None and first[0] == pytest.approx(0.1)
+    assert cluster.arrive(Job(0.01, 0, False, 100.0, 0.0), 0.01) is None
+    assert cluster.wait_if_sent(0.02) == pytest.approx(0.18)
+    second = cluster.finish(first[1], 0.1)
+    assert second is not None and second[0] == pytest.approx(0.2)
+    counters = cluster.counters()
+    assert (counters.success, counters.pending) == (1, 0)
+    cluster.finish(second[1], 0.2)
+    assert cluster.counters().queue_us == pytest.approx(90_000)
+
+
+def test_the_dynamic_batcher_takes_what_is_queued_up_to_its_limit() -> None:
+    cluster = _cluster(1, max_batch=4)
+    first = cluster.arrive(Job(0.0, 0, False, 100.0, 0.0), 0.0)
+    assert first is not None
+    for i in range(6):
+        cluster.arrive(Job(0.01, 0, False, 100.0, 0.0), 0.01 + i / 1000)
+    batch = cluster.finish(first[1], 0.1)
+    assert batch is not None and len(batch[1]) == 4
+    assert batch[0] == pytest.approx(0.1 + 0.1 * (1 + 0.5 * 3))
+
+
+def _lambda(**model: float) -> tuple[CloudTarget, Bill]:
+    config = SpillwayConfig.model_validate(
+        {"targets": [{"name": "aws", "kind": "aws_lambda", "url": "https://x", "idle_ttl_s": 60}]}
+    )
+    bill = Bill({"aws": config.targets[0].cost})
+    settings = SimulatedTarget(cold_start_ms=1000, cold_start_cv=0, network_ms=0, **model)
+    return CloudTarget(config.targets[0], settings, bill, random.Random(1)), bill
+
+
+def test_an_instance_is_cold_once_reused_while_warm_and_reaped_when_idle() -> None:
+    cloud, bill = _lambda()
+    first = cloud.dispatch(0.0, 100.0)
+    assert first.cold and first.done_at == pytest.approx(1.1)
+    assert cloud.dispatch(0.5, 100.0).cold, "Lambda runs one request per instance"
+    assert first.instance is not None
+    cloud.release(first.instance, 1.1)
+    assert not cloud.dispatch(2.0, 100.0).cold
+    assert cloud.idle_warm(100.0) == 0 and cloud.live == 2
+    # 4 GB x 1.1 s billed (init included) + 0.1 s, per the default cost model.
+    assert bill.by_target["aws"] > 0
+
+
+def test_the_platform_limit_throttles_past_its_instances() -> None:
+    cloud, _ = _lambda(max_instances=1)
+    assert cloud.dispatch(0.0, 100.0).ok
+    assert not cloud.dispatch(0.0, 100.0).ok
+
+
+def test_rate_traces_give_poisson_arrivals_at_their_rate(tmp_path: Path) -> None:
+    path = tmp_path / "rates.txt"
+    path.write_text("# requests/s per second\n100\n0\n300\n")
+    trace = load_trace(str(path))
+    assert isinstance(trace, RateTrace) and trace.rates == (100, 0, 300)
+    got = list(arrivals(trace, Shaping(scale=2.0), random.Random(1)))
+    assert 700 < len(got) < 900
+    assert not [a for a in got if 1 <= a.at_s < 2]
+
+
+def test_csv_traces_carry_sizes_and_classes(tmp_path: Path) -> None:
+    path = tmp_path / "requests.csv"
+    path.write_text("timestamp,bytes,classification\n100.0,10,public\n100.5,7000000,confidential\n")
+    got = list(arrivals(load_trace(str(path)), Shaping(), random.Random(1)))
+    assert [(a.at_s, a.body_bytes, a.confidential) for a in got] == [(0.0, 10, False), (0.5, 7000000, True)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("10\nlots\n", "rates.txt:2"),
+        ("", "no rates"),
+        ("-3\n", "rates.txt:1"),
+        ("timestamp\n5\n3\n", "go back"),
+    ],
+)
+def test_a_bad_trace_is_refused_naming_the_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "rates.txt"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=message):
+        list(arrivals(load_trace(str(path)), Shaping(), random.Random(1)))
+
+
+def test_an_unknown_trace_names_the_generators() -> None:
+    with pytest.raises(TraceError, match="poisson, mmpp, diurnal"):
+        load_trace("/nonexistent/trace")
+    with pytest.raises(TraceError, match="key=number"):
+        load_trace("mmpp:burst=lots")
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "simulate", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_command_prints_the_promised_json_on_the_example_config(tmp_path: Path) -> None:
+    done = _simulate(
+        "--config", "examples/spillway.yaml", "--trace", "diurnal:mean=30,seconds=120",
+        "--confidential-share", "0.2", "--json", "--report", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result["policies"]) == POLICY_NAMES and result["requests"] > 1000
+    keys = {"slo_attainment", "p50_ms", "p99_ms", "cloud_share", "cloud_cost_usd", "cold_hits"}
+    assert all(keys | {"flaps_per_min", "shed"} <= set(p) for p in result["policies"].values())
+    report = (tmp_path / "report.html").read_text()
+    assert report.startswith("<!doctype html>") and 'id="chart-latency"' in report
+
+
+def test_a_sweep_runs_each_value_and_a_bad_one_is_named() -> None:
+    done = _simulate(
+        "--config", "examples/simulation/bursty.yaml", "--trace", "poisson:rate=60,seconds=60",
+        "--sweep", "targets.aws.concurrency_cap=1,5",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    points = json.loads(done.stdout)["sweep"]["points"]
+    assert [p["value"] for p in points] == [1, 5]
+    bad = _simulate("--config", "examples/spillway.yaml", "--trace", "mmpp", "--sweep", "local.nothing=1")
+    assert bad.returncode == 2 and "local.nothing names no setting" in bad.stderr
+    bad = _simulate("--config", "examples/spillway.yaml", "--trace", "mmpp", "--sweep", "local.parallelism=0")
+    assert bad.returncode == 2 and "local.parallelism" in bad.stderr
+
+
+def _with(config: SpillwayConfig, **sections: dict[str, object]) -> SpillwayConfig:
+    data = config.model_dump()
+    for key, value in sections.items():
+        data[key] = {**data[key], **value}
+    return SpillwayConfig.model_validate(data)
+
+
+def test_a_failing_target_trips_the_runners_breaker_and_the_chain_moves_on() -> None:
+    """The function fails every request: the breaker the runner keeps opens, so only probes reach
+    it, and the overflow goes to the next target."""
+    broken = _with(BURSTY, simulation={"targets": {"aws": {"error_rate": 1.0}}})
+    runs = run_policies(broken, SHORT, Shaping(), 1)
+    spillway = runs["spillway"].summary()
+    assert spillway["failed"] > 0
+    assert spillway["failed"] < 0.1 * runs["all_cloud"].summary()["failed"]
+    assert runs["spillway"].cost_by_target["aliyun"] > 0
+
+
+def test_a_target_budget_caps_what_the_policy_spends_there() -> None:
+    capped = _with(BURSTY, budgets={"per_target_hourly_usd": {"aws": 0.002, "aliyun": 0.0}})
+    spillway = run_policies(capped, SHORT, Shaping(), 1)["spillway"]
+    warmup = run_policies(capped, SHORT, Shaping(), 1)["all_local"].cost_by_target["aws"]
+    # The budget counts the policy's estimate per request; the bill adds billed init and pings.
+    assert spillway.cost_by_target["aws"] - warmup < 0.004
+    assert spillway.summary()["cloud_share"] > 0
+
+
+def test_tenant_quotas_apply_to_the_tenants_a_csv_trace_names(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.csv"
+    rows = [f"{i * 0.1:.1f},{'small' if i % 2 else 'big'}" for i in range(600)]
+    path.write_text("timestamp,tenant\n" + "\n".join(rows) + "\n")
+    quota = _with(BURSTY, tenants={"quotas": {"small": {"requests_per_minute": 60}}})
+    runs = run_policies(quota, load_trace(str(path)), Shaping(), 1)
+    assert runs["spillway"].summary()["shed"] == 300 - 60
+    assert runs["all_local"].summary()["shed"] == 0
