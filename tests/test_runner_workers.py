@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -78,11 +79,31 @@ class Workers:
         return (self.tmp / "runner.log").read_text()
 
 
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` loopback ports free together (worker i serves metrics on port + i)."""
+    for _ in range(100):
+        first = free_port()
+        held: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free loopback ports")
+
+
 @contextmanager
 def two_workers(tmp: Path, **extra: Any) -> Iterator[Workers]:
     with redis_server(tmp / "redis") as server:
-        metrics, outcomes = free_port(), free_port()
-        while metrics + 1 == outcomes:
+        metrics = consecutive_free_ports(2)
+        outcomes = free_port()
+        while outcomes in (metrics, metrics + 1):
             outcomes = free_port()
         cfg: dict[str, Any] = {
             "runner": {"workers": 2},

@@ -1,0 +1,60 @@
+"""``shared_state:`` in spillway.yaml: where several gateways (and runner workers) share their state."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+SHARED_STATE_SCHEMES = (
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
+
+
+class SharedState(_Model):
+    """Several gateways (and runner workers) sharing budgets, breakers, warm pools and caps in Redis."""
+
+    redis_url: str = Field(
+        description="redis://host:6379/0, rediss:// (TLS), redis+sentinel://h1:26379,h2:26379/master/0 "
+        "or redis+cluster://host:7000; no password here: it comes from password_env"
+    )
+    key_prefix: str = Field(default="spillway", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    sync_period_ms: int = Field(default=100, ge=10, le=10_000, description="how old the local view may get")
+    nodes_expected: int = Field(
+        default=1, ge=1, le=1000, description="gateways sharing the state; each gets 1/N while Redis is away"
+    )
+    timeout_ms: int = Field(default=200, ge=10, le=10_000, description="bound on every Redis call")
+    lease_share: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="share of a budget or quota leased to a node at once (at most one block per node "
+        "stays unused)",
+    )
+    username_env: str | None = Field(default=None, description="environment variable holding the ACL user")
+    password_env: str | None = Field(
+        default="SPILLWAY_REDIS_PASSWORD", description="environment variable holding Redis's password"
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in SHARED_STATE_SCHEMES:
+            raise ValueError(f"the scheme must be one of {', '.join(SHARED_STATE_SCHEMES)}")
+        if "@" in rest.split("/", 1)[0]:
+            raise ValueError(
+                "credentials do not belong in the URL (it is logged and shown): put the password in "
+                "the environment variable named by password_env"
+            )
+        if not rest.split("/", 1)[0]:
+            raise ValueError("the URL names no host")
+        return value
