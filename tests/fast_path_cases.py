@@ -23,7 +23,7 @@ from gateway_plugin.routing.policy import (
     decide,
 )
 from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.spillway import RouteOverrides, _route_policy
+from gateway_plugin.routing.spillway import RouteOverrides, _route_policy, body_bytes
 
 _MODEL = re.compile(r"^/v2/models/([^/]+)")  # as routing/spillway.py reads the model
 TARGETS = ("aws", "ali", "fc-b")
@@ -74,6 +74,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "url": f"http://127.0.0.1:1/{n}",
             "concurrency_cap": rng.randint(1, 4),
             "cold_start_ms": rng.choice([0, 50, 400, 5000]),
+            "max_request_bytes": _maybe(rng, rng.choice([100, 10_000]), 0.3),
             "cost": {
                 "memory_gb": rng.choice([1, 2, 4, 10]),
                 "expected_duration_ms": rng.choice([20, 100, 900]),
@@ -196,6 +197,11 @@ def random_request(rng: random.Random, residency_header: str) -> dict[str, Any]:
         value = rng.choice(choices)
         if value is not None:
             headers[name] = [value, rng.choice(PRIORITIES[1:])] if rng.random() < 0.05 else value
+    size = rng.choice((None, None, "0", "100", "101", " 99 ", "5000", "20000", "1e3", "-1", ["10", "10"]))
+    if size is not None:
+        headers["content-length"] = size
+    elif rng.random() < 0.1:
+        headers["transfer-encoding"] = "chunked"
     tenant = rng.choice((None, *TENANTS, ""))
     if tenant is not None:
         headers["x-tenant"] = tenant
@@ -213,7 +219,7 @@ def python_decision(
     args = {k: ("" if v is True else v[-1] if isinstance(v, list) else v) for k, v in request["args"].items()}
     path = normalise_path(request["uri"])
     match = _MODEL.match(path)
-    features = RequestFeatures(path, headers, args, match.group(1) if match else None)
+    features = RequestFeatures(path, headers, args, match.group(1) if match else None, body_bytes(headers))
     return decide(features, snap, _route_policy(policy, RouteOverrides(**route)))
 
 

@@ -111,6 +111,7 @@ def _target(spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: 
     for key, value in (
         ("hourly_usd", spec.hourly_usd),
         ("daily_usd", spec.daily_usd),
+        ("max_request_bytes", spec.max_request_bytes),
         ("value", wiring.value),
         ("key_env", wiring.key_env),
     ):

@@ -145,18 +145,62 @@ local function tenant_budget_allows(tenant, cost, tbl, policy)
         and within(state.spent_day_usd + cost, quota.daily_usd)
 end
 
-local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live)
+-- The body's declared size, as routing/spillway.py's body_bytes reads it: Content-Length, 0
+-- without a body, nil (unknown) when chunked or malformed.
+local function body_bytes(headers)
+    local declared = headers["content-length"]
+    if declared == nil then
+        if headers["transfer-encoding"] ~= nil then
+            return nil
+        end
+        return 0
+    end
+    declared = declared:match("^%s*(.-)%s*$")
+    if declared:match("^%d+$") then
+        return tonumber(declared)
+    end
+    return nil
+end
+_M.body_bytes = body_bytes
+
+-- Whether a target takes a body this size (an unknown size only where no limit is set).
+local function takes(spec, f)
+    local limit = spec.max_request_bytes
+    if limit == nil then
+        return true
+    end
+    if f.body_bytes == nil and not f.body_read then
+        f.body_bytes, f.body_read = body_bytes(f.headers), true
+    end
+    return f.body_bytes ~= nil and f.body_bytes <= limit
+end
+
+-- The chain's first cold target may start an instance though the local queue is shorter than
+-- its start: one at a time, when local misses its target anyway and the target's warm instances
+-- are all busy, or local is saturated (policy.py's _may_start).
+local function may_start(warm, in_flight, misses, saturated)
+    return in_flight <= warm and (saturated or (misses and warm > 0))
+end
+
+local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, misses, saturated)
     local first, first_warm
+    local grow = true
     for _, name in ipairs(chain) do
         local spec = tbl.targets[name]
-        if spec and not spec.invoke then
+        if spec and not spec.invoke and takes(spec, f) then
             local breaker = spec.breaker or NO_TARGET_STATE.breaker
             local blocked = breaker == "open"
                 or (breaker == "half_open" and not live:probe_allowed(name, spec))
             local in_flight = live:in_flight(name)
             if not blocked and in_flight < spec.cap then
-                local warm = (spec.warm or 0) > in_flight
-                if warm or local_wait_ms >= spec.cold_start_ms then
+                local warm_instances = spec.warm or 0
+                local warm = warm_instances > in_flight
+                local startable = warm or local_wait_ms >= spec.cold_start_ms
+                if not startable then
+                    startable = grow and may_start(warm_instances, in_flight, misses, saturated)
+                    grow = false
+                end
+                if startable then
                     local cost = warm and spec.cost_usd or spec.cold_cost_usd
                     local extra = live:spent(name)
                     if within(spec.spent_hour_usd + extra + cost, spec.hourly_usd)
@@ -233,7 +277,12 @@ function _M.decide(f, tbl, policy, live)
     if action == "overflow" then
         local_wait = load.latency_ms - load.compute_ms
     end
-    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live)
+    local latency = load.latency_ms
+    local misses = latency > target_ms
+    local saturated = latency - load.compute_ms > policy.max_queue_ms
+        or latency > policy.latency_target_ms * policy.saturation_ratio
+    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live, f, misses,
+                                           saturated)
     if name then
         return decision(name, reason, { overflowing = hot, cost_usd = cost, tenant = tenant })
     end

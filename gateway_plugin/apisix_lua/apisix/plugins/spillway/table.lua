@@ -81,7 +81,7 @@ local function target_ok(t)
         and is_num(t.cold_cost_usd) and BREAKERS[t.breaker] and is_bool(t.probe_allowed)
         and is_num(t.warm) and is_num(t.spent_hour_usd) and is_num(t.spent_day_usd)
         and is_num(t.spent_mark) and is_bool(t.invoke) and opt_num(t.hourly_usd)
-        and opt_num(t.daily_usd) and (t.invoke or is_str(t.value))
+        and opt_num(t.daily_usd) and opt_num(t.max_request_bytes) and (t.invoke or is_str(t.value))
         and (t.key_env == nil or is_str(t.key_env))
 end
 
