@@ -140,7 +140,7 @@ class RunnerApp:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             try:
-                outcomes.apply(self.state, outcomes.parse_batch(data))
+                outcomes.apply(self.state, outcomes.parse_batch(data).entries)
             except ValueError as exc:
                 log.warning("outcomes from the parent unreadable: %s", str(exc)[:200])
 

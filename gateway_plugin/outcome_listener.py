@@ -121,14 +121,21 @@ def _handler(
                 self._fast(loop, fast, body)
                 return
             try:
-                entries = parse_batch(body)
+                batch = parse_batch(body)
             except (ValidationError, ValueError) as exc:
                 self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
                 return
+            if batch.refused:
+                log.warning(
+                    "%d of %d outcomes refused (the rest taken): %s",
+                    batch.refused,
+                    batch.refused + len(batch.entries),
+                    batch.first_error[:200],
+                )
             if loop is None:
-                deliver(entries)
+                deliver(batch.entries)
             else:
-                loop.call_soon_threadsafe(deliver, entries)
+                loop.call_soon_threadsafe(deliver, batch.entries)
             self._answer(204, "")
 
         def _table(self, owner: asyncio.AbstractEventLoop, build: TableSource, body: bytes) -> None:

@@ -65,7 +65,8 @@ class OutcomeFanOut:
         by_worker: dict[int, list[dict[str, object]]] = {}
         for entry in entries:
             worker = entry.worker or ""
-            index = int(worker) if worker.isdigit() and int(worker) < self.count else 0
+            # The header can be the client's own (a stop never reaches the upstream): any text.
+            index = int(worker) if worker.isascii() and worker.isdigit() and int(worker) < self.count else 0
             by_worker.setdefault(index, []).append(entry.model_dump(exclude_none=True))
         for index, batch in by_worker.items():
             for chunk in _chunks(batch):

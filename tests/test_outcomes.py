@@ -109,3 +109,25 @@ def test_an_answer_the_gateway_gave_itself_closes_no_books() -> None:
     outcomes.apply(app.state, [outcomes.Outcome(target=AWS, status=200, instance="fn-9")])
     assert app.state.outstanding["aws"].count(app.state.clock()) == 0
     assert app.state.pools["aws"].warm(app.state.clock()) == 1
+
+
+def test_one_entry_a_client_made_too_long_costs_only_that_entry() -> None:
+    """A client chooses the URI and the tenant header; one request of its own must not make the
+    runner refuse the whole batch, and with it every other request's outcome."""
+    port = free_port()
+    failing = {"target": AWS, "status": "502", "upstream_status": "500", "instance": "i-1"}
+    hostile = {**failing, "uri": "/v2/" + "a" * 20_000, "worker": "²" * 20}
+
+    async def go() -> tuple[int, BreakerState]:
+        app = RunnerApp(config(port))
+        app.start()
+        try:
+            status, _ = await asyncio.to_thread(post, port, [failing, hostile, failing, failing])
+            await asyncio.sleep(0)
+            return status, app.state.breakers["aws"].current(app.state.clock())
+        finally:
+            app.close()
+
+    status, breaker = asyncio.run(go())
+    assert status == 204
+    assert breaker == BreakerState.OPEN, "the three well-formed failures reached the breaker"

@@ -26,8 +26,9 @@ import yaml
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import free_port
 from gateway_plugin.config import ConfigError, parse
-from gateway_plugin.routing.outcomes import auth_header
+from gateway_plugin.routing.outcomes import Outcome, auth_header
 from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.workers import OutcomeFanOut
 from tests.redis_support import needs_redis, redis_server
 from tests.support import ROOT, http, wait_until
 
@@ -265,3 +266,10 @@ def _zombie(pid: str) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_worker_header_of_any_text_sends_the_outcome_to_worker_zero() -> None:
+    """A stop never reaches the upstream, so http-logger logs the client's own header there."""
+    fan_out = OutcomeFanOut(2)
+    fan_out.deliver([Outcome(worker=value) for value in ("\u00b2", "\u0661", "7", "x", "1")])
+    assert fan_out.dropped == 2, "one batch for worker 0, one for worker 1, neither running"

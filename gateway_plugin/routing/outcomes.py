@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET
 from gateway_plugin.routing.state import GatewayState
@@ -60,21 +61,40 @@ class Outcome(BaseModel):
     request_s: str | None = Field(default=None, max_length=200)
     instance: str | None = Field(default=None, max_length=200)
     cold: str | None = Field(default=None, max_length=20)
-    tenant: str | None = Field(default=None, max_length=200)
-    uri: str | None = Field(default=None, max_length=4096)
+    tenant: str | None = Field(default=None, max_length=8192)
+    uri: str | None = Field(default=None, max_length=16384)
     worker: str | None = Field(default=None, max_length=8)
 
 
-_BATCH = TypeAdapter(list[Outcome] | Outcome)
+_BATCH = TypeAdapter(list[dict[str, Any]] | dict[str, Any])
 
 
-def parse_batch(body: bytes) -> list[Outcome]:
-    """A batch (a JSON array) or a single entry; raises ``ValueError`` naming what is wrong."""
+class Batch(NamedTuple):
+    entries: list[Outcome]
+    refused: int
+    first_error: str
+
+
+def parse_batch(body: bytes) -> Batch:
+    """A batch (a JSON array) or a single entry. Entries are checked one by one: clients choose
+    some of the fields (the URI, the tenant), and one hostile request must not cost the outcomes
+    of every other request in its batch. Raises ``ValueError`` naming what is wrong when the body
+    is not a batch or holds no usable entry."""
     parsed = _BATCH.validate_json(body)
-    entries = parsed if isinstance(parsed, list) else [parsed]
-    if len(entries) > MAX_ENTRIES:
-        raise ValueError(f"{len(entries)} entries in one batch, more than {MAX_ENTRIES}")
-    return entries
+    raw = parsed if isinstance(parsed, list) else [parsed]
+    if len(raw) > MAX_ENTRIES:
+        raise ValueError(f"{len(raw)} entries in one batch, more than {MAX_ENTRIES}")
+    entries: list[Outcome] = []
+    first_error = ""
+    for item in raw:
+        try:
+            entries.append(Outcome.model_validate(item))
+        except ValidationError as exc:
+            first_error = first_error or str(exc).splitlines()[0]
+            first_error = first_error or "an entry is not an outcome"
+    if raw and not entries:
+        raise ValueError(f"no usable entry: {first_error}")
+    return Batch(entries, len(raw) - len(entries), first_error)
 
 
 def _last_number(raw: str | None) -> float | None:
