@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -30,6 +31,7 @@ FAST_OUTCOMES_PATH = "/spillway/fast-outcomes"
 MAX_BODY_BYTES = 8 << 20
 MAX_REPORT_BYTES = 256 << 10
 READ_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
 TABLE_TIMEOUT_S = 2.0
 # Builds the fast path's decision table from a node's report; runs on the event loop.
 TableSource = Callable[[FastPathReport], bytes]
@@ -52,8 +54,7 @@ class OutcomeListener:
     ) -> None:
         host, _, port = listen.rpartition(":")
         handler = _handler(auth, loop, deliver, table, fast)
-        self._server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
-        self._server.daemon_threads = True
+        self._server = _BoundedServer((host or "127.0.0.1", int(port)), handler)
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="outcomes", daemon=True)
 
@@ -63,6 +64,28 @@ class OutcomeListener:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """One thread per connection, at most ``MAX_CONNECTIONS`` of them: others are closed at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, build: TableSource, report: FastPathReport) -> bytes:
@@ -166,6 +189,10 @@ def _handler(
 
         def _send(self, status: int, body: bytes) -> None:
             self.send_response(status)
+            if status >= 400:
+                # A refusal may leave the request's body unread: the connection carries nothing more.
+                self.send_header("connection", "close")
+                self.close_connection = True
             if body:
                 self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))

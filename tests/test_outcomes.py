@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from typing import Any
 
+import pytest
+
 from functions.sidecar import free_port
+from gateway_plugin import outcome_listener
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing import outcomes
@@ -131,3 +135,71 @@ def test_one_entry_a_client_made_too_long_costs_only_that_entry() -> None:
     status, breaker = asyncio.run(go())
     assert status == 204
     assert breaker == BreakerState.OPEN, "the three well-formed failures reached the breaker"
+
+
+def test_a_refused_post_ends_its_connection_so_its_unread_body_is_never_taken_for_a_request() -> None:
+    port = free_port()
+    inner = b"POST /spillway/nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+    outer = (
+        b"POST /spillway/outcomes HTTP/1.1\r\nhost: x\r\nauthorization: wrong\r\n"
+        + f"content-length: {len(inner)}\r\n\r\n".encode()
+        + inner
+    )
+
+    async def go() -> bytes:
+        app = RunnerApp(config(port))
+        app.start()
+        try:
+            return await asyncio.to_thread(exchange, port, outer)
+        finally:
+            app.close()
+
+    answer = asyncio.run(go())
+    assert answer.startswith(b"HTTP/1.0 401") or answer.startswith(b"HTTP/1.1 401")
+    assert answer.count(b"HTTP/1.") == 1, answer
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    """Everything the server sends until it closes (or 5 s pass)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(data)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+        return received
+
+
+def test_connections_beyond_the_bound_are_closed_at_once_and_the_endpoint_keeps_serving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(outcome_listener, "MAX_CONNECTIONS", 4)
+    port = free_port()
+
+    async def go() -> tuple[bytes, int]:
+        app = RunnerApp(config(port))
+        app.start()
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+        try:
+            await asyncio.sleep(0.2)  # the four are taken by their threads
+            body = json.dumps([{"target": "local", "upstream_status": "200"}]).encode()
+            request = (
+                b"POST /spillway/outcomes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+                + f"authorization: {outcomes.auth_header(TOKEN)}\r\n".encode()
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            refused = await asyncio.to_thread(exchange, port, request)
+        finally:
+            for sock in idle:
+                sock.close()
+        await asyncio.sleep(0.2)
+        status, _ = await asyncio.to_thread(post, port, [{"target": "local", "upstream_status": "200"}])
+        app.close()
+        return refused, status
+
+    refused, status = asyncio.run(go())
+    assert refused == b"", "closed without an answer"
+    assert status == 204
