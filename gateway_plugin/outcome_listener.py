@@ -31,7 +31,7 @@ FAST_OUTCOMES_PATH = "/spillway/fast-outcomes"
 MAX_BODY_BYTES = 8 << 20
 MAX_REPORT_BYTES = 256 << 10
 READ_TIMEOUT_S = 10.0
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = 256
 TABLE_TIMEOUT_S = 2.0
 # Builds the fast path's decision table from a node's report; runs on the event loop.
 TableSource = Callable[[FastPathReport], bytes]
