@@ -118,7 +118,14 @@ class FastPathBook:
         }
         snapshot = Snapshot(loads, targets, tenants)
         return decision_table.build_table(
-            state.policy, snapshot, wiring, self.version, wall, marks, state.decision_header
+            state.policy,
+            snapshot,
+            wiring,
+            self.version,
+            wall,
+            marks,
+            state.decision_header,
+            {name: state.cap(name) for name in state.targets},
         )
 
     def _take(self, report: FastPathReport) -> _Node:
@@ -135,6 +142,8 @@ class FastPathBook:
                 node.spent[name] = total
                 if usd > 0:
                     state.ledger.spend(f"target:{name}", usd, wall)
+                    if state.shared is not None:
+                        state.shared.spent_elsewhere(name, usd, wall)
                     state.metrics.spend.labels(name).inc(usd)
         for model, hot in report.hot.items():
             state.load.set_overflowing(model or None, hot)
