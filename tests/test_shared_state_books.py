@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport
+from gateway_plugin.routing.fast_path import FastOutcomes, FastPathBook, FastPathReport, apply_outcomes
 from gateway_plugin.routing.policy import RequestFeatures
 from tests.redis_support import RedisServer, needs_redis
 from tests.test_shared_state import Clock, Node, config, nodes, server, times
@@ -105,3 +105,16 @@ def test_a_tenant_forgotten_and_seen_again_keeps_its_quota(
         sent_out(node, tenant(f"rotated-{rotated}"), 1)
     assert "victim" not in node.view.tenants, "the rotation pushed the tenant out"
     assert sent_out(node, tenant("victim"), 10) == 0, "back in the same minute: still spent"
+
+
+def test_a_tenants_arrivals_on_the_fast_path_count_on_every_node(
+    server: RedisServer, times: tuple[Clock, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", ROUTE_TOKEN)
+    cfg = config(server.url, tenants={"quotas": {"t1": {"requests_per_minute": 20, "hourly_usd": 1.0}}})
+    a, b = nodes(cfg, times, 2)
+    apply_outcomes(a.state, FastOutcomes(tenants={"t1": (20, 0.5)}))
+    a.sync()
+    row = json.loads(FastPathBook(a.state).exchange(FastPathReport(node="n1")))["tenants"]["t1"]
+    assert row["requests_last_minute"] >= 20 and row["spent_hour_usd"] >= 0.5, row
+    assert sent_out(b, tenant("t1"), 10) == 0, "the minute's 20 were let in on the other node's fast path"

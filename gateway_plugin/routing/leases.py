@@ -34,6 +34,12 @@ def usd_units(usd: float) -> int:
     return -int(-usd * NANO_USD // 1)
 
 
+def lease_block(limit: int, share: int, lease_share: float, unit: int) -> int:
+    """A lease's block: ``lease_share`` of the limit, and at least two of the dearest requests, so
+    that asking at half a block always leaves room for one."""
+    return max(2 * unit, int(limit * lease_share), limit // (share * 64))
+
+
 @dataclass
 class Lease:
     key: str

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from gateway_plugin.config import SharedState, SpillwayConfig
 from gateway_plugin.routing.breakers import Breaker
-from gateway_plugin.routing.leases import Lease, Limits, SharedBreaker, Slots, usd_units
+from gateway_plugin.routing.leases import Lease, Limits, SharedBreaker, Slots, lease_block, usd_units
 from gateway_plugin.routing.policy import (
     SHED,
     BreakerState,
@@ -35,12 +35,6 @@ HOUR, DAY, MINUTE = 3600, 86400, 60
 MAX_WARM_PER_ROUND = 1000
 MAX_TENANTS_PER_ROUND = 500
 MAX_WARM_SHARED = 10_000
-
-
-def _block(limit: int, share: int, lease_share: float, unit: int) -> int:
-    """A lease's block: ``lease_share`` of the limit, and at least two of the dearest requests, so
-    that asking at half a block always leaves room for one."""
-    return max(2 * unit, int(limit * lease_share), limit // (share * 64))
 
 
 def _tenant_key(tenant: str) -> str:
@@ -117,7 +111,7 @@ class SharedView:
         limit = usd_units(usd) if usd is not None else units
         if limit is None:
             return None
-        block = _block(limit, self.share, self.settings.lease_share, unit)
+        block = lease_block(limit, self.share, self.settings.lease_share, unit)
         lease = Lease(key, window_s, limit, block, self.share)
         if old is not None and old.key == key:
             lease.window, lease.leased, lease.spent, lease.total, lease.known = (
@@ -254,6 +248,17 @@ class SharedView:
         limits = self.targets.get(target)
         if limits is not None and usd > 0:
             self._wake_if(limits.take_spend(usd_units(usd), wall))
+
+    def tenant_reported(self, tenant: str, arrivals: int, usd: float, wall: float) -> None:
+        """A tenant's arrivals and spend the fast path reported, taken from its leases as a
+        decision's are."""
+        quota = self.policy.quota_of(tenant)
+        if quota.limits_anything:
+            limits = self._tenant(tenant, quota)
+            more = limits.minute is not None and arrivals > 0 and limits.minute.take(arrivals, wall)
+            more |= usd > 0 and limits.take_spend(usd_units(usd), wall)
+            self.dirty.add(tenant)
+            self._wake_if(more)
 
     def cap(self, target: str) -> int | None:
         """The part of the target's concurrency cap this node may fill now (its slots)."""
