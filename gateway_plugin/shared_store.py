@@ -38,6 +38,7 @@ for i, l in ipairs(req.leases) do
     total = total + v
     if fields[j] == me then mine = v end
   end
+  local before = mine
   if l.claim > mine or l.release == 1 then
     total = total + l.claim - mine
     mine = l.claim
@@ -49,7 +50,7 @@ for i, l in ipairs(req.leases) do
   end
   redis.call('HSET', k, me, int(mine))
   redis.call('PEXPIRE', k, l.ttl_ms + 60000)
-  leases[i] = {mine, total}
+  leases[i] = {mine, total, before}
 end
 local slots = {}
 for i, s in ipairs(req.slots) do

@@ -54,6 +54,18 @@ def test_back_at_the_store_a_node_claims_what_it_spent_alone() -> None:
     assert asked is not None and asked["claim"] == 300, "spent beyond its lease: claimed, not added"
 
 
+def test_a_lease_made_anew_counts_the_nodes_earlier_claim_as_spent() -> None:
+    again = lease(limit=1000, block=100)
+    again.request(WALL)
+    again.take(10, WALL)
+    again.granted(again.window, mine=700, total=900, before=600)
+    assert again.spent == 610 and again.remaining(WALL, connected=True) == 90, (
+        "what an earlier lease of this node claimed is spent; only the new block is left"
+    )
+    again.granted(again.window, mine=800, total=1000, before=700)
+    assert again.spent == 610, "only the first answer carries an earlier claim"
+
+
 def test_a_new_window_starts_empty() -> None:
     held = lease()
     held.request(WALL)

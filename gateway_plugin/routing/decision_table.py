@@ -93,9 +93,11 @@ def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
     }
 
 
-def _target(spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: float) -> dict[str, Any]:
+def _target(
+    spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: float, cap: int
+) -> dict[str, Any]:
     target: dict[str, Any] = {
-        "cap": spec.concurrency_cap,
+        "cap": cap,
         "cold_start_ms": spec.cold_start_ms,
         "cost_usd": spec.cost_usd,
         "cold_cost_usd": spec.cold_cost_usd,
@@ -128,13 +130,16 @@ def build_table(
     built_at: float,
     spent_marks: Mapping[str, float] | None = None,
     decision_header: bool = True,
+    caps: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The table for ``snapshot`` (every model's load, every target's state, tracked tenants).
 
     ``spent_marks``: per target, the plugin's cumulative spend counter as of the spend this
-    snapshot includes; the plugin adds what it spent past the mark.
+    snapshot includes; the plugin adds what it spent past the mark. ``caps``: per target, the
+    concurrency cap this node may fill (its slots of a cap shared by several nodes); the
+    configured cap where absent.
     """
-    marks = spent_marks or {}
+    marks, node_caps = spent_marks or {}, caps or {}
     return {
         "format": FORMAT,
         "version": version,
@@ -143,7 +148,13 @@ def build_table(
         "policy": _policy(policy),
         "local": {model: _load(load, policy) for model, load in snapshot.local.items()},
         "targets": {
-            name: _target(spec, snapshot.targets.get(name, TargetState()), wiring[name], marks.get(name, 0.0))
+            name: _target(
+                spec,
+                snapshot.targets.get(name, TargetState()),
+                wiring[name],
+                marks.get(name, 0.0),
+                node_caps.get(name, spec.concurrency_cap),
+            )
             for name, spec in policy.targets.items()
             if name in wiring
         },

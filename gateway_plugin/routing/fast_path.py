@@ -110,6 +110,8 @@ class FastPathBook:
         for name, book in state.tenants.items():
             hour, day = book.spent(wall)
             tenants[name] = TenantState(book.last_minute(wall), 0, hour, day)
+            if state.shared is not None:
+                tenants[name] = state.shared.tenant_state(name, tenants[name], wall)
         wiring = {
             name: decision_table.TargetWiring(
                 state.target_values.get(name), target.signing_key_env, target.sign_body
@@ -118,7 +120,14 @@ class FastPathBook:
         }
         snapshot = Snapshot(loads, targets, tenants)
         return decision_table.build_table(
-            state.policy, snapshot, wiring, self.version, wall, marks, state.decision_header
+            state.policy,
+            snapshot,
+            wiring,
+            self.version,
+            wall,
+            marks,
+            state.decision_header,
+            {name: state.cap(name) for name in state.targets},
         )
 
     def _take(self, report: FastPathReport) -> _Node:
@@ -135,6 +144,8 @@ class FastPathBook:
                 node.spent[name] = total
                 if usd > 0:
                     state.ledger.spend(f"target:{name}", usd, wall)
+                    if state.shared is not None:
+                        state.shared.spent_elsewhere(name, usd, wall)
                     state.metrics.spend.labels(name).inc(usd)
         for model, hot in report.hot.items():
             state.load.set_overflowing(model or None, hot)
@@ -193,5 +204,7 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
             if quota.requests_per_minute is not None:
                 book.arrivals.extend([wall] * min(arrivals, quota.requests_per_minute))
             book.add_spend(spend, wall)
+            if state.shared is not None:
+                state.shared.tenant_reported(tenant, arrivals, spend, wall)
     state.metrics.fast_path_table_age.add(summary.table_ages, summary.table_age_sum)
     state.metrics.fast_path_dropped.inc(summary.dropped)

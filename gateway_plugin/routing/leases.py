@@ -34,6 +34,12 @@ def usd_units(usd: float) -> int:
     return -int(-usd * NANO_USD // 1)
 
 
+def lease_block(limit: int, share: int, lease_share: float, unit: int) -> int:
+    """A lease's block: ``lease_share`` of the limit, and at least two of the dearest requests, so
+    that asking at half a block always leaves room for one."""
+    return max(2 * unit, int(limit * lease_share), limit // (share * 64))
+
+
 @dataclass
 class Lease:
     key: str
@@ -47,6 +53,7 @@ class Lease:
     total: int = 0
     starts: float = 0.0
     ends: float = 0.0
+    known: bool = False
 
     def roll(self, wall: float) -> None:
         if self.starts <= wall < self.ends:
@@ -97,10 +104,38 @@ class Lease:
             "ttl_ms": self.window_s * 1000,
         }
 
-    def granted(self, window: int, mine: int, total: int) -> None:
-        """The store's answer: this node's leases in the window, and all nodes' together."""
+    def granted(self, window: int, mine: int, total: int, before: int = 0) -> None:
+        """The store's answer: this node's leases in the window, all nodes' together, and this
+        node's claim as it stood before this round. The first answer a lease gets counts that
+        earlier claim as spent: a lease made anew (a reload, a tenant forgotten and seen again)
+        never spends again what an earlier one of this node was granted."""
         if window == self.window:
+            if not self.known:
+                self.spent += before
+                self.known = True
             self.leased, self.total = mine, total
+
+
+class Limits:
+    """The leases and slots of one target or tenant (only those the config limits)."""
+
+    def __init__(self, hour_usd: float | None = None, day_usd: float | None = None) -> None:
+        self.hour_usd, self.day_usd = hour_usd, day_usd
+        self.hour: Lease | None = None
+        self.day: Lease | None = None
+        self.minute: Lease | None = None
+        self.slots: Slots | None = None
+
+    def leases(self) -> list[Lease]:
+        return [lease for lease in (self.hour, self.day, self.minute) if lease is not None]
+
+    def take_spend(self, units: int, wall: float) -> bool:
+        """Spend ``units`` of the hourly and daily leases; whether either wants more now."""
+        more = False
+        for lease in (self.hour, self.day):
+            if lease is not None:
+                more |= lease.take(units, wall)
+        return more
 
 
 @dataclass

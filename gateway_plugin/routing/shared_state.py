@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from gateway_plugin.config import SharedState, SpillwayConfig
 from gateway_plugin.routing.breakers import Breaker
-from gateway_plugin.routing.leases import Lease, SharedBreaker, Slots, usd_units
+from gateway_plugin.routing.leases import Lease, Limits, SharedBreaker, Slots, lease_block, usd_units
 from gateway_plugin.routing.policy import (
     SHED,
     BreakerState,
@@ -37,12 +37,6 @@ MAX_TENANTS_PER_ROUND = 500
 MAX_WARM_SHARED = 10_000
 
 
-def _block(limit: int, share: int, lease_share: float, unit: int) -> int:
-    """A lease's block: ``lease_share`` of the limit, and at least two of the dearest requests, so
-    that asking at half a block always leaves room for one."""
-    return max(2 * unit, int(limit * lease_share), limit // (share * 64))
-
-
 def _tenant_key(tenant: str) -> str:
     """Tenant names come from clients: keys carry a digest, never the name itself."""
     return "tenant:" + hashlib.sha256(tenant.encode()).hexdigest()[:24]
@@ -55,20 +49,6 @@ class Round(NamedTuple):
     payload: dict[str, Any]
     leases: list[Lease]
     slots: list[Slots]
-
-
-class _Limits:
-    """The leases and slots of one target or tenant (only those the config limits)."""
-
-    def __init__(self, hour_usd: float | None = None, day_usd: float | None = None) -> None:
-        self.hour_usd, self.day_usd = hour_usd, day_usd
-        self.hour: Lease | None = None
-        self.day: Lease | None = None
-        self.minute: Lease | None = None
-        self.slots: Slots | None = None
-
-    def leases(self) -> list[Lease]:
-        return [lease for lease in (self.hour, self.day, self.minute) if lease is not None]
 
 
 class SharedView:
@@ -86,8 +66,8 @@ class SharedView:
         self.connected = False
         self.wake: Callable[[], None] = lambda: None
         self.breakers: dict[str, SharedBreaker] = {}
-        self.targets: dict[str, _Limits] = {}
-        self.tenants: dict[str, _Limits] = {}
+        self.targets: dict[str, Limits] = {}
+        self.tenants: dict[str, Limits] = {}
         self.dirty: set[str] = set()  # tenants with something to tell the store
         self.warm: dict[str, int] = {}
         self.seen: dict[str, dict[str, int]] = {}
@@ -101,20 +81,23 @@ class SharedView:
         self.targets = {}
         self._dearest = max((usd_units(t.cold_cost_usd) for t in policy.targets.values()), default=1)
         for name, spec in policy.targets.items():
-            limits = self.targets[name] = _Limits(spec.hourly_usd, spec.daily_usd)
+            limits = self.targets[name] = Limits(spec.hourly_usd, spec.daily_usd)
             key = f"target:{name}"
             unit = usd_units(spec.cold_cost_usd)
             limits.hour = self._lease(
-                old.get(name, _Limits()).hour, key + ":spend:h", HOUR, spec.hourly_usd, unit
+                old.get(name, Limits()).hour, key + ":spend:h", HOUR, spec.hourly_usd, unit
             )
-            limits.day = self._lease(
-                old.get(name, _Limits()).day, key + ":spend:d", DAY, spec.daily_usd, unit
-            )
-            limits.slots = self._slots(old.get(name, _Limits()).slots, key, spec.concurrency_cap)
+            limits.day = self._lease(old.get(name, Limits()).day, key + ":spend:d", DAY, spec.daily_usd, unit)
+            limits.slots = self._slots(old.get(name, Limits()).slots, key, spec.concurrency_cap)
         self.warm = {n: self.warm.get(n, 0) for n in policy.targets}
         self.seen = {n: self.seen.get(n, {}) for n in policy.targets}
-        self.tenants.clear()
-        self.dirty.clear()
+        old_tenants = list(self.tenants.items())[-config.tenants.max_tracked :]
+        self.tenants = {}
+        for tenant, old_limits in old_tenants:
+            quota = policy.quota_of(tenant)
+            if quota.limits_anything:
+                self.tenants[tenant] = self._tenant_limits(tenant, quota, old_limits)
+        self.dirty &= self.tenants.keys()
 
     def _lease(
         self,
@@ -128,14 +111,15 @@ class SharedView:
         limit = usd_units(usd) if usd is not None else units
         if limit is None:
             return None
-        block = _block(limit, self.share, self.settings.lease_share, unit)
+        block = lease_block(limit, self.share, self.settings.lease_share, unit)
         lease = Lease(key, window_s, limit, block, self.share)
         if old is not None and old.key == key:
-            lease.window, lease.leased, lease.spent, lease.total = (
+            lease.window, lease.leased, lease.spent, lease.total, lease.known = (
                 old.window,
                 old.leased,
                 old.spent,
                 old.total,
+                old.known,
             )
         return lease
 
@@ -147,7 +131,7 @@ class SharedView:
             slots.held, slots.others_busy = old.held, old.others_busy
         return slots
 
-    def _tenant(self, tenant: str, quota: Quota) -> _Limits:
+    def _tenant(self, tenant: str, quota: Quota) -> Limits:
         """The tenant's limits; at most ``tenants.max_tracked``, the first seen forgotten first."""
         limits = self.tenants.get(tenant)
         if limits is not None:
@@ -156,12 +140,18 @@ class SharedView:
             forgotten = next(iter(self.tenants))
             del self.tenants[forgotten]
             self.dirty.discard(forgotten)
-        limits = self.tenants[tenant] = _Limits(quota.hourly_usd, quota.daily_usd)
-        key = _tenant_key(tenant)
-        limits.hour = self._lease(None, key + ":spend:h", HOUR, quota.hourly_usd, self._dearest)
-        limits.day = self._lease(None, key + ":spend:d", DAY, quota.daily_usd, self._dearest)
-        limits.minute = self._lease(None, key + ":requests:m", MINUTE, None, 1, quota.requests_per_minute)
-        limits.slots = self._slots(None, key, quota.concurrency)
+        limits = self.tenants[tenant] = self._tenant_limits(tenant, quota, Limits())
+        return limits
+
+    def _tenant_limits(self, tenant: str, quota: Quota, old: Limits) -> Limits:
+        """A tenant's limits under ``quota``, what ``old`` leased and spent in the window kept."""
+        limits = Limits(quota.hourly_usd, quota.daily_usd)
+        key, dearest = _tenant_key(tenant), self._dearest
+        limits.hour = self._lease(old.hour, key + ":spend:h", HOUR, quota.hourly_usd, dearest)
+        limits.day = self._lease(old.day, key + ":spend:d", DAY, quota.daily_usd, dearest)
+        rpm = quota.requests_per_minute
+        limits.minute = self._lease(old.minute, key + ":requests:m", MINUTE, None, 1, rpm)
+        limits.slots = self._slots(old.slots, key, quota.concurrency)
         return limits
 
     # The decision path: plain arithmetic on the last round's answers.
@@ -243,18 +233,37 @@ class SharedView:
             return self._wake_if(more)
         units = usd_units(decision.cost_usd)
         limits = self.targets[decision.target]
-        for lease in (limits.hour, limits.day):
-            if lease is not None:
-                more |= lease.take(units, wall)
+        more |= limits.take_spend(units, wall)
         if tenant_limits is not None:
-            for lease in (tenant_limits.hour, tenant_limits.day):
-                if lease is not None:
-                    more |= lease.take(units, wall)
+            more |= tenant_limits.take_spend(units, wall)
         self.breakers[decision.target].dispatched(wall)
         slots = limits.slots
         if slots is not None and slots.held - in_flight <= slots.block // 2 and slots.held < slots.cap:
             more = True
         self._wake_if(more)
+
+    def spent_elsewhere(self, target: str, usd: float, wall: float) -> None:
+        """Spend no decision here accounted for (the fast path's), taken from the target's leases
+        as a decision's is: the table and every node's budget see it."""
+        limits = self.targets.get(target)
+        if limits is not None and usd > 0:
+            self._wake_if(limits.take_spend(usd_units(usd), wall))
+
+    def tenant_reported(self, tenant: str, arrivals: int, usd: float, wall: float) -> None:
+        """A tenant's arrivals and spend the fast path reported, taken from its leases as a
+        decision's are."""
+        quota = self.policy.quota_of(tenant)
+        if quota.limits_anything:
+            limits = self._tenant(tenant, quota)
+            more = limits.minute is not None and arrivals > 0 and limits.minute.take(arrivals, wall)
+            more |= usd > 0 and limits.take_spend(usd_units(usd), wall)
+            self.dirty.add(tenant)
+            self._wake_if(more)
+
+    def cap(self, target: str) -> int | None:
+        """The part of the target's concurrency cap this node may fill now (its slots)."""
+        slots = self.targets[target].slots
+        return None if slots is None else slots.allowed(self.connected)
 
     def _wake_if(self, more: bool) -> None:
         if more and self.connected:
@@ -337,7 +346,7 @@ class SharedView:
 
     @staticmethod
     def _gather(
-        limits: _Limits,
+        limits: Limits,
         busy: int,
         wall: float,
         release: bool,
@@ -367,8 +376,10 @@ class SharedView:
         opened for every node."""
         request, lease_refs, slot_refs = sent
         lease_replies, slot_replies, breaker_replies, warm_replies = reply
-        for lease, asked, (mine, total) in zip(lease_refs, request["leases"], lease_replies, strict=True):
-            lease.granted(int(asked["key"].rsplit(":", 1)[1]), int(mine), int(total))
+        for lease, asked, (mine, total, before) in zip(
+            lease_refs, request["leases"], lease_replies, strict=True
+        ):
+            lease.granted(int(asked["key"].rsplit(":", 1)[1]), int(mine), int(total), int(before))
         for slots, (held, others_busy) in zip(slot_refs, slot_replies, strict=True):
             slots.granted(int(held), int(others_busy))
         opened = []

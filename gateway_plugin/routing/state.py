@@ -165,6 +165,11 @@ class GatewayState:
             spent_day_usd=day,
         )
 
+    def cap(self, name: str) -> int:
+        """The concurrency cap this node may fill: under a shared cap, the slots it holds."""
+        shared = self.shared.cap(name) if self.shared is not None else None
+        return self.targets[name].concurrency_cap if shared is None else shared
+
     def target(self, name: str) -> Target:
         return self.targets[name]
 
