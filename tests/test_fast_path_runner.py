@@ -5,6 +5,7 @@ sockets, the runner's own app)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 from typing import Any
@@ -16,7 +17,13 @@ from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.fast_path import FastOutcomes, FastPathBook, FastPathReport, apply_outcomes
+from gateway_plugin.routing.fast_path import (
+    FastOutcomes,
+    FastPathBook,
+    FastPathReport,
+    apply_outcomes,
+    interleaved,
+)
 from gateway_plugin.routing.policy import BreakerState
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_header import target_value
@@ -157,15 +164,78 @@ def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_res
 
 
 def test_a_summary_is_bounded() -> None:
-    for bad in (
+    cases: tuple[dict[str, object], ...] = (
         {"decisions": {f"local;r{i}": 1 for i in range(1001)}},
-        {"decisions": {"local;local_ok": -1}},
-        {"cloud": {"aws": [1, 2]}},
+        {"residency": [{}] * 1001},
         {"table_ages": [1] * 65},
-        {"local_s": {"": [1, float("nan")]}},
-    ):
+        {"cloud": [1, 2]},
+    )
+    for bad in cases:
         with pytest.raises(ValidationError):
             FastOutcomes.model_validate(bad)
+
+
+def test_one_invalid_entry_is_dropped_and_counted_and_the_rest_of_the_summary_still_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = GatewayState(config(breaker={"consecutive_failures": 3}))
+    long = "t" * 5000
+    summary = FastOutcomes.model_validate_json(
+        json.dumps(
+            {
+                "decisions": {"local;local_ok": -1, "aws;overflow_cold": 3},
+                "local_s": {"": [1, -1.0]},
+                "cloud": {"aws": [0, 3, 0.3], "fc": [1, 2]},
+                "tenants": {long: [1, 0.1], "t1": [2, 0.25]},
+                "residency": [{"path": "/" + "x" * 8000}, {"path": "/v2/models/m/infer"}],
+                "invalid": 0,
+            }
+        )
+    )
+    assert summary.invalid == 5
+    assert set(summary.tenants) == {"t1"} and len(summary.residency) == 1
+    with caplog.at_level("WARNING", "spillway.fast_path"):
+        apply_outcomes(state, summary)
+    assert state.breakers["aws"].current(state.clock()) is BreakerState.OPEN
+    book = state.tenants.get("t1")
+    assert book is not None and book.last_minute(state.wall()) == 2
+    assert state.metrics.fast_path_dropped._value.get() == 5
+    assert any("5 invalid entries" in r.message for r in caplog.records)
+    assert not any(long in r.message for r in caplog.records)
+
+
+def test_a_few_scattered_failures_among_many_successes_do_not_open_a_breaker() -> None:
+    state = GatewayState(config())
+    summary = FastOutcomes.model_validate({"cloud": {"aws": [1000, 5, 1.0]}})
+    apply_outcomes(state, summary)
+    assert state.breakers["aws"].current(state.clock()) is BreakerState.CLOSED
+    failing = FastOutcomes.model_validate({"cloud": {"aws": [10, 30, 1.0]}})
+    apply_outcomes(state, failing)
+    assert state.breakers["aws"].current(state.clock()) is BreakerState.OPEN, "a 75 % error rate opens it"
+
+
+def test_interleaving_keeps_the_proportion_and_spreads_the_failures() -> None:
+    results = list(interleaved(95, 5, 20))
+    assert len(results) == 20 and results.count(False) == 1
+    assert list(interleaved(0, 5, 5)) == [False] * 5
+    half = list(interleaved(10, 10, 10))
+    assert half.count(False) == 5 and all(a != b for a, b in itertools.pairwise(half))
+    assert list(interleaved(0, 0, 3)) == []
+
+
+def test_a_half_open_breaker_closes_only_on_a_batch_without_failures() -> None:
+    state = GatewayState(config(breaker={"consecutive_failures": 1, "cooldown_s": 0.001}))
+    breaker, now = state.breakers["aws"], state.clock()
+    breaker.record(False, now)
+    assert breaker.current(now) is BreakerState.OPEN
+    breaker.opened_at -= 1
+    assert breaker.current(state.clock()) is BreakerState.HALF_OPEN
+    apply_outcomes(state, FastOutcomes.model_validate({"cloud": {"aws": [50, 1, 1.0]}}))
+    assert breaker.current(state.clock()) is BreakerState.OPEN
+    breaker.opened_at -= 10
+    assert breaker.current(state.clock()) is BreakerState.HALF_OPEN
+    apply_outcomes(state, FastOutcomes.model_validate({"cloud": {"aws": [3, 0, 1.0]}}))
+    assert breaker.current(state.clock()) is BreakerState.CLOSED
 
 
 def _post(port: int, path: str, body: bytes, auth: str | None) -> tuple[int, bytes]:
