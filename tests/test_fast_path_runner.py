@@ -284,3 +284,10 @@ def test_every_file_of_the_lua_plugin_ships_in_the_wheel() -> None:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     shipped = {p for pattern in data["gateway_plugin"] for p in (ROOT / "gateway_plugin").glob(pattern)}
     assert shipped == set(lua_path().rglob("*.lua")) and len(shipped) >= 6
+
+
+def test_a_quota_names_a_tenant_of_at_most_256_characters() -> None:
+    """Longer names reach the fast path's books only as their hash, so a quota could not match."""
+    config(tenants={"quotas": {"t" * 256: {"concurrency": 1}}})
+    with pytest.raises(ValidationError, match="256"):
+        config(tenants={"quotas": {"t" * 257: {"concurrency": 1}}})

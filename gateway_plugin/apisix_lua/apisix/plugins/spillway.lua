@@ -13,6 +13,8 @@
 local core = require("apisix.core")
 local plugin = require("apisix.plugin")
 local hmac = require("resty.hmac")
+local sha256 = require("resty.sha256")
+local to_hex = require("resty.string").to_hex
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
@@ -29,6 +31,10 @@ local TARGET_HEADER = "X-Spillway-Target"
 local SIGNATURE_HEADER = "X-Spillway-Signature"
 local FAIL_SAFE = "table_stale"
 local LOG_EVERY_S = 10
+-- Longest tenant name kept as sent (longer ones are keyed by their hash, as the runner's
+-- tenants.quotas names are bounded to it), and longest text reported for a request kept home.
+local MAX_TENANT = 256
+local MAX_REPORTED = 1024
 
 local schema = {
     type = "object",
@@ -102,6 +108,29 @@ local function current()
     return worker.tbl
 end
 _M.current = current
+
+-- Clients choose tenant names: a long one is keyed by its hash, so every report, dict key and
+-- table entry stays short while the tenant keeps one consistent key (its quota is the default).
+local function tenant_key(name)
+    if name == nil or #name <= MAX_TENANT then
+        return name
+    end
+    local digest = sha256:new()
+    digest:update(name)
+    return "sha256:" .. to_hex(digest:final())
+end
+_M.tenant_key = tenant_key
+
+local function keyed_tenant(f, header)
+    rawset(f.headers, header, tenant_key(f.headers[header]))
+end
+
+local function clipped(text)
+    if type(text) == "string" and #text > MAX_REPORTED then
+        return text:sub(1, MAX_REPORTED)
+    end
+    return text
+end
 
 local function route_policy(tbl, conf)
     local p = worker.policies[conf]
@@ -178,6 +207,7 @@ local function fail_safe(tbl, f, conf)
                   "(shed while the last table said local is saturated) until the runner at ",
                   attr.runner, " answers")
     local policy = route_policy(tbl, conf)
+    keyed_tenant(f, policy.tenant_header)
     local load = tbl["local"][f.model or ""] or tbl["local"][""] or decide.NO_LOAD
     local tenant = f.headers[policy.tenant_header]
     return decide.stay_local(load, policy, FAIL_SAFE, tenant ~= "" and tenant or nil, false)
@@ -238,8 +268,9 @@ local function account(ctx, d, f, tbl, policy)
         seen.cloud = true
     end
     if d.residency_kept then
-        report.kept_home(worker.agg, { path = ctx.var.uri, model = f.model,
-                                       classification = f.headers[policy.classification_header] })
+        local classification = policy and f.headers[policy.classification_header]
+        report.kept_home(worker.agg, { path = clipped(ctx.var.uri), model = clipped(f.model),
+                                       classification = clipped(classification) })
     end
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
@@ -262,6 +293,7 @@ function _M.rewrite(conf, ctx)
         d = fail_safe(tbl, f, conf)
     else
         policy = route_policy(tbl, conf)
+        keyed_tenant(f, policy.tenant_header)
         d = decide_and_reserve(f, tbl, policy)
     end
     account(ctx, d, f, tbl, policy)
