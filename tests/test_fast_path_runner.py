@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing import outcomes
+from gateway_plugin.routing import decision_table, outcomes
 from gateway_plugin.routing.fast_path import (
     FastOutcomes,
     FastPathBook,
@@ -24,7 +24,7 @@ from gateway_plugin.routing.fast_path import (
     apply_outcomes,
     interleaved,
 )
-from gateway_plugin.routing.policy import BreakerState
+from gateway_plugin.routing.policy import BreakerState, TenantState
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_header import target_value
 from tests.support import http
@@ -291,3 +291,31 @@ def test_a_quota_names_a_tenant_of_at_most_256_characters() -> None:
     config(tenants={"quotas": {"t" * 256: {"concurrency": 1}}})
     with pytest.raises(ValidationError, match="256"):
         config(tenants={"quotas": {"t" * 257: {"concurrency": 1}}})
+
+
+def test_the_table_carries_only_tenants_at_a_limit_and_at_most_max_tenants() -> None:
+    """10,000 rotating tenant names under a default quota: only those at their rate quota, or a
+    request's cost from a spend quota, are published, and never more than MAX_TENANTS."""
+    state = GatewayState(
+        config(tenants={"default": {"requests_per_minute": 5}, "quotas": {"t1": {"hourly_usd": 1.0}}})
+    )
+    wall = state.wall()
+    for i in range(10_000):
+        state.tenants.book(f"rotating-{i}").arrivals.extend([wall] * 4)
+    state.tenants.book("over").arrivals.extend([wall] * 5)
+    state.tenants.book("t1").add_spend(0.999999, wall)
+    book = FastPathBook(state)
+    assert set(book.table()["tenants"]) == {"over", "t1"}
+    for i in range(2, 10_000):  # the two oldest made room for "over" and "t1"
+        state.tenants.book(f"rotating-{i}").arrivals.append(wall)
+    tenants = book.table()["tenants"]
+    assert isinstance(tenants, dict) and len(tenants) == decision_table.MAX_TENANTS
+    assert "rotating-9999" in tenants and "rotating-2" not in tenants, "the most recently seen are kept"
+
+
+def test_leaving_out_tenants_below_their_limits_changes_no_decision() -> None:
+    policy = GatewayState(config(tenants={"default": {"requests_per_minute": 5, "daily_usd": 1.0}})).policy
+    below = TenantState(4, 0, 0.0, 0.5)
+    at_rate, near_spend = TenantState(5, 0, 0.0, 0.0), TenantState(0, 0, 0.0, 1.0)
+    kept = decision_table.tenants_at_a_limit(policy, [("a", below), ("b", at_rate), ("c", near_spend)])
+    assert set(kept) == {"b", "c"}

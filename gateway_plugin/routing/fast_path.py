@@ -153,10 +153,10 @@ class FastPathBook:
         now, wall = state.clock(), state.wall()
         loads = state.load.snapshot(None)
         targets = {name: state.target_state(name, now, wall) for name in state.targets}
-        tenants = {}
-        for name, book in state.tenants.items():
-            hour, day = book.spent(wall)
-            tenants[name] = TenantState(book.last_minute(wall), 0, hour, day)
+        books = ((name, book, book.spent(wall)) for name, book in state.tenants.items())
+        tenants = decision_table.tenants_at_a_limit(
+            state.policy, ((name, TenantState(b.last_minute(wall), 0, *spent)) for name, b, spent in books)
+        )
         wiring = {
             name: decision_table.TargetWiring(
                 state.target_values.get(name), target.signing_key_env, target.sign_body
