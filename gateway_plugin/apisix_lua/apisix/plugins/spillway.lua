@@ -35,6 +35,8 @@ local LOG_EVERY_S = 10
 -- tenants.quotas names are bounded to it), and longest text reported for a request kept home.
 local MAX_TENANT = 256
 local MAX_REPORTED = 1024
+-- How long a tenant's in-flight count outlives the start of its last request.
+local TENANT_IDLE_S = 600
 
 local schema = {
     type = "object",
@@ -149,7 +151,12 @@ end
 function live.spent(_, name)
     return (dict():get("sp:" .. name) or 0) - worker.tbl.targets[name].spent_mark
 end
+-- The tenant whose slot this request took before deciding, and its count before that.
+local slot = { tenant = nil, before = 0 }
 function live.tenant_in_flight(_, tenant)
+    if tenant == slot.tenant then
+        return slot.before
+    end
     return dict():get("tif:" .. tenant) or 0
 end
 function live.probe_allowed(_, name, spec)
@@ -240,19 +247,48 @@ local function to_cloud(ctx, spec)
                             sign.header(key, ngx.req.get_method(), target, body, ngx.time()))
 end
 
--- A tenant's in-flight count; its key is made without evicting anything (clients choose tenant
--- names, so a full dict stops counting new tenants rather than forgetting spend or caps).
-local function count_tenant(d_, key)
-    if d_:incr(key, 1) ~= nil then
-        return true
+-- A tenant's in-flight count after taking one slot, nil when not counted. The key is made without
+-- evicting anything (clients choose tenant names, so a full dict stops counting new tenants
+-- rather than forgetting spend or caps) and expires TENANT_IDLE_S after its last request began.
+local function take_tenant_slot(d_, key)
+    local count = d_:incr(key, 1)
+    if count == nil then
+        local ok, err = d_:safe_add(key, 1, TENANT_IDLE_S)
+        if ok then
+            return 1
+        end
+        count = err == "exists" and d_:incr(key, 1) or nil
+        if count == nil then
+            log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight ",
+                          "counts not kept for new tenants (", err, "); make it larger")
+            return nil
+        end
     end
-    local ok, err = d_:safe_add(key, 1)
-    if ok or (err == "exists" and d_:incr(key, 1) ~= nil) then
-        return true
+    d_:expire(key, TENANT_IDLE_S)
+    return count
+end
+
+-- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
+-- cannot both see room for the last one; decide() then reads the count as it was before.
+local function reserve_tenant(f, policy)
+    local tenant = f.headers[policy.tenant_header]
+    if tenant == nil or tenant == "" then
+        return nil
     end
-    log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight counts ",
-                  "not kept for new tenants (", err, "); make it larger")
-    return false
+    local quota = policy.quotas[tenant] or policy.default_quota
+    if not quota.concurrency then
+        return nil
+    end
+    local count = take_tenant_slot(dict(), "tif:" .. tenant)
+    if count == nil then
+        return nil
+    end
+    slot.tenant, slot.before = tenant, count - 1
+    return tenant
+end
+
+local function release_tenant(tenant)
+    dict():incr("tif:" .. tenant, -1)
 end
 
 -- What the runner learns of this request: counted now, reported from the log phase.
@@ -277,9 +313,8 @@ local function account(ctx, d, f, tbl, policy)
         if (d.overflowing or false) ~= load.overflowing then
             d_:set("hot:" .. model_key, d.overflowing or false)
         end
-        if d.tenant and d.target ~= decide.SHED and decide.quota_limits(policy, d.tenant) then
-            seen.tenant_counted = count_tenant(d_, "tif:" .. d.tenant)
-        end
+        seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
+                              and decide.quota_limits(policy, d.tenant)
     end
     ctx.spillway = seen
 end
@@ -294,7 +329,14 @@ function _M.rewrite(conf, ctx)
     else
         policy = route_policy(tbl, conf)
         keyed_tenant(f, policy.tenant_header)
+        local reserved = reserve_tenant(f, policy)
         d = decide_and_reserve(f, tbl, policy)
+        slot.tenant = nil
+        if reserved and d.target == decide.SHED then
+            release_tenant(reserved)
+            reserved = nil
+        end
+        ctx.spillway_slot = reserved
     end
     account(ctx, d, f, tbl, policy)
     if tbl then
@@ -337,12 +379,8 @@ function _M.log(conf, ctx)
     if seen.cloud then
         d_:incr("if:" .. seen.target, -1, 0)
     end
-    if seen.tenant_counted then
-        local key = "tif:" .. seen.tenant
-        local left = d_:incr(key, -1)
-        if left ~= nil and left <= 0 then
-            d_:delete(key)  -- clients name tenants: only those with requests in flight keep a key
-        end
+    if ctx.spillway_slot then
+        release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete
     end
     report.add(worker.agg, seen, ctx.var, ngx.status)
 end
