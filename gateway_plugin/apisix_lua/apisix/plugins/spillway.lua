@@ -13,13 +13,12 @@
 local core = require("apisix.core")
 local plugin = require("apisix.plugin")
 local hmac = require("resty.hmac")
-local sha256 = require("resty.sha256")
-local to_hex = require("resty.string").to_hex
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
 local report = require("apisix.plugins.spillway.report")
 local link = require("apisix.plugins.spillway.link")
+local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -31,12 +30,6 @@ local TARGET_HEADER = "X-Spillway-Target"
 local SIGNATURE_HEADER = "X-Spillway-Signature"
 local FAIL_SAFE = "table_stale"
 local LOG_EVERY_S = 10
--- Longest tenant name kept as sent (longer ones are keyed by their hash, as the runner's
--- tenants.quotas names are bounded to it), and longest text reported for a request kept home.
-local MAX_TENANT = 256
-local MAX_REPORTED = 1024
--- How long a tenant's in-flight count outlives the start of its last request.
-local TENANT_IDLE_S = 600
 
 local schema = {
     type = "object",
@@ -111,27 +104,8 @@ local function current()
 end
 _M.current = current
 
--- Clients choose tenant names: a long one is keyed by its hash, so every report, dict key and
--- table entry stays short while the tenant keeps one consistent key (its quota is the default).
-local function tenant_key(name)
-    if name == nil or #name <= MAX_TENANT then
-        return name
-    end
-    local digest = sha256:new()
-    digest:update(name)
-    return "sha256:" .. to_hex(digest:final())
-end
-_M.tenant_key = tenant_key
-
 local function keyed_tenant(f, header)
-    rawset(f.headers, header, tenant_key(f.headers[header]))
-end
-
-local function clipped(text)
-    if type(text) == "string" and #text > MAX_REPORTED then
-        return text:sub(1, MAX_REPORTED)
-    end
-    return text
+    rawset(f.headers, header, counters.tenant_key(f.headers[header]))
 end
 
 local function route_policy(tbl, conf)
@@ -149,7 +123,7 @@ function live.in_flight(_, name)
     return dict():get("if:" .. name) or 0
 end
 function live.spent(_, name)
-    return (dict():get("sp:" .. name) or 0) - worker.tbl.targets[name].spent_mark
+    return counters.since_mark(dict():get("sp:" .. name) or 0, worker.tbl.targets[name].spent_mark)
 end
 -- The tenant whose slot this request took before deciding, and its count before that.
 local slot = { tenant = nil, before = 0 }
@@ -175,19 +149,25 @@ end
 -- workers; false (and nothing taken) when another worker got there first.
 local function reserve(d, spec)
     local d_ = dict()
-    local key = "if:" .. d.target
-    if d_:incr(key, 1, 0) > spec.cap then
-        d_:incr(key, -1)
+    local key, spend_key = "if:" .. d.target, "sp:" .. d.target
+    local in_flight = counters.add(d_, key, 1)
+    if in_flight == nil or in_flight > spec.cap then
+        counters.release(d_, key)
         return false
     end
-    local spent = d_:incr("sp:" .. d.target, d.cost_usd, 0) - spec.spent_mark
-    local probe_ok = spec.breaker ~= "half_open" or d_:add("pr:" .. d.target, true, 1)
+    local total = counters.add(d_, spend_key, d.cost_usd)
+    if total == nil then
+        counters.release(d_, key)
+        return false
+    end
+    local spent = counters.since_mark(total, spec.spent_mark)
+    local probe_ok = spec.breaker ~= "half_open" or d_:safe_add("pr:" .. d.target, true, 1)
     if within(spec.spent_hour_usd + spent, spec.hourly_usd)
         and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
         return true
     end
-    d_:incr(key, -1)
-    d_:incr("sp:" .. d.target, -d.cost_usd)
+    counters.release(d_, key)
+    d_:incr(spend_key, -d.cost_usd)
     return false
 end
 
@@ -202,7 +182,7 @@ local function decide_and_reserve(f, tbl, policy)
 end
 
 local function fail_safe(tbl, f, conf)
-    dict():incr("failsafe", 1, 0)
+    counters.add(dict(), "failsafe", 1)
     local attr = worker.attr
     if tbl == nil then
         log_sometimes("stale", "spillway: no decision table from the runner at ", attr.runner,
@@ -247,27 +227,6 @@ local function to_cloud(ctx, spec)
                             sign.header(key, ngx.req.get_method(), target, body, ngx.time()))
 end
 
--- A tenant's in-flight count after taking one slot, nil when not counted. The key is made without
--- evicting anything (clients choose tenant names, so a full dict stops counting new tenants
--- rather than forgetting spend or caps) and expires TENANT_IDLE_S after its last request began.
-local function take_tenant_slot(d_, key)
-    local count = d_:incr(key, 1)
-    if count == nil then
-        local ok, err = d_:safe_add(key, 1, TENANT_IDLE_S)
-        if ok then
-            return 1
-        end
-        count = err == "exists" and d_:incr(key, 1) or nil
-        if count == nil then
-            log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight ",
-                          "counts not kept for new tenants (", err, "); make it larger")
-            return nil
-        end
-    end
-    d_:expire(key, TENANT_IDLE_S)
-    return count
-end
-
 -- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
 -- cannot both see room for the last one; decide() then reads the count as it was before.
 local function reserve_tenant(f, policy)
@@ -279,8 +238,11 @@ local function reserve_tenant(f, policy)
     if not quota.concurrency then
         return nil
     end
-    local count = take_tenant_slot(dict(), "tif:" .. tenant)
+    local count, err = counters.take_tenant(dict(), "tif:" .. tenant)
     if count == nil then
+        -- Clients choose tenant names: a full dict stops counting new tenants, nothing else.
+        log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight ",
+                      "counts not kept for new tenants (", err, "); make it larger")
         return nil
     end
     slot.tenant, slot.before = tenant, count - 1
@@ -288,7 +250,7 @@ local function reserve_tenant(f, policy)
 end
 
 local function release_tenant(tenant)
-    dict():incr("tif:" .. tenant, -1)
+    counters.release_tenant(dict(), "tif:" .. tenant)
 end
 
 -- What the runner learns of this request: counted now, reported from the log phase.
@@ -305,13 +267,13 @@ local function account(ctx, d, f, tbl, policy)
     end
     if d.residency_kept then
         local classification = policy and f.headers[policy.classification_header]
-        report.kept_home(worker.agg, { path = clipped(ctx.var.uri), model = clipped(f.model),
-                                       classification = clipped(classification) })
+        report.kept_home(worker.agg, { path = ctx.var.uri, model = f.model,
+                                       classification = classification })
     end
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
         if (d.overflowing or false) ~= load.overflowing then
-            d_:set("hot:" .. model_key, d.overflowing or false)
+            d_:safe_set("hot:" .. model_key, d.overflowing or false)
         end
         seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
                               and decide.quota_limits(policy, d.tenant)
@@ -377,7 +339,7 @@ function _M.log(conf, ctx)
     end
     local d_ = dict()
     if seen.cloud then
-        d_:incr("if:" .. seen.target, -1, 0)
+        counters.release(d_, "if:" .. seen.target)
     end
     if ctx.spillway_slot then
         release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete
@@ -408,7 +370,7 @@ function _M.init()
                        "nginx_config.http.custom_lua_shared_dict: {spillway: 10m} to config.yaml")
         return
     end
-    dict():add("node", ngx.worker.pid() .. "-" .. ngx.now())
+    counters.node(dict())
     if started or ngx.get_phase() ~= "init_worker" then
         return
     end
