@@ -8,9 +8,13 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from functions.sidecar import free_port
@@ -319,3 +323,48 @@ def test_leaving_out_tenants_below_their_limits_changes_no_decision() -> None:
     at_rate, near_spend = TenantState(5, 0, 0.0, 0.0), TenantState(0, 0, 0.0, 1.0)
     kept = decision_table.tenants_at_a_limit(policy, [("a", below), ("b", at_rate), ("c", near_spend)])
     assert set(kept) == {"b", "c"}
+
+
+def test_the_config_excerpt_names_every_signing_key_variable_and_no_value(tmp_path: Path) -> None:
+    path = tmp_path / "spillway.yaml"
+    made = config(
+        targets=[
+            {"name": "aws", "kind": "http", "url": "https://a.example", "signing_key_env": "KEY_A"},
+            {"name": "gcp", "kind": "http", "url": "https://b.example", "signing_key_env": "KEY_B"},
+            {"name": "az", "kind": "http", "url": "https://c.example", "signing_key_env": "KEY_A"},
+            {"name": "raw", "kind": "http", "url": "https://d.example", "signing_key_env": None},
+        ]
+    )
+    path.write_text(yaml.safe_dump(made.model_dump(mode="json")))
+    secret = "key-value-that-must-not-show-0123456789"
+    printed = subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "apisix-lua-path", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "KEY_A": secret, "KEY_B": secret},
+    ).stdout
+    assert yaml.safe_load(printed)["nginx_config"]["envs"] == ["SPILLWAY_ROUTE_TOKEN", "KEY_A", "KEY_B"]
+    assert secret not in printed
+
+
+def test_the_runner_warns_at_start_of_a_target_whose_signing_key_is_empty(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEY_SET", "set-key-value-0123456789")
+    monkeypatch.setenv("KEY_EMPTY", "")
+    targets = [
+        {"name": "aws", "kind": "http", "url": "https://a.example", "signing_key_env": "KEY_SET"},
+        {"name": "gcp", "kind": "http", "url": "https://b.example", "signing_key_env": "KEY_EMPTY"},
+    ]
+
+    async def go() -> None:
+        app = RunnerApp(config(targets=targets, outcomes={"listen": None}))
+        app.start()
+        await app.aclose()
+
+    with caplog.at_level("WARNING", "spillway"):
+        asyncio.run(go())
+    warned = [r.getMessage() for r in caplog.records if "signing_key_env" in r.getMessage()]
+    assert len(warned) == 1 and "gcp" in warned[0] and "KEY_EMPTY" in warned[0], warned
+    assert not any("set-key-value" in r.getMessage() for r in caplog.records)
