@@ -50,13 +50,15 @@ def invoke_targets(config: SpillwayConfig) -> list[str]:
 
 def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
     """What APISIX's config.yaml needs for the plugin: its path, its shared dict, where the runner
-    serves its table (``outcomes.listen``) and the route token's variable."""
+    serves its table (``outcomes.listen``) and the variables nginx must pass through: the route
+    token's and every target's signing key's (names only; the plugin signs with them)."""
     if not config.outcomes.listen:
         raise RouteError("outcomes.listen is null: the fast path fetches its table from that endpoint")
+    keys = [t.signing_key_env for t in config.targets if t.signing_key_env]
     return {
         "apisix": {"extra_lua_path": f"{lua_path()}/?.lua"},
         "nginx_config": {
-            "envs": [config.runner.route_token_env],
+            "envs": list(dict.fromkeys([config.runner.route_token_env, *keys])),
             "http": {"custom_lua_shared_dict": {SHARED_DICT: "10m"}},
         },
         "plugin_attr": {

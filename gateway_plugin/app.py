@@ -108,12 +108,29 @@ class RunnerApp:
             )
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
+        if not self.worker:
+            self._warn_of_empty_signing_keys(config)
         if self.worker is None:
             self._start_outcomes(config)
         if config.shared_state is not None:
             self.start_shared(self._store(config.shared_state))
         if config.warmup.report_file:
             self._tasks.append(asyncio.ensure_future(self._warm_reports(Path(config.warmup.report_file))))
+
+    @staticmethod
+    def _warn_of_empty_signing_keys(config: SpillwayConfig) -> None:
+        """A target whose key variable is empty gets unsigned requests, which its function refuses;
+        said once at start (the variable's name only, never a value)."""
+        for target in config.targets:
+            env = target.signing_key_env
+            if env and not os.environ.get(env):
+                log.warning(
+                    "target %s: %s (its signing_key_env) is empty or unset, so its requests go unsigned "
+                    "and a function that checks X-Spillway-Signature refuses them; set it in the "
+                    "runner's and APISIX's environment (nginx_config.envs)",
+                    target.name,
+                    env,
+                )
 
     def _metrics_listen(self, listen: str) -> str:
         """Worker ``i`` of several serves its own ``/metrics`` on the configured port plus ``i``."""

@@ -226,7 +226,9 @@ class TenantQuota(_Model):
 
 class Tenants(_Model):
     header: str = Field(default="x-tenant")
-    quotas: dict[str, TenantQuota] = Field(default_factory=dict)
+    quotas: dict[Annotated[str, Field(min_length=1, max_length=256)], TenantQuota] = Field(
+        default_factory=dict, description="per tenant name (at most 256 characters)"
+    )
     default: TenantQuota = Field(default_factory=TenantQuota, description="quota of tenants not listed")
     max_tracked: int = Field(
         default=10_000,

@@ -69,3 +69,57 @@ def test_a_tenants_concurrency_quota_holds_and_its_counter_goes_when_idle(tmp_pa
         assert {front.decision(a) for a in answers if a["status"] == 429} == {"shed;tenant_concurrency"}
         assert local.max_in_flight == 2
         assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200
+
+
+def test_an_overlong_tenant_name_or_uri_costs_no_other_outcome_and_the_tenant_keeps_its_quota(
+    tmp_path: Path,
+) -> None:
+    """A 5,000-character tenant name (over a default quota of 2 a minute) and a request kept home
+    with a 6,000-character path: the summaries carrying them still count, the tenant is keyed by
+    its hash on both sides, so its third request within the minute is shed."""
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws"))
+        feed = stack.enter_context(metrics_feed())
+        config = fast_config(local, aws, feed)
+        config["tenants"] = {"default": {"requests_per_minute": 2}}
+        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=1)
+        gateway = stack.enter_context(apisix.running(settings))
+        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+        front.set_load(500)
+        long_path = "/onprem/models/add_sub/infer/" + "p" * 6000
+        kept = front.send("public", path=long_path)
+        assert front.decision(kept).startswith("local;residency"), kept
+        tenant = {"x-tenant": "t" * 5000}
+        assert [front.send("public", **tenant)["status"] for _ in range(2)] == [200, 200]
+        wait_until(
+            lambda: front.decision(front.send("public", **tenant)) == "shed;tenant_rate", 10, "the quota"
+        )
+        wait_until(
+            lambda: 'spillway_decisions_total{reason="residency",target="local"}' in front.metrics(),
+            10,
+            "the summary with the long path counted",
+        )
+
+
+def test_a_tenants_concurrency_slot_is_taken_atomically_across_workers(tmp_path: Path) -> None:
+    """Tenant t1 may have 1 request in flight; 16 clients on two nginx workers send 400 requests
+    between them: the cluster never sees two of t1's at once, and t1 still gets through after."""
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws"))
+        feed = stack.enter_context(metrics_feed())
+        config = fast_config(local, aws, feed)
+        config["tenants"] = {"quotas": {"t1": {"concurrency": 1}}}
+        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
+        gateway = stack.enter_context(apisix.running(settings))
+        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+        local.delay_s = 0.002
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(400)))
+        local.delay_s = 0.0
+        assert {a["status"] for a in answers} <= {200, 429}
+        assert local.max_in_flight == 1, local.max_in_flight
+        assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200

@@ -5,19 +5,30 @@ sockets, the runner's own app)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.fast_path import FastOutcomes, FastPathBook, FastPathReport, apply_outcomes
-from gateway_plugin.routing.policy import BreakerState
+from gateway_plugin.routing import decision_table, outcomes
+from gateway_plugin.routing.fast_path import (
+    FastOutcomes,
+    FastPathBook,
+    FastPathReport,
+    apply_outcomes,
+    interleaved,
+)
+from gateway_plugin.routing.policy import BreakerState, TenantState
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_header import target_value
 from tests.support import http
@@ -157,15 +168,78 @@ def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_res
 
 
 def test_a_summary_is_bounded() -> None:
-    for bad in (
+    cases: tuple[dict[str, object], ...] = (
         {"decisions": {f"local;r{i}": 1 for i in range(1001)}},
-        {"decisions": {"local;local_ok": -1}},
-        {"cloud": {"aws": [1, 2]}},
+        {"residency": [{}] * 1001},
         {"table_ages": [1] * 65},
-        {"local_s": {"": [1, float("nan")]}},
-    ):
+        {"cloud": [1, 2]},
+    )
+    for bad in cases:
         with pytest.raises(ValidationError):
             FastOutcomes.model_validate(bad)
+
+
+def test_one_invalid_entry_is_dropped_and_counted_and_the_rest_of_the_summary_still_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = GatewayState(config(breaker={"consecutive_failures": 3}))
+    long = "t" * 5000
+    summary = FastOutcomes.model_validate_json(
+        json.dumps(
+            {
+                "decisions": {"local;local_ok": -1, "aws;overflow_cold": 3},
+                "local_s": {"": [1, -1.0]},
+                "cloud": {"aws": [0, 3, 0.3], "fc": [1, 2]},
+                "tenants": {long: [1, 0.1], "t1": [2, 0.25]},
+                "residency": [{"path": "/" + "x" * 8000}, {"path": "/v2/models/m/infer"}],
+                "invalid": 0,
+            }
+        )
+    )
+    assert summary.invalid == 5
+    assert set(summary.tenants) == {"t1"} and len(summary.residency) == 1
+    with caplog.at_level("WARNING", "spillway.fast_path"):
+        apply_outcomes(state, summary)
+    assert state.breakers["aws"].current(state.clock()) is BreakerState.OPEN
+    book = state.tenants.get("t1")
+    assert book is not None and book.last_minute(state.wall()) == 2
+    assert state.metrics.fast_path_dropped._value.get() == 5
+    assert any("5 invalid entries" in r.message for r in caplog.records)
+    assert not any(long in r.message for r in caplog.records)
+
+
+def test_a_few_scattered_failures_among_many_successes_do_not_open_a_breaker() -> None:
+    state = GatewayState(config())
+    summary = FastOutcomes.model_validate({"cloud": {"aws": [1000, 5, 1.0]}})
+    apply_outcomes(state, summary)
+    assert state.breakers["aws"].current(state.clock()) is BreakerState.CLOSED
+    failing = FastOutcomes.model_validate({"cloud": {"aws": [10, 30, 1.0]}})
+    apply_outcomes(state, failing)
+    assert state.breakers["aws"].current(state.clock()) is BreakerState.OPEN, "a 75 % error rate opens it"
+
+
+def test_interleaving_keeps_the_proportion_and_spreads_the_failures() -> None:
+    results = list(interleaved(95, 5, 20))
+    assert len(results) == 20 and results.count(False) == 1
+    assert list(interleaved(0, 5, 5)) == [False] * 5
+    half = list(interleaved(10, 10, 10))
+    assert half.count(False) == 5 and all(a != b for a, b in itertools.pairwise(half))
+    assert list(interleaved(0, 0, 3)) == []
+
+
+def test_a_half_open_breaker_closes_only_on_a_batch_without_failures() -> None:
+    state = GatewayState(config(breaker={"consecutive_failures": 1, "cooldown_s": 0.001}))
+    breaker, now = state.breakers["aws"], state.clock()
+    breaker.record(False, now)
+    assert breaker.current(now) is BreakerState.OPEN
+    breaker.opened_at -= 1
+    assert breaker.current(state.clock()) is BreakerState.HALF_OPEN
+    apply_outcomes(state, FastOutcomes.model_validate({"cloud": {"aws": [50, 1, 1.0]}}))
+    assert breaker.current(state.clock()) is BreakerState.OPEN
+    breaker.opened_at -= 10
+    assert breaker.current(state.clock()) is BreakerState.HALF_OPEN
+    apply_outcomes(state, FastOutcomes.model_validate({"cloud": {"aws": [3, 0, 1.0]}}))
+    assert breaker.current(state.clock()) is BreakerState.CLOSED
 
 
 def _post(port: int, path: str, body: bytes, auth: str | None) -> tuple[int, bytes]:
@@ -214,3 +288,83 @@ def test_every_file_of_the_lua_plugin_ships_in_the_wheel() -> None:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     shipped = {p for pattern in data["gateway_plugin"] for p in (ROOT / "gateway_plugin").glob(pattern)}
     assert shipped == set(lua_path().rglob("*.lua")) and len(shipped) >= 6
+
+
+def test_a_quota_names_a_tenant_of_at_most_256_characters() -> None:
+    """Longer names reach the fast path's books only as their hash, so a quota could not match."""
+    config(tenants={"quotas": {"t" * 256: {"concurrency": 1}}})
+    with pytest.raises(ValidationError, match="256"):
+        config(tenants={"quotas": {"t" * 257: {"concurrency": 1}}})
+
+
+def test_the_table_carries_only_tenants_at_a_limit_and_at_most_max_tenants() -> None:
+    """10,000 rotating tenant names under a default quota: only those at their rate quota, or a
+    request's cost from a spend quota, are published, and never more than MAX_TENANTS."""
+    state = GatewayState(
+        config(tenants={"default": {"requests_per_minute": 5}, "quotas": {"t1": {"hourly_usd": 1.0}}})
+    )
+    wall = state.wall()
+    for i in range(10_000):
+        state.tenants.book(f"rotating-{i}").arrivals.extend([wall] * 4)
+    state.tenants.book("over").arrivals.extend([wall] * 5)
+    state.tenants.book("t1").add_spend(0.999999, wall)
+    book = FastPathBook(state)
+    assert set(book.table()["tenants"]) == {"over", "t1"}
+    for i in range(2, 10_000):  # the two oldest made room for "over" and "t1"
+        state.tenants.book(f"rotating-{i}").arrivals.append(wall)
+    tenants = book.table()["tenants"]
+    assert isinstance(tenants, dict) and len(tenants) == decision_table.MAX_TENANTS
+    assert "rotating-9999" in tenants and "rotating-2" not in tenants, "the most recently seen are kept"
+
+
+def test_leaving_out_tenants_below_their_limits_changes_no_decision() -> None:
+    policy = GatewayState(config(tenants={"default": {"requests_per_minute": 5, "daily_usd": 1.0}})).policy
+    below = TenantState(4, 0, 0.0, 0.5)
+    at_rate, near_spend = TenantState(5, 0, 0.0, 0.0), TenantState(0, 0, 0.0, 1.0)
+    kept = decision_table.tenants_at_a_limit(policy, [("a", below), ("b", at_rate), ("c", near_spend)])
+    assert set(kept) == {"b", "c"}
+
+
+def test_the_config_excerpt_names_every_signing_key_variable_and_no_value(tmp_path: Path) -> None:
+    path = tmp_path / "spillway.yaml"
+    made = config(
+        targets=[
+            {"name": "aws", "kind": "http", "url": "https://a.example", "signing_key_env": "KEY_A"},
+            {"name": "gcp", "kind": "http", "url": "https://b.example", "signing_key_env": "KEY_B"},
+            {"name": "az", "kind": "http", "url": "https://c.example", "signing_key_env": "KEY_A"},
+            {"name": "raw", "kind": "http", "url": "https://d.example", "signing_key_env": None},
+        ]
+    )
+    path.write_text(yaml.safe_dump(made.model_dump(mode="json")))
+    secret = "key-value-that-must-not-show-0123456789"
+    printed = subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "apisix-lua-path", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "KEY_A": secret, "KEY_B": secret},
+    ).stdout
+    assert yaml.safe_load(printed)["nginx_config"]["envs"] == ["SPILLWAY_ROUTE_TOKEN", "KEY_A", "KEY_B"]
+    assert secret not in printed
+
+
+def test_the_runner_warns_at_start_of_a_target_whose_signing_key_is_empty(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEY_SET", "set-key-value-0123456789")
+    monkeypatch.setenv("KEY_EMPTY", "")
+    targets = [
+        {"name": "aws", "kind": "http", "url": "https://a.example", "signing_key_env": "KEY_SET"},
+        {"name": "gcp", "kind": "http", "url": "https://b.example", "signing_key_env": "KEY_EMPTY"},
+    ]
+
+    async def go() -> None:
+        app = RunnerApp(config(targets=targets, outcomes={"listen": None}))
+        app.start()
+        await app.aclose()
+
+    with caplog.at_level("WARNING", "spillway"):
+        asyncio.run(go())
+    warned = [r.getMessage() for r in caplog.records if "signing_key_env" in r.getMessage()]
+    assert len(warned) == 1 and "gcp" in warned[0] and "KEY_EMPTY" in warned[0], warned
+    assert not any("set-key-value" in r.getMessage() for r in caplog.records)

@@ -14,7 +14,7 @@ values, signing-key variable names, marks), so tests build tables from any snaps
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from gateway_plugin.routing.policy import (
@@ -25,10 +25,13 @@ from gateway_plugin.routing.policy import (
     Snapshot,
     TargetPolicy,
     TargetState,
+    TenantState,
     estimated_latency_ms,
 )
 
 FORMAT = 1
+# Most tenants a table carries; past it the most recently seen of those at a limit are kept.
+MAX_TENANTS = 1000
 
 
 class TargetWiring(NamedTuple):
@@ -167,6 +170,30 @@ def build_table(
             for name, t in snapshot.tenants.items()
         },
     }
+
+
+def tenants_at_a_limit(
+    policy: Policy, tenants: Iterable[tuple[str, TenantState]], cap: int = MAX_TENANTS
+) -> dict[str, TenantState]:
+    """The tenants whose books can change a decision: at their rate quota, or within one request's
+    largest cost of a spend quota. The plugin reads a tenant missing from the table as one with
+    empty books, and for every other tenant that reads exactly as its books would, so publishing
+    only these gives the same decisions while clients rotating tenant names cannot grow the table.
+    ``tenants`` in the order they were last seen; over ``cap``, the least recent are left out."""
+    margin = max((max(t.cost_usd, t.cold_cost_usd) for t in policy.targets.values()), default=0.0)
+    kept: dict[str, TenantState] = {}
+    for name, state in tenants:
+        quota = policy.quota_of(name)
+        rpm, hourly, daily = quota.requests_per_minute, quota.hourly_usd, quota.daily_usd
+        if (
+            (rpm is not None and state.requests_last_minute >= rpm)
+            or (hourly is not None and state.spent_hour_usd + margin > hourly)
+            or (daily is not None and state.spent_day_usd + margin > daily)
+        ):
+            kept[name] = state
+    if len(kept) <= cap:
+        return kept
+    return dict(list(kept.items())[len(kept) - cap :])
 
 
 def encode(table: dict[str, Any]) -> bytes:

@@ -18,16 +18,20 @@ only what it spent past that mark. Counters restart at zero when nginx restarts 
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from gateway_plugin.routing import decision_table
-from gateway_plugin.routing.policy import LOCAL, SHED, Reason, Snapshot, TenantState
+from gateway_plugin.routing.ledger import TenantBook
+from gateway_plugin.routing.policy import LOCAL, SHED, BreakerState, Reason, Snapshot, TenantState
 from gateway_plugin.routing.state import GatewayState, residency_log
 
+log = logging.getLogger("spillway.fast_path")
 MAX_NODES = 16
 MAX_KEYS = 1000
 # The reason of a fast-path decision made without a usable decision table.
@@ -58,8 +62,32 @@ class KeptHome(BaseModel):
     classification: _Text | None = None
 
 
+_ENTRIES: dict[str, TypeAdapter[Any]] = {
+    "decisions": TypeAdapter(tuple[_Text, _Count]),
+    "sent_local": TypeAdapter(tuple[_Text, _Count]),
+    "local_s": TypeAdapter(tuple[_Text, tuple[_Count, _Amount]]),
+    "cloud": TypeAdapter(tuple[_Text, tuple[_Count, _Count, _Amount]]),
+    "instances": TypeAdapter(tuple[_Text, dict[_Text, bool]]),
+    "tenants": TypeAdapter(tuple[_Text, tuple[_Count, _Amount]]),
+}
+_KEPT_HOME: TypeAdapter[Any] = TypeAdapter(KeptHome)
+
+
+def _valid(adapter: TypeAdapter[Any], item: object) -> bool:
+    try:
+        adapter.validate_python(item)
+    except ValidationError:
+        return False
+    return True
+
+
 class FastOutcomes(BaseModel):
-    """One worker's summary of what happened since its previous one; every map is bounded."""
+    """One worker's summary of what happened since its previous one; every map is bounded.
+
+    An entry that fails validation (a client's overlong tenant name, say) is dropped and counted
+    in ``invalid``; the rest of the summary (breaker results, spend) still counts. Only a
+    summary whose shape is wrong, or whose maps are over their bounds, is refused whole.
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
@@ -73,6 +101,26 @@ class FastOutcomes(BaseModel):
     table_ages: list[_Count] = Field(default_factory=list, max_length=64)
     table_age_sum: _Amount = 0.0
     dropped: _Count = 0
+    invalid: _Count = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_invalid_entries(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        kept: dict[str, Any] = {**data, "invalid": 0}
+        invalid = 0
+        for name, adapter in _ENTRIES.items():
+            entries = data.get(name)
+            if isinstance(entries, dict) and len(entries) <= MAX_KEYS:
+                kept[name] = {k: v for k, v in entries.items() if _valid(adapter, (k, v))}
+                invalid += len(entries) - len(kept[name])
+        residency = data.get("residency")
+        if isinstance(residency, list) and len(residency) <= MAX_KEYS:
+            kept["residency"] = [r for r in residency if _valid(_KEPT_HOME, r)]
+            invalid += len(residency) - len(kept["residency"])
+        kept["invalid"] = invalid
+        return kept
 
 
 @dataclass
@@ -106,12 +154,15 @@ class FastPathBook:
         now, wall = state.clock(), state.wall()
         loads = state.load.snapshot(None)
         targets = {name: state.target_state(name, now, wall) for name in state.targets}
-        tenants = {}
-        for name, book in state.tenants.items():
+
+        def tenant_state(name: str, book: TenantBook) -> TenantState:
             hour, day = book.spent(wall)
-            tenants[name] = TenantState(book.last_minute(wall), 0, hour, day)
-            if state.shared is not None:
-                tenants[name] = state.shared.tenant_state(name, tenants[name], wall)
+            own = TenantState(book.last_minute(wall), 0, hour, day)
+            return own if state.shared is None else state.shared.tenant_state(name, own, wall)
+
+        tenants = decision_table.tenants_at_a_limit(
+            state.policy, ((name, tenant_state(name, book)) for name, book in state.tenants.items())
+        )
         wiring = {
             name: decision_table.TargetWiring(
                 state.target_values.get(name), target.signing_key_env, target.sign_body
@@ -166,6 +217,19 @@ def _records(count: int, state: GatewayState) -> int:
     return min(count, max(settings.window, settings.consecutive_failures) + 1)
 
 
+def interleaved(ok: int, failed: int, records: int) -> Iterator[bool]:
+    """``records`` answers with ok and failed spread evenly in their proportion (a worker's sums
+    say how many, not in what order): scattered failures never become a run of them."""
+    total = ok + failed
+    if total == 0:
+        return
+    failures = round(failed * records / total)
+    if failed and not failures:
+        failures = 1
+    for i in range(records):
+        yield (i + 1) * failures // records == i * failures // records
+
+
 def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
     """Take one worker's summary into the gateway's books."""
     labels, now, wall = _labels(state), state.clock(), state.wall()
@@ -186,9 +250,12 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
     for name, (ok, failed, _) in summary.cloud.items():
         breaker = state.breakers.get(name)
         if breaker is not None:
-            for result, count in ((True, ok), (False, failed)):
-                for _ in range(_records(count, state)):
-                    breaker.record(result, now)
+            if breaker.current(now) is BreakerState.HALF_OPEN and ok + failed:
+                # Which answer was the probe is not known: it closes only a batch without failures.
+                breaker.record(failed == 0, now)
+                ok, failed = (ok - 1, failed) if failed == 0 else (ok, failed - 1)
+            for result in interleaved(ok, failed, _records(ok + failed, state)):
+                breaker.record(result, now)
     for name, instances in summary.instances.items():
         pool = state.pools.get(name)
         if pool is None:
@@ -207,4 +274,6 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
             if state.shared is not None:
                 state.shared.tenant_reported(tenant, arrivals, spend, wall)
     state.metrics.fast_path_table_age.add(summary.table_ages, summary.table_age_sum)
-    state.metrics.fast_path_dropped.inc(summary.dropped)
+    state.metrics.fast_path_dropped.inc(summary.dropped + summary.invalid)
+    if summary.invalid:
+        log.warning("fast path: %d invalid entries dropped from a worker's summary", summary.invalid)

@@ -18,6 +18,7 @@ local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
 local report = require("apisix.plugins.spillway.report")
 local link = require("apisix.plugins.spillway.link")
+local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -103,6 +104,10 @@ local function current()
 end
 _M.current = current
 
+local function keyed_tenant(f, header)
+    rawset(f.headers, header, counters.tenant_key(f.headers[header]))
+end
+
 local function route_policy(tbl, conf)
     local p = worker.policies[conf]
     if p == nil then
@@ -118,9 +123,14 @@ function live.in_flight(_, name)
     return dict():get("if:" .. name) or 0
 end
 function live.spent(_, name)
-    return (dict():get("sp:" .. name) or 0) - worker.tbl.targets[name].spent_mark
+    return counters.since_mark(dict():get("sp:" .. name) or 0, worker.tbl.targets[name].spent_mark)
 end
+-- The tenant whose slot this request took before deciding, and its count before that.
+local slot = { tenant = nil, before = 0 }
 function live.tenant_in_flight(_, tenant)
+    if tenant == slot.tenant then
+        return slot.before
+    end
     return dict():get("tif:" .. tenant) or 0
 end
 function live.probe_allowed(_, name, spec)
@@ -139,19 +149,25 @@ end
 -- workers; false (and nothing taken) when another worker got there first.
 local function reserve(d, spec)
     local d_ = dict()
-    local key = "if:" .. d.target
-    if d_:incr(key, 1, 0) > spec.cap then
-        d_:incr(key, -1)
+    local key, spend_key = "if:" .. d.target, "sp:" .. d.target
+    local in_flight = counters.add(d_, key, 1)
+    if in_flight == nil or in_flight > spec.cap then
+        counters.release(d_, key)
         return false
     end
-    local spent = d_:incr("sp:" .. d.target, d.cost_usd, 0) - spec.spent_mark
-    local probe_ok = spec.breaker ~= "half_open" or d_:add("pr:" .. d.target, true, 1)
+    local total = counters.add(d_, spend_key, d.cost_usd)
+    if total == nil then
+        counters.release(d_, key)
+        return false
+    end
+    local spent = counters.since_mark(total, spec.spent_mark)
+    local probe_ok = spec.breaker ~= "half_open" or d_:safe_add("pr:" .. d.target, true, 1)
     if within(spec.spent_hour_usd + spent, spec.hourly_usd)
         and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
         return true
     end
-    d_:incr(key, -1)
-    d_:incr("sp:" .. d.target, -d.cost_usd)
+    counters.release(d_, key)
+    d_:incr(spend_key, -d.cost_usd)
     return false
 end
 
@@ -166,7 +182,7 @@ local function decide_and_reserve(f, tbl, policy)
 end
 
 local function fail_safe(tbl, f, conf)
-    dict():incr("failsafe", 1, 0)
+    counters.add(dict(), "failsafe", 1)
     local attr = worker.attr
     if tbl == nil then
         log_sometimes("stale", "spillway: no decision table from the runner at ", attr.runner,
@@ -178,6 +194,7 @@ local function fail_safe(tbl, f, conf)
                   "(shed while the last table said local is saturated) until the runner at ",
                   attr.runner, " answers")
     local policy = route_policy(tbl, conf)
+    keyed_tenant(f, policy.tenant_header)
     local load = tbl["local"][f.model or ""] or tbl["local"][""] or decide.NO_LOAD
     local tenant = f.headers[policy.tenant_header]
     return decide.stay_local(load, policy, FAIL_SAFE, tenant ~= "" and tenant or nil, false)
@@ -210,19 +227,30 @@ local function to_cloud(ctx, spec)
                             sign.header(key, ngx.req.get_method(), target, body, ngx.time()))
 end
 
--- A tenant's in-flight count; its key is made without evicting anything (clients choose tenant
--- names, so a full dict stops counting new tenants rather than forgetting spend or caps).
-local function count_tenant(d_, key)
-    if d_:incr(key, 1) ~= nil then
-        return true
+-- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
+-- cannot both see room for the last one; decide() then reads the count as it was before.
+local function reserve_tenant(f, policy)
+    local tenant = f.headers[policy.tenant_header]
+    if tenant == nil or tenant == "" then
+        return nil
     end
-    local ok, err = d_:safe_add(key, 1)
-    if ok or (err == "exists" and d_:incr(key, 1) ~= nil) then
-        return true
+    local quota = policy.quotas[tenant] or policy.default_quota
+    if not quota.concurrency then
+        return nil
     end
-    log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight counts ",
-                  "not kept for new tenants (", err, "); make it larger")
-    return false
+    local count, err = counters.take_tenant(dict(), "tif:" .. tenant)
+    if count == nil then
+        -- Clients choose tenant names: a full dict stops counting new tenants, nothing else.
+        log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight ",
+                      "counts not kept for new tenants (", err, "); make it larger")
+        return nil
+    end
+    slot.tenant, slot.before = tenant, count - 1
+    return tenant
+end
+
+local function release_tenant(tenant)
+    counters.release_tenant(dict(), "tif:" .. tenant)
 end
 
 -- What the runner learns of this request: counted now, reported from the log phase.
@@ -238,17 +266,17 @@ local function account(ctx, d, f, tbl, policy)
         seen.cloud = true
     end
     if d.residency_kept then
+        local classification = policy and f.headers[policy.classification_header]
         report.kept_home(worker.agg, { path = ctx.var.uri, model = f.model,
-                                       classification = f.headers[policy.classification_header] })
+                                       classification = classification })
     end
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
         if (d.overflowing or false) ~= load.overflowing then
-            d_:set("hot:" .. model_key, d.overflowing or false)
+            d_:safe_set("hot:" .. model_key, d.overflowing or false)
         end
-        if d.tenant and d.target ~= decide.SHED and decide.quota_limits(policy, d.tenant) then
-            seen.tenant_counted = count_tenant(d_, "tif:" .. d.tenant)
-        end
+        seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
+                              and decide.quota_limits(policy, d.tenant)
     end
     ctx.spillway = seen
 end
@@ -262,7 +290,15 @@ function _M.rewrite(conf, ctx)
         d = fail_safe(tbl, f, conf)
     else
         policy = route_policy(tbl, conf)
+        keyed_tenant(f, policy.tenant_header)
+        local reserved = reserve_tenant(f, policy)
         d = decide_and_reserve(f, tbl, policy)
+        slot.tenant = nil
+        if reserved and d.target == decide.SHED then
+            release_tenant(reserved)
+            reserved = nil
+        end
+        ctx.spillway_slot = reserved
     end
     account(ctx, d, f, tbl, policy)
     if tbl then
@@ -303,14 +339,10 @@ function _M.log(conf, ctx)
     end
     local d_ = dict()
     if seen.cloud then
-        d_:incr("if:" .. seen.target, -1, 0)
+        counters.release(d_, "if:" .. seen.target)
     end
-    if seen.tenant_counted then
-        local key = "tif:" .. seen.tenant
-        local left = d_:incr(key, -1)
-        if left ~= nil and left <= 0 then
-            d_:delete(key)  -- clients name tenants: only those with requests in flight keep a key
-        end
+    if ctx.spillway_slot then
+        release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete
     end
     report.add(worker.agg, seen, ctx.var, ngx.status)
 end
@@ -338,7 +370,7 @@ function _M.init()
                        "nginx_config.http.custom_lua_shared_dict: {spillway: 10m} to config.yaml")
         return
     end
-    dict():add("node", ngx.worker.pid() .. "-" .. ngx.now())
+    counters.node(dict())
     if started or ngx.get_phase() ~= "init_worker" then
         return
     end

@@ -6,6 +6,7 @@ local cjson = require("cjson.safe")
 local http = require("resty.http")
 local table_mod = require("apisix.plugins.spillway.table")
 local report = require("apisix.plugins.spillway.report")
+local shared_counters = require("apisix.plugins.spillway.counters")
 
 local pairs, pcall, tostring = pairs, pcall, tostring
 
@@ -40,7 +41,7 @@ function _M.start(worker, with)
         local targets, models = tbl and tbl.targets or {}, tbl and tbl["local"] or {}
         local d_ = dict()
         return cjson.encode({
-            node = d_:get("node"),
+            node = shared_counters.node(d_),
             spent = counters("sp:", targets),
             hot = counters("hot:", models),
             fail_safe = d_:get("failsafe") or 0,
@@ -73,7 +74,7 @@ function _M.start(worker, with)
         end
         local tbl, problem = table_mod.parse(res.body)
         if not tbl then
-            dict():incr("malformed", 1, 0)
+            shared_counters.add(dict(), "malformed", 1)
             log_sometimes("malformed", "spillway: the runner's decision table is refused (", problem,
                           "); the last good one stays until it is stale")
             return
@@ -84,7 +85,7 @@ function _M.start(worker, with)
                           " (", err_set, "); make it larger")
             return
         end
-        dict():incr("version", 1, 0)
+        shared_counters.add(dict(), "version", 1)
     end
 
     local function flush()
@@ -95,7 +96,7 @@ function _M.start(worker, with)
         worker.agg = report.new()
         local res, err = post("/spillway/fast-outcomes", cjson.encode(report.body(agg)))
         if not res or res.status >= 300 then
-            dict():incr("dropped", agg.n, 0)
+            shared_counters.add(dict(), "dropped", agg.n)
             log_sometimes("flush", "spillway: outcomes of ", agg.n, " requests not delivered to ",
                           worker.attr.runner, ": ", err or ("status " .. res.status .. " " .. tostring(res.body)))
         end

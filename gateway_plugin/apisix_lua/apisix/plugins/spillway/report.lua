@@ -18,6 +18,9 @@ local AGE_BOUNDS, N_BOUNDS = _M.AGE_BOUNDS, #_M.AGE_BOUNDS
 local MAX_KEYS = 1000
 local MAX_INSTANCES = 64
 local MAX_RESIDENCY = 100
+-- Longest text reported for a request kept home (nginx takes URIs of several KB; the runner
+-- refuses an entry over 4,096 characters).
+local MAX_TEXT = 1024
 
 function _M.new()
     local ages = {}
@@ -124,9 +127,17 @@ function _M.sent_local(agg, model)
     sent[model] = (sent[model] or 0) + 1
 end
 
+local function clipped(text)
+    if type(text) == "string" and #text > MAX_TEXT then
+        return text:sub(1, MAX_TEXT)
+    end
+    return text
+end
+
 function _M.kept_home(agg, request)
     if #agg.residency < MAX_RESIDENCY then
-        agg.residency[#agg.residency + 1] = request
+        agg.residency[#agg.residency + 1] = { path = clipped(request.path), model = clipped(request.model),
+                                              classification = clipped(request.classification) }
     else
         agg.dropped = agg.dropped + 1
     end
