@@ -18,7 +18,6 @@ import json
 import multiprocessing as mp
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,7 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from harness import ROOT
 from runner_throughput import CASES, SPILLWAY_CONFIG, _client_process
+
+sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
+from devtools.redis import redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -130,41 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="JSON lines (the default when not on a terminal)")
     args = parser.parse_args(argv)
     as_json = args.json or not sys.stdout.isatty()
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed: apt-get install redis-server")
-    port, folder = _free_port(), tempfile.mkdtemp(prefix="spillway-bench-redis-")
-    redis = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            folder,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(0.5)
+    with redis_server(Path(tempfile.mkdtemp(prefix="spillway-bench-redis-"))) as server:
         for case in args.cases:
             one = None
             for workers in (1, 2):
                 print(f"[{case}, {workers} worker(s)]", file=sys.stderr, flush=True)
-                row = measure(f"redis://127.0.0.1:{port}/0", workers, case, args.concurrency, args.seconds)
+                row = measure(server.url, workers, case, args.concurrency, args.seconds)
                 one = one or row
                 row["calls_of_1_worker"] = round(row["calls_per_s"] / one["calls_per_s"], 2)
                 print(
                     json.dumps(row) if as_json else "  ".join(f"{k} {v}" for k, v in row.items()), flush=True
                 )
-    finally:
-        redis.terminate()
-        redis.wait(10)
     return 0
 
 

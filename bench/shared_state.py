@@ -20,18 +20,14 @@ import json
 import os
 import random
 import secrets
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import redis
+from harness import ROOT
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.policy import RequestFeatures, decide
@@ -41,6 +37,9 @@ from gateway_plugin.routing.shared_sync import SharedSync
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.shared_store import RedisStore
 
+sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
+from devtools.redis import redis_server
+
 os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
 PUBLIC = RequestFeatures(
     "/v2/models/m/infer", {"x-data-classification": "public", "x-tenant": "search"}, {}, "m"
@@ -48,45 +47,6 @@ PUBLIC = RequestFeatures(
 PRIVATE = RequestFeatures(
     "/v2/models/m/infer", {"x-data-classification": "pii", "x-tenant": "search"}, {}, "m"
 )
-
-
-@contextmanager
-def redis_server(folder: Path) -> Iterator[int]:
-    """Debian's redis-server on a free loopback port, no persistence; stopped on the way out."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed: apt-get install redis-server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(folder),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        client = redis.Redis(port=port, socket_timeout=1)
-        for _ in range(500):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.01)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def config(url: str | None, period_ms: int = 100) -> SpillwayConfig:
@@ -273,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="JSON lines (the default when not on a terminal)")
     args = parser.parse_args(argv)
     as_json = args.json or not sys.stdout.isatty()
-    with redis_server(Path(tempfile.mkdtemp(prefix="spillway-bench-redis-"))) as port:
+    with redis_server(Path(tempfile.mkdtemp(prefix="spillway-bench-redis-"))) as server:
+        port = server.port
         url = f"redis://127.0.0.1:{port}/0"
         print("[decision cost]", file=sys.stderr, flush=True)
         for row in decision_cost(url, args.calls):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,10 @@ import pytest
 import yaml
 
 from devtools import apisix
+from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
-from tests.support import ROOT
+from tests.support import ROOT, http, http_server_thread, wait_until
 
 EXAMPLE_CONFIG = ROOT / "examples" / "apisix" / "config.yaml"
 
@@ -78,14 +80,9 @@ def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_server_thread(Handler) as url:
+        state.url = url
         yield state
-    finally:
-        server.shutdown()
 
 
 @dataclass
@@ -129,14 +126,9 @@ def metrics_feed() -> Iterator[MetricsFeed]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    feed.url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_server_thread(Handler) as url:
+        feed.url = url + "/metrics"
         yield feed
-    finally:
-        server.shutdown()
 
 
 def example_plugins() -> list[str]:
@@ -186,3 +178,68 @@ def apisix_settings(
         "envs": ["SPILLWAY_ROUTE_TOKEN"],
     }
     return apisix.ApisixSettings(**{**defaults, **settings})
+
+
+@dataclass
+class Stack:
+    """One APISIX with a local and an "aws" upstream and the Triton metrics feed its runner scrapes."""
+
+    gateway: apisix.Apisix
+    local: Upstream
+    aws: Upstream
+    feed: MetricsFeed
+    metrics_url: str
+
+    def send(
+        self, classification: str | None = None, path: str = "/v2/models/add_sub/infer", **headers: str
+    ) -> dict[str, Any]:
+        sent = {"content-type": "application/json", **headers}
+        if classification is not None:
+            sent["x-data-classification"] = classification
+        status, answer_headers, body = http("POST", self.gateway.url + path, b"{}", sent)
+        decoded = json.loads(body) if body.startswith(b"{") else {}
+        return {**decoded, "status": status, "answer_headers": answer_headers}
+
+    def decision(self, answer: dict[str, Any]) -> str:
+        return str(answer["answer_headers"].get("x-spillway-decision", ""))
+
+    def metrics(self) -> str:
+        return http("GET", self.metrics_url)[2].decode()
+
+    def local_wait_s(self) -> float:
+        found = re.search(r'spillway_local_wait_seconds\{model="add_sub"\} ([0-9.e+-]+)', self.metrics())
+        return float(found.group(1)) if found else 0.0
+
+    def set_load(self, queue_ms: float) -> None:
+        """Triton's queue time as the runner will scrape it; wait until a public request shows it."""
+        self.feed.queue_ms = queue_ms
+        want = "aws;" if queue_ms > 200 else "local;local_ok"
+        wait_until(lambda: self.decision(self.send("public")).startswith(want), 30, f"decisions {want}")
+
+
+def stack_config(
+    local: Upstream, aws: Upstream, feed: MetricsFeed, signing_key_env: str | None = None
+) -> dict[str, Any]:
+    """spillway.yaml for a ``Stack``: one local endpoint, one "aws" target, a tiny tenant quota."""
+    return {
+        "local": {
+            "endpoints": [{"url": local.url, "metrics_url": feed.url}],
+            "latency_target_ms": 200,
+            "scrape_period_s": 0.1,
+            "stale_after_s": 1.0,
+        },
+        "targets": [
+            {
+                "name": "aws",
+                "kind": "http",
+                "url": aws.url,
+                "signing_key_env": signing_key_env,
+                "cold_start_ms": 0,
+                "concurrency_cap": 10_000,
+            }
+        ],
+        "tenants": {"quotas": {"tiny": {"requests_per_minute": 1}}},
+        "breaker": {"consecutive_failures": 3, "cooldown_s": 600},
+        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+        "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
+    }

@@ -10,17 +10,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+
+from tests.support import http_server_thread
 
 AWS_KEY, AWS_SECRET, REGION = "AKIDSPILLWAYTEST", "aws-secret-for-tests", "us-east-1"
 FC_KEY, FC_SECRET = "LTAIspillwaytest", "fc-secret-for-tests"
@@ -125,13 +126,9 @@ def cloud_fake(function_url: str) -> Iterator[CloudFake]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_server_thread(Handler) as url:
+        fake.url = url
         yield fake
-    finally:
-        server.shutdown()
 
 
 @contextmanager
@@ -170,10 +167,6 @@ def function_url_fake(function_url: str) -> Iterator[CloudFake]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_server_thread(Handler) as url:
+        fake.url = url
         yield fake
-    finally:
-        server.shutdown()

@@ -3,15 +3,12 @@ outcome path through http-logger, and what clients see."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
@@ -19,77 +16,21 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.routing.target_header import target_value
 from tests.apisix_support import (
-    MetricsFeed,
-    Upstream,
+    Stack,
     apisix_settings,
     metrics_feed,
     needs_apisix,
     spillway_route,
+    stack_config,
     upstream,
 )
-from tests.support import http, wait_until
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 AWS = target_value("aws", TOKEN)
 VAR_HOST = "var.test"
-
-
-@dataclass
-class Stack:
-    gateway: apisix.Apisix
-    local: Upstream
-    aws: Upstream
-    feed: MetricsFeed
-    metrics_url: str
-
-    def send(self, classification: str | None = None, **headers: str) -> dict[str, Any]:
-        sent = {"content-type": "application/json", **headers}
-        if classification is not None:
-            sent["x-data-classification"] = classification
-        status, answer_headers, body = http(
-            "POST", self.gateway.url + "/v2/models/add_sub/infer", b"{}", sent
-        )
-        decoded = json.loads(body) if body.startswith(b"{") else {}
-        return {**decoded, "status": status, "answer_headers": answer_headers}
-
-    def decision(self, answer: dict[str, Any]) -> str:
-        return str(answer["answer_headers"].get("x-spillway-decision", ""))
-
-    def metrics(self) -> str:
-        return http("GET", self.metrics_url)[2].decode()
-
-    def set_load(self, queue_ms: float) -> None:
-        """Triton's queue time as the runner will scrape it; wait until a public request shows it."""
-        self.feed.queue_ms = queue_ms
-        want = "aws;" if queue_ms > 200 else "local;local_ok"
-        wait_until(lambda: self.decision(self.send("public")).startswith(want), 30, f"decisions {want}")
-
-
-def base_config(local: Upstream, aws: Upstream, feed: MetricsFeed) -> dict[str, Any]:
-    return {
-        "local": {
-            "endpoints": [{"url": local.url, "metrics_url": feed.url}],
-            "latency_target_ms": 200,
-            "scrape_period_s": 0.1,
-            "stale_after_s": 1.0,
-        },
-        "targets": [
-            {
-                "name": "aws",
-                "kind": "http",
-                "url": aws.url,
-                "signing_key_env": None,
-                "cold_start_ms": 0,
-                "concurrency_cap": 10_000,
-            }
-        ],
-        "tenants": {"quotas": {"tiny": {"requests_per_minute": 1}}},
-        "breaker": {"consecutive_failures": 3, "cooldown_s": 600},
-        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
-        "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
-    }
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         feed = stack.enter_context(metrics_feed())
-        config = base_config(local, aws, feed)
+        config = stack_config(local, aws, feed)
         route = spillway_route(config)
         # A second route reads X-Spillway-Target in its own match (route vars) before the runner
         # sets it: APISIX keeps the client's value in its variable cache (apache/apisix#11325).

@@ -3,14 +3,12 @@ runner's decision table, the route made by ``fast_route``, and what clients see.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,14 +21,14 @@ from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.target_header import target_value
 from tests.apisix_support import (
-    MetricsFeed,
-    Upstream,
+    Stack,
     fast_path_settings,
     metrics_feed,
     needs_apisix,
+    stack_config,
     upstream,
 )
-from tests.support import http, wait_until
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -38,65 +36,6 @@ TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 AWS = target_value("aws", TOKEN)
 # Given to APISIX's environment only: the tests' own process keeps no signing key.
 SIGNING_KEY = "fast-path-signing-key-0123456789abcdef"
-
-
-@dataclass
-class Stack:
-    gateway: apisix.Apisix
-    local: Upstream
-    aws: Upstream
-    feed: MetricsFeed
-    metrics_url: str
-
-    def send(
-        self, classification: str | None = None, path: str = "/v2/models/add_sub/infer", **headers: str
-    ) -> dict[str, Any]:
-        sent = {"content-type": "application/json", **headers}
-        if classification is not None:
-            sent["x-data-classification"] = classification
-        status, answer_headers, body = http("POST", self.gateway.url + path, b"{}", sent)
-        decoded = json.loads(body) if body.startswith(b"{") else {}
-        return {**decoded, "status": status, "answer_headers": answer_headers}
-
-    def decision(self, answer: dict[str, Any]) -> str:
-        return str(answer["answer_headers"].get("x-spillway-decision", ""))
-
-    def metrics(self) -> str:
-        return http("GET", self.metrics_url)[2].decode()
-
-    def local_wait_s(self) -> float:
-        found = re.search(r'spillway_local_wait_seconds\{model="add_sub"\} ([0-9.e+-]+)', self.metrics())
-        return float(found.group(1)) if found else 0.0
-
-    def set_load(self, queue_ms: float) -> None:
-        self.feed.queue_ms = queue_ms
-        want = "aws;" if queue_ms > 200 else "local;local_ok"
-        wait_until(lambda: self.decision(self.send("public")).startswith(want), 30, f"decisions {want}")
-
-
-def fast_config(local: Upstream, aws: Upstream, feed: MetricsFeed) -> dict[str, Any]:
-    return {
-        "local": {
-            "endpoints": [{"url": local.url, "metrics_url": feed.url}],
-            "latency_target_ms": 200,
-            "scrape_period_s": 0.1,
-            "stale_after_s": 1.0,
-        },
-        "targets": [
-            {
-                "name": "aws",
-                "kind": "http",
-                "url": aws.url,
-                "signing_key_env": "SPILLWAY_SIGNING_KEY",
-                "cold_start_ms": 0,
-                "concurrency_cap": 10_000,
-            }
-        ],
-        "tenants": {"quotas": {"tiny": {"requests_per_minute": 1}}},
-        "breaker": {"consecutive_failures": 3, "cooldown_s": 600},
-        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
-        "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
-    }
 
 
 def routes_for(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -114,7 +53,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         feed = stack.enter_context(metrics_feed())
-        config = fast_config(local, aws, feed)
+        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
         settings = fast_path_settings(
             config,
             tmp,

@@ -13,9 +13,9 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.policy_build import build_policy
-from tests.apisix_support import fast_path_settings, metrics_feed, needs_apisix, upstream
+from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
 from tests.support import wait_until
-from tests.test_apisix_fast_path import Stack, fast_config, routes_for
+from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -29,7 +29,7 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Pa
         ali = stack.enter_context(upstream("ali"))
         feed = stack.enter_context(metrics_feed())
         feed.queue_ms = 500
-        config = fast_config(local, aws, feed)
+        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
         config["targets"][0].update(concurrency_cap=2, signing_key_env=None)
         config["targets"].append(
             {**config["targets"][0], "name": "ali", "url": ali.url, "concurrency_cap": 100}
@@ -55,7 +55,7 @@ def test_a_tenants_concurrency_quota_holds_and_its_counter_goes_when_idle(tmp_pa
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws"))
         feed = stack.enter_context(metrics_feed())
-        config = fast_config(local, aws, feed)
+        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
         config["tenants"] = {"quotas": {"t1": {"concurrency": 2}}}
         settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
         gateway = stack.enter_context(apisix.running(settings))
@@ -81,7 +81,7 @@ def test_an_overlong_tenant_name_or_uri_costs_no_other_outcome_and_the_tenant_ke
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws"))
         feed = stack.enter_context(metrics_feed())
-        config = fast_config(local, aws, feed)
+        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
         config["tenants"] = {"default": {"requests_per_minute": 2}}
         settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=1)
         gateway = stack.enter_context(apisix.running(settings))
@@ -110,7 +110,7 @@ def test_a_tenants_concurrency_slot_is_taken_atomically_across_workers(tmp_path:
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws"))
         feed = stack.enter_context(metrics_feed())
-        config = fast_config(local, aws, feed)
+        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
         config["tenants"] = {"quotas": {"t1": {"concurrency": 1}}}
         settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
         gateway = stack.enter_context(apisix.running(settings))

@@ -13,9 +13,8 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, upstream
+from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, stack_config, upstream
 from tests.support import http, wait_until
-from tests.test_apisix import base_config
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -28,7 +27,7 @@ def test_lifecycle_respawn_token_expiry_and_quit(tmp_path: Path) -> None:
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws"))
         feed = stack.enter_context(metrics_feed())
-        config = base_config(local, aws, feed)
+        config = stack_config(local, aws, feed)
         config["runner"] = {"conf_ttl_s": 1.0}
         gateway = apisix.Apisix(apisix_settings(config, tmp_path, free_port()))
         gateway.start()

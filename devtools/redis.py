@@ -1,0 +1,77 @@
+"""A real ``redis-server`` (Debian's package) on a free loopback port, no persistence: for the
+shared-state tests and benchmarks."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from functions.sidecar import free_port
+
+REDIS_SERVER = shutil.which("redis-server")
+INSTALL_HINT = (
+    "redis-server is not installed (apt-get install redis-server; scripts/setup.sh does it as root)"
+)
+
+
+def answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One server process; ``stop`` kills it (as a crash would), ``start`` brings it back empty."""
+
+    def __init__(self, folder: Path, port: int | None = None) -> None:
+        self.folder, self.port = folder, port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        if REDIS_SERVER is None:
+            raise RuntimeError(INSTALL_HINT)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        log = self.folder / "redis.log"
+        self.proc = subprocess.Popen(
+            [
+                REDIS_SERVER,
+                *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)),
+                *("--save", "", "--appendonly", "no", "--protected-mode", "yes", "--logfile", str(log)),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not answers(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = log.read_text()[-2000:] if log.exists() else ""
+                raise RuntimeError(f"redis-server did not answer on port {self.port}: {tail}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@contextmanager
+def redis_server(folder: Path) -> Iterator[RedisServer]:
+    server = RedisServer(folder)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
