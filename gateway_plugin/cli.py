@@ -70,10 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     lua = sub.add_parser(
         "apisix-lua-path",
-        help="print the directory to name in APISIX's extra_lua_path (the fast path's plugin)",
-        description="Print the directory holding apisix/plugins/spillway.lua, the fast path's Lua plugin "
-        'shipped with this package. In APISIX\'s config.yaml: apisix.extra_lua_path: "<dir>/?.lua", '
-        "'spillway' in plugins, nginx_config.http.custom_lua_shared_dict: {spillway: 10m}, the route "
+        help="print the directory to name in APISIX's extra_lua_path (Spillway's Lua plugins)",
+        description="Print the directory holding Spillway's Lua plugins shipped with this package: "
+        "apisix/plugins/spillway.lua (the fast path) and spillway-edge.lua (the ext-plugin route's "
+        'edge; both routes need it). In APISIX\'s config.yaml: apisix.extra_lua_path: "<dir>/?.lua", '
+        "'spillway' and 'spillway-edge' in plugins, nginx_config.http.custom_lua_shared_dict: "
+        "{spillway: 10m}, the route "
         "token's variable in nginx_config.envs, and plugin_attr.spillway.runner set to the runner's "
         "outcomes.listen. --config prints that whole config.yaml excerpt instead.",
     )

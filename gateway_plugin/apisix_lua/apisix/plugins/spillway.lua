@@ -19,6 +19,7 @@ local sign = require("apisix.plugins.spillway.sign")
 local report = require("apisix.plugins.spillway.report")
 local link = require("apisix.plugins.spillway.link")
 local counters = require("apisix.plugins.spillway.counters")
+local edge = require("apisix.plugins.spillway.edge")
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -26,7 +27,6 @@ local tostring = tostring
 
 local plugin_name = "spillway"
 local DICT = "spillway"
-local TARGET_HEADER = "X-Spillway-Target"
 local SIGNATURE_HEADER = "X-Spillway-Signature"
 local FAIL_SAFE = "table_stale"
 local LOG_EVERY_S = 10
@@ -210,12 +210,13 @@ local function signing_key(env)
     return key
 end
 
-local function to_cloud(ctx, spec)
-    core.request.set_header(ctx, TARGET_HEADER, spec.value)
-    core.request.set_header(ctx, "Authorization", nil)
+-- traffic-split matches the target's value in the request's context; only the headers the
+-- target may receive go with it.
+local function to_cloud(ctx, spec, raw)
+    ctx.spillway_upstream = spec.value
+    edge.forward_only(raw, spec.forward_set)
     local key = spec.key_env and signing_key(spec.key_env) or ""
     if key == "" then
-        core.request.set_header(ctx, SIGNATURE_HEADER, nil)
         return
     end
     local target = sign.canonical_target(ctx.var.uri, core.request.get_uri_args(ctx))
@@ -282,14 +283,25 @@ local function account(ctx, d, f, tbl, policy)
 end
 
 function _M.rewrite(conf, ctx)
+    local raw, path, odd = edge.admit(ctx)
+    if not raw then
+        return path, { error = odd }
+    end
     local tbl = current()
-    local f = decide.features(ctx.var.uri, core.request.headers(ctx), core.request.get_uri_args, ctx,
-                              sign.normalise_path)
-    local d, policy
+    local policy
+    if tbl then
+        policy = route_policy(tbl, conf)
+        local status, why = edge.settle(ctx, raw, odd, policy.read, policy.tenant_header)
+        if status then
+            return status, { error = why }
+        end
+    end
+    local f = decide.features(path, raw, core.request.get_uri_args, ctx)
+    local d
     if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
         d = fail_safe(tbl, f, conf)
+        policy = nil
     else
-        policy = route_policy(tbl, conf)
         keyed_tenant(f, policy.tenant_header)
         local reserved = reserve_tenant(f, policy)
         d = decide_and_reserve(f, tbl, policy)
@@ -309,20 +321,13 @@ function _M.rewrite(conf, ctx)
         return d.status, { error = "overloaded (" .. ctx.spillway.label .. "); retry after "
                                    .. d.retry_after_s .. " s" }
     end
+    edge.pin_path(ctx)
     if d.target == decide.LOCAL then
-        -- Only a client's own values need replacing: without the header traffic-split stays local.
-        local raw = core.request.headers(ctx)
-        if raw["x-spillway-target"] ~= nil then
-            core.request.set_header(ctx, TARGET_HEADER, decide.LOCAL)
-        end
-        if raw["x-spillway-signature"] ~= nil then
-            core.request.set_header(ctx, SIGNATURE_HEADER, nil)
-        end
         return
     end
     local spec = tbl.targets[d.target]
     ctx.spillway.value = spec.value
-    to_cloud(ctx, spec)
+    to_cloud(ctx, spec, raw)
 end
 
 function _M.header_filter(conf, ctx)
