@@ -11,8 +11,6 @@
 -- never a cloud decision from stale data.
 
 local core = require("apisix.core")
-local plugin = require("apisix.plugin")
-local hmac = require("resty.hmac")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
@@ -43,19 +41,6 @@ local schema = {
                          description = "nothing on this route may leave the premises" },
     },
     additionalProperties = false,
-}
-
-local attr_schema = {
-    type = "object",
-    properties = {
-        runner = { type = "string", default = "127.0.0.1:9092",
-                   description = "host:port of the runner's outcome endpoint (outcomes.listen)" },
-        token_env = { type = "string", default = "SPILLWAY_ROUTE_TOKEN" },
-        fetch_interval_s = { type = "number", minimum = 0.01, maximum = 1, default = 0.05 },
-        stale_after_s = { type = "number", exclusiveMinimum = 0, default = 1 },
-        timeout_s = { type = "number", exclusiveMinimum = 0, default = 0.5 },
-        batch_s = { type = "number", minimum = 0.05, maximum = 60, default = 0.2 },
-    },
 }
 
 local _M = {
@@ -355,27 +340,18 @@ end
 local started = false
 
 function _M.init()
-    local attr = core.table.deepcopy(plugin.plugin_attr(plugin_name) or {})
-    local ok, err = core.schema.check(attr_schema, attr)
-    if not ok then
-        core.log.error("spillway: plugin_attr.spillway is invalid: ", err)
+    local attr, auth = link.settings()
+    if not attr then
         return
     end
-    worker.attr = attr
-    local token = os.getenv(attr.token_env) or ""
-    if #token < 16 then
-        core.log.error("spillway: ", attr.token_env, " must hold the route token (at least 16 ",
-                       "characters; nginx_config.envs must name it); without it no table is fetched ",
-                       "and every request stays local")
-    end
-    local mac = hmac:new(token, hmac.ALGOS.SHA256):final("spillway-outcomes", true)
-    worker.auth = "Spillway " .. mac:sub(1, 32)
+    worker.attr, worker.auth = attr, auth
     if ngx.shared[DICT] == nil then
         core.log.error("spillway: no lua_shared_dict named ", DICT, "; add ",
                        "nginx_config.http.custom_lua_shared_dict: {spillway: 10m} to config.yaml")
         return
     end
     counters.node(dict())
+    link.watch(attr, auth, dict())
     if started or ngx.get_phase() ~= "init_worker" then
         return
     end
