@@ -18,6 +18,7 @@ import httptools
 
 from functions.http_body import BodyReader
 from functions.http_deadline import Deadline
+from functions.http_head import HeadMeter
 from functions.http_types import (
     Body,
     Request,
@@ -82,7 +83,7 @@ class _HttpConnection(asyncio.BufferedProtocol):
         self._discarding = False
         self._counted = False
         self._reading: str | None = None
-        self._head_bytes = 0
+        self._head = HeadMeter(server.limits.max_header_bytes)
         self._begun = 0
         self._deadline = Deadline(self._loop, server.tick_s, self._expire)
         self._paused = False
@@ -153,26 +154,22 @@ class _HttpConnection(asyncio.BufferedProtocol):
             self._complete(self._method, self._keep_alive)
 
     def data_received(self, data: bytes | memoryview) -> None:
-        """Feed the parser; a head still incomplete after ``max_header_bytes`` is refused.
-
-        Bytes are counted from the first read after the one where a head began, so a head is cut
-        at most one read (64 KiB) past the limit.
-        """
-        if self._discarding:
-            return
-        if self._reading == "head":
-            room = self._limits.max_header_bytes - self._head_bytes
-            if len(data) > room:
-                began = self._begun
-                self._feed(data[:room])
-                if self._reading == "head" and self._begun == began:
-                    limit = self._limits.max_header_bytes
-                    self._refuse(431, f"request line and headers exceed {limit} bytes")
-                    return
-                data = data[room:]
+        """Feed the parser a head up to its blank line, a body framed by Content-Length up to its
+        end and a chunked one in pieces no longer than a head may be, so that each head is counted
+        from its first byte whatever the reads hold (one that both begins and ends in a piece of a
+        chunked body is shorter than the piece); a head that takes ``max_header_bytes`` without
+        ending is refused."""
+        limit = self._limits.max_header_bytes
+        while data and not self._discarding:
+            if self._reading == "body":
+                size = max(1, self._expect - self._size) if self._expect >= 0 else limit
             else:
-                self._head_bytes += len(data)
-        self._feed(data)
+                size = self._head.next_piece(data, self._reading == "head")
+            piece, data = data[:size], data[size:]
+            began = self._begun
+            self._feed(piece)
+            if self._reading == "head" and not self._head.took(piece, self._begun != began):
+                self._refuse(431, f"request line and headers exceed {limit} bytes")
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self._discarding or not data:
@@ -190,7 +187,6 @@ class _HttpConnection(asyncio.BufferedProtocol):
     def on_message_begin(self) -> None:
         self._reset()
         self._reading = "head"
-        self._head_bytes = 0
         self._begun += 1
         self._arm(self._limits.header_timeout_s, 408, "request headers not received")
 

@@ -2,22 +2,8 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 from gateway_plugin.config import SpillwayConfig
-
-MASK = "***"
-
-
-def masked_url(url: str) -> str:
-    """A URL fit to print: no password in the user part, no query values (they may be tokens)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        netloc = f"{user.split(':', 1)[0]}:{MASK}@{host}"
-    query = "&".join(f"{pair.split('=', 1)[0]}={MASK}" for pair in parts.query.split("&") if pair)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+from gateway_plugin.targets.urls import masked_url
 
 
 def explain(config: SpillwayConfig) -> str:

@@ -120,6 +120,43 @@ def test_too_many_headers_get_431() -> None:
     assert _run(go()) == [431]
 
 
+def _head(size: int) -> bytes:
+    """A GET whose request line and headers are exactly ``size`` bytes, blank line included."""
+    head = b"GET /h HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: \r\n\r\n"
+    return head.replace(b"X-Pad: ", b"X-Pad: " + b"a" * (size - len(head)))
+
+
+BEFORE = {
+    "nothing": b"",
+    "empty lines": b"\r\n\r\n\r\n",
+    "a request": b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a body": b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\nbody\r\n\r\nbody",
+    "a chunked body": (
+        b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("pieces", [1, 1000], ids=["one write", "byte by byte"])
+@pytest.mark.parametrize("before", BEFORE)
+@pytest.mark.parametrize(("size", "answer"), [(1024, 200), (1025, 431)], ids=["at the limit", "past it"])
+def test_a_head_is_counted_from_its_first_byte_whatever_shares_its_reads(
+    before: str, size: int, answer: int, pieces: int
+) -> None:
+    async def go() -> list[int]:
+        async with _server(HttpLimits(max_header_bytes=1024)) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            sent = BEFORE[before] + _head(size)
+            step = max(1, len(sent) // pieces)
+            for start in range(0, len(sent), step):
+                writer.write(sent[start : start + step])
+                await writer.drain()
+            return await _answers_until_closed(reader)
+
+    earlier = [] if before in ("nothing", "empty lines") else [200]
+    assert _run(go()) == [*earlier, answer]
+
+
 @pytest.mark.parametrize(
     ("sent", "expected"),
     [

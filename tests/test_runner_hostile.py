@@ -335,9 +335,9 @@ def test_check_config_never_prints_credentials(tmp_path: Path) -> None:
     endpoint = {"url": "http://triton:8000", "metrics_url": "http://admin:s3cret@triton:8002/metrics?k=key9"}
     result = _check_config(tmp_path, {"targets": [target], "local": {"endpoints": [endpoint]}})
     assert result.returncode == 0, result.stderr
-    for secret in ("pa55word", "t0ken", "s3cret", "key9"):
+    for secret in ("deploy", "pa55word", "t0ken", "s3cret", "key9"):
         assert secret not in result.stdout
-    assert "https://deploy:***@fn.example/v2?token=***&x=***" in result.stdout
+    assert "https://***@fn.example/v2?token=***&x=***" in result.stdout
 
 
 @pytest.mark.parametrize(

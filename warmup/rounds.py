@@ -13,11 +13,12 @@ import requests
 
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
 from gateway_plugin.costs import monthly_warm_cost_usd
+from gateway_plugin.targets.urls import masked_url
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, failed_target, warm_target
 from warmup.sizing import wanted
-from warmup.transports import PingFailed, transport_for
+from warmup.transports import PingFailed, describe, transport_for
 
 log = logging.getLogger("spillway.warmup")
 
@@ -48,7 +49,12 @@ def measured_rates(config: SpillwayConfig) -> dict[str, float | None]:
         try:
             rates[name] = overflow_rates(spec.adaptive.metrics_url, spec.adaptive.sample_s).get(name, 0.0)
         except requests.RequestException as exc:
-            log.warning("cannot read the gateway's metrics for %s (%s); sizing from the schedule", name, exc)
+            log.warning(
+                "cannot read the gateway's metrics at %s for %s (%s); sizing from the schedule",
+                masked_url(spec.adaptive.metrics_url),
+                name,
+                describe(exc),
+            )
             rates[name] = None
     return rates
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 import requests
@@ -10,6 +11,9 @@ from pydantic import ValidationError
 from functions.contract import WARMUP_PATH, WarmupReport
 from gateway_plugin.config import Target
 from gateway_plugin.targets.signing import TargetSigner
+from gateway_plugin.targets.urls import masked_url, redirect_refused, url_secrets
+
+_PREVIEW_CHARS = 200
 
 
 class PingFailed(Exception):
@@ -20,24 +24,61 @@ class Transport(Protocol):
     def ping(self, payload: str, timeout_s: float) -> WarmupReport: ...
 
 
-def parse_report(raw: bytes | str, where: str) -> WarmupReport:
+def _preview(raw: bytes | str, private: Collection[str] = ()) -> str:
+    """The start of what a target answered, for the error; withheld when it repeats anything of the
+    request that is not for printing (a server may echo the URL, the query or the headers)."""
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+    if any(secret in text for secret in private):
+        return "(its body is not shown: it repeats the request's credentials)"
+    return repr(text[:_PREVIEW_CHARS].strip())
+
+
+def parse_report(raw: bytes | str, where: str, private: Collection[str] = ()) -> WarmupReport:
     try:
         return WarmupReport.model_validate_json(raw)
     except ValidationError as exc:
-        preview = (raw[:200] if isinstance(raw, str) else raw[:200].decode("utf-8", "replace")).strip()
         raise PingFailed(
-            f"{where} answered with something other than a warm-up report: {preview!r} "
+            f"{where} answered with something other than a warm-up report: {_preview(raw, private)} "
             f"({exc.errors()[0]['msg']})"
         ) from None
 
 
+def describe(exc: requests.RequestException, timeout_s: float | None = None) -> str:
+    """What failed, in words of our own: ``requests``' messages repeat the URL, query and all."""
+    within = f" within {timeout_s:g} s" if timeout_s is not None else " in time"
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"timed out: no connection{within}"
+    if isinstance(exc, requests.Timeout):
+        return f"timed out: no answer{within}"
+    cause = _os_error(exc)
+    reason = f" ({cause.strerror})" if cause is not None else ""
+    if isinstance(exc, requests.ConnectionError):
+        return f"cannot connect{reason}"
+    return f"{type(exc).__name__}{reason}"
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The system's own error under a library's wrappers (``Connection refused``, a DNS failure)."""
+    seen: set[int] = set()
+    current: object = exc
+    while isinstance(current, BaseException) and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current
+        current = current.__cause__ or current.__context__ or getattr(current, "reason", None)
+    return None
+
+
 class HttpTransport:
-    """POST {url}/spillway/warmup, signed like every gateway request."""
+    """POST {url}/spillway/warmup, signed like every gateway request, and to that origin only."""
 
     def __init__(self, target: Target, session: requests.Session) -> None:
         self.url = (target.url or "").rstrip("/") + WARMUP_PATH
+        self.shown = masked_url(self.url)
         self.signer = TargetSigner(target)
         self.session = session
+        key = [self.signer.key.decode()] if self.signer.key else []
+        self.private = frozenset([*url_secrets(target.url or ""), *key])
 
     def ping(self, payload: str, timeout_s: float) -> WarmupReport:
         body = payload.encode()
@@ -46,12 +87,22 @@ class HttpTransport:
         if signature is not None:
             headers["x-spillway-signature"] = signature
         try:
-            answer = self.session.post(self.url, data=body, headers=headers, timeout=timeout_s)
+            answer = self.session.post(
+                self.url, data=body, headers=headers, timeout=timeout_s, allow_redirects=False
+            )
         except requests.RequestException as exc:
-            raise PingFailed(f"{self.url}: {exc}") from None
+            raise PingFailed(f"{self.shown}: {describe(exc, timeout_s)}") from None
+        if 300 <= answer.status_code < 400:
+            raise PingFailed(
+                redirect_refused(answer.status_code, answer.headers.get("location"), self.url)
+                + "; set the target's url to the URL that answers without a redirect"
+            )
+        sent = answer.request.headers
+        private = self.private | {sent.get(h, "") for h in ("authorization", "x-spillway-signature")} - {""}
         if answer.status_code != 200:
-            raise PingFailed(f"{self.url} answered {answer.status_code}: {answer.text[:200]}")
-        return parse_report(answer.content, self.url)
+            shown = _preview(answer.content, private)
+            raise PingFailed(f"{self.shown} answered {answer.status_code}: {shown}")
+        return parse_report(answer.content, self.shown, private)
 
 
 class InvokeTransport:

@@ -6,9 +6,46 @@ import os
 from typing import Any
 
 import fc2
+import fc2.client
+import requests
 
 from gateway_plugin.config import Target
 from gateway_plugin.targets.invoke import InvokeFailed
+from gateway_plugin.targets.urls import redirect_refused
+
+
+class _Client(fc2.Client):  # type: ignore[misc]  # fc2 has no type hints
+    """fc2's client, sending as fc2 does (its connection retries included) but following no redirect
+    and logging nothing: fc2 lets ``requests`` follow a redirect, which re-sends the invocation's
+    body and its ``x-fc-*`` headers, the security token among them, to wherever ``Location`` points;
+    and it logs a failed request's headers, the token with them."""
+
+    def _do_request(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        params: dict[str, str] | None = None,
+        body: bytes | None = None,
+    ) -> requests.Response:
+        url = f"{self.endpoint}{path}"
+        answer: requests.Response = fc2.client.requestWithTry(
+            method,
+            url,
+            headers=headers,
+            params=params,
+            data=body,
+            timeout=self.timeout,
+            allow_redirects=False,
+        )
+        if 300 <= answer.status_code < 400:
+            raise InvokeFailed(
+                redirect_refused(answer.status_code, answer.headers.get("location"), url)
+                + "; set the target's region or endpoint_url to FC's own endpoint"
+            )
+        if answer.status_code >= 400:
+            raise self._Client__gen_request_err(answer)
+        return answer
 
 
 class FcInvoker:
@@ -16,7 +53,7 @@ class FcInvoker:
         self.service = target.service_name or ""
         self.function_name = target.function_name or ""
         self.qualifier = target.qualifier
-        self._client = client or fc2.Client(
+        self._client = client or _Client(
             endpoint=target.endpoint_url
             or f"https://{os.environ.get('ALIBABA_CLOUD_ACCOUNT_ID', '')}.{target.region}.fc.aliyuncs.com",
             accessKeyID=os.environ.get("ALIBABA_CLOUD_ACCESS_KEY_ID", ""),
