@@ -44,10 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     route = sub.add_parser(
         "apisix-route",
         help="print the APISIX route that puts Spillway in front of the cluster",
-        description="Print the route, made from spillway.yaml: ext-plugin-pre-req runs the runner; "
-        "traffic-split sends each decision to its upstream, matching X-Spillway-Target values that carry "
-        "a MAC under the route token (clients cannot forge them); http-logger reports each outcome to "
-        "the runner. JSON is the Admin API's route object (PUT /apisix/admin/routes/<id>); yaml is "
+        description="Print the route, made from spillway.yaml: spillway-edge reads each request once "
+        "(see apisix-lua-path); ext-plugin-pre-req runs the runner; traffic-split sends each decision to "
+        "its upstream, matching the spillway_upstream variable the edge sets from the runner's decision "
+        "(no client can write it); http-logger reports each outcome to the runner. JSON is the Admin API's route object (PUT /apisix/admin/routes/<id>); yaml is "
         "standalone mode's conf/apisix.yaml. Needs the route token in the environment variable the "
         "config names (runner.route_token_env).",
     )

@@ -1,9 +1,10 @@
 """``spillway``: the routing plugin. Turns each APISIX call into a decision and acts on it.
 
-Request filter: features from the call → snapshot from the live state → ``policy.decide`` →
-``X-Spillway-Target`` (and a signature) for APISIX's traffic-split, a Stop carrying the function's
-answer in invoke mode, or a Stop with 429/503 and Retry-After when shedding. The client's own
-``X-Spillway-Target`` never survives: every request leaves with the gateway's decision.
+Request filter: one reading of the request (``request_reading``; 400 when none is possible) →
+features → snapshot from the live state → ``policy.decide`` → ``X-Spillway-Target`` (and a
+signature, and only the headers the target may receive) for the route's edge to hand to APISIX's
+traffic-split, a Stop carrying the function's answer in invoke mode, or a Stop with 429/503 and
+Retry-After when shedding. No spelling of the client's own ``X-Spillway-*`` survives.
 What happened afterwards comes back from the route's http-logger (``routing.outcomes``).
 """
 

@@ -2,9 +2,10 @@
 --
 -- The runner (still APISIX's ext-plugin.cmd) is the brain: it compiles the policy and everything
 -- load-aware into a decision table, which one worker fetches every fetch_interval_s into the
--- "spillway" shared dict. Per request this plugin does only what must be per request: residency,
--- rules, the model, the table lookup, in-flight counts against caps and spend against budgets
--- (shared-dict counters), then X-Spillway-Target (the MAC'd value traffic-split matches), the
+-- "spillway" shared dict. Per request this plugin does only what must be per request: one reading
+-- of the request (spillway/edge.lua), residency, rules, the model, the table lookup, in-flight
+-- counts against caps and spend against budgets (shared-dict counters), then the spillway_upstream
+-- variable (the MAC'd value traffic-split matches), only the headers the target may receive, the
 -- signature when the target wants one, and X-Spillway-Decision on the answer. Outcomes go back
 -- to the runner in batches from the log phase. A table older than stale_after_s, missing or
 -- malformed makes every request local (shed when the last good table said local is saturated):
