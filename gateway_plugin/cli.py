@@ -47,8 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the route, made from spillway.yaml: spillway-edge reads each request once "
         "(see apisix-lua-path); ext-plugin-pre-req runs the runner; traffic-split sends each decision to "
         "its upstream, matching the spillway_upstream variable the edge sets from the runner's decision "
-        "(no client can write it); http-logger reports each outcome to the runner. JSON is the Admin API's route object (PUT /apisix/admin/routes/<id>); yaml is "
-        "standalone mode's conf/apisix.yaml. Needs the route token in the environment variable the "
+        "(no client can write it); http-logger reports each outcome to the runner. JSON is the Admin "
+        "API's route object (PUT /apisix/admin/routes/<id>); yaml is standalone mode's conf/apisix.yaml. "
+        "Needs the route token in the environment variable the "
         "config names (runner.route_token_env).",
     )
     route.add_argument("--config", type=Path, required=True, help="spillway.yaml")
