@@ -33,8 +33,7 @@ from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.target_header import target_value
 from tests.apisix_support import (
-    MetricsFeed,
-    Upstream,
+    Stack,
     fast_path_settings,
     metrics_feed,
     needs_apisix,
@@ -75,18 +74,13 @@ class Answer:
         return [(k.lower(), v) for k, v in self.body.get("header_list", [])]
 
 
-@dataclass
-class Edge:
-    gateway: apisix.Apisix
-    local: Upstream
-    aws: Upstream
-    feed: MetricsFeed
-    metrics_url: str
+class Edge(Stack):
+    """A ``Stack`` whose requests are sent byte for byte, to either path (by Host)."""
 
-    def send(
+    def raw(
         self, host: str, path: str = INFER, headers: Sequence[tuple[str, str]] = (), body: bytes = b"{}"
     ) -> Answer:
-        """Byte for byte: the path as given, every header in the spelling and order given."""
+        """The path as given, every header in the spelling and order given."""
         conn = http.client.HTTPConnection("127.0.0.1", int(self.gateway.url.rsplit(":", 1)[1]), timeout=30)
         try:
             conn.putrequest("POST", path, skip_host=True, skip_accept_encoding=True)
@@ -109,15 +103,7 @@ class Edge:
             wait_until(functools.partial(self.spills, host), 30, f"{host} spilling")
 
     def spills(self, host: str) -> bool:
-        return self.send(host, headers=[("X-Data-Classification", "public")]).upstream == "aws"
-
-    def metrics(self) -> str:
-        conn = http.client.HTTPConnection(self.metrics_url.split("/")[2], timeout=10)
-        try:
-            conn.request("GET", "/metrics")
-            return conn.getresponse().read().decode()
-        finally:
-            conn.close()
+        return self.raw(host, headers=[("X-Data-Classification", "public")]).upstream == "aws"
 
 
 def routes(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -189,7 +175,7 @@ def test_a_clients_target_header_in_any_spelling_never_picks_the_cloud(edge: Edg
                 headers = [(spelling, value)]
                 if classification:
                     headers.append(("X-Data-Classification", classification))
-                answer = edge.send(host, headers=headers)
+                answer = edge.raw(host, headers=headers)
                 assert (answer.status, answer.upstream) == (200, "local"), (host, headers, answer)
                 assert not _own_headers_seen(answer), answer.seen()
 
@@ -200,9 +186,7 @@ def test_the_cloud_never_receives_the_decision_and_a_worker_header_never_leaves(
 ) -> None:
     """The target's value selected the upstream from the request's context; it is not a header a
     spilled request carries (before: every spilled request handed the static MAC'd value out)."""
-    answer = edge.send(
-        host, headers=[("X-Data-Classification", "public"), ("X_Spillway_Worker", "123456789")]
-    )
+    answer = edge.raw(host, headers=[("X-Data-Classification", "public"), ("X_Spillway_Worker", "123456789")])
     assert answer.upstream == "aws", answer
     assert not _own_headers_seen(answer), answer.seen()
     assert dict(answer.seen())["x-spillway-signature"].startswith("t=")
@@ -224,7 +208,7 @@ def test_a_label_sent_twice_reads_as_the_stricter_at_every_layer(
     """Before: ``X_Data_Classification: confidential`` + ``X-Data-Classification: public`` went to the
     cloud while nginx's own variable read ``confidential``. Now every layer reads one value, all
     labels joined, which is no single allowed class: the request stays home."""
-    answer = edge.send(host, headers=labels)
+    answer = edge.raw(host, headers=labels)
     assert answer.upstream == "local" and answer.headers["x-spillway-decision"] == "local;residency", answer
     seen = [v for k, v in answer.seen() if k.replace("_", "-") == "x-data-classification"]
     assert len(seen) == 1 and seen[0] == ", ".join(sorted_values(labels)), answer.seen()
@@ -255,7 +239,7 @@ def test_a_path_encoded_twice_is_refused_before_any_route_or_rule_reads_it(
     signature and the function decoded up to four more times: the cloud served the on-prem-only
     model with a valid signature."""
     before = len(edge.aws.seen)
-    answer = edge.send(host, path=path, headers=[("X-Data-Classification", "public")])
+    answer = edge.raw(host, path=path, headers=[("X-Data-Classification", "public")])
     assert answer.status == 400 and "more than once" in answer.body["error"], answer
     assert len(edge.aws.seen) == before
 
@@ -264,7 +248,7 @@ def test_a_path_encoded_twice_is_refused_before_any_route_or_rule_reads_it(
 def test_a_path_encoded_once_is_matched_as_nginx_decodes_it(edge: Edge, host: str) -> None:
     """One encoding is the ordinary case: the route for the decoded path applies (on-prem only)."""
     for path in ("/v2/models/secre%74/infer", "/v2/models/%73ecret/./infer", "//v2/models/secret/infer"):
-        answer = edge.send(host, path=path, headers=[("X-Data-Classification", "public")])
+        answer = edge.raw(host, path=path, headers=[("X-Data-Classification", "public")])
         assert answer.upstream == "local" and answer.headers["x-spillway-decision"] == "local;residency", (
             answer
         )
@@ -280,9 +264,9 @@ def test_a_tenant_named_twice_differently_is_refused(edge: Edge, host: str) -> N
         [("X_Tenant", "alice"), ("X-Tenant", "bob")],
         [("x-tenant", "alice"), ("X-TENANT", "Alice"), ("X-Data-Classification", "public")],
     ):
-        answer = edge.send(host, headers=headers)
+        answer = edge.raw(host, headers=headers)
         assert answer.status == 400 and "different values" in answer.body["error"], (headers, answer)
-    same = edge.send(host, headers=[("X-Tenant", "carol"), ("X_Tenant", "carol")])
+    same = edge.raw(host, headers=[("X-Tenant", "carol"), ("X_Tenant", "carol")])
     assert same.status == 200, same
     assert [v for k, v in same.seen() if k.replace("_", "-") == "x-tenant"] == ["carol"], same.seen()
 
@@ -306,7 +290,7 @@ def test_only_what_inference_needs_reaches_a_cloud_function(edge: Edge, host: st
         ("X-Trace-Id", "abc"),
         ("Accept", "application/json"),
     ]
-    answer = edge.send(host, headers=credentials + needed)
+    answer = edge.raw(host, headers=credentials + needed)
     assert answer.upstream == "aws", answer
     seen = dict(answer.seen())
     allowed = {
@@ -323,7 +307,7 @@ def test_only_what_inference_needs_reaches_a_cloud_function(edge: Edge, host: st
     assert seen["x-forwarded-for"] == "127.0.0.1", (
         "the client's value does not travel; APISIX adds the peer's"
     )
-    local = edge.send(host, headers=credentials)
+    local = edge.raw(host, headers=credentials)
     assert local.upstream == "local" and dict(local.seen())["cookie"] == "session=s3cret", (
         "on-prem keeps them"
     )
@@ -334,15 +318,15 @@ def test_more_header_fields_than_the_runner_is_given_are_refused(edge: Edge, hos
     """APISIX hands the runner at most 100 headers; a classification hidden after 100 others would
     be read by nginx and not by the decision."""
     filler = [(f"X-Filler-{i}", "x") for i in range(100)]
-    answer = edge.send(host, headers=[*filler, ("X-Data-Classification", "public")])
+    answer = edge.raw(host, headers=[*filler, ("X-Data-Classification", "public")])
     assert answer.status == 431, answer
-    assert edge.send(host, headers=filler[:90]).status == 200
+    assert edge.raw(host, headers=filler[:90]).status == 200
 
 
 @pytest.mark.parametrize("host", PATHS)
 def test_an_underscore_spelling_of_a_framing_header_is_refused(edge: Edge, host: str) -> None:
     for name in ("Content_Length", "transfer_encoding"):
-        answer = edge.send(host, headers=[(name, "5"), ("X-Data-Classification", "public")])
+        answer = edge.raw(host, headers=[(name, "5"), ("X-Data-Classification", "public")])
         assert answer.status == 400 and "frames the body" in answer.body["error"], answer
 
 
@@ -432,7 +416,7 @@ def test_generated_spellings_and_encodings_keep_residency_and_reach_the_predicte
     headers = [*request["labels"], *request["own"]]
     want = predicted(request)
     for host in PATHS:
-        answer = edge.send(host, path=request["path"], headers=headers)
+        answer = edge.raw(host, path=request["path"], headers=headers)
         assert (answer.status, answer.upstream) == want, (host, request, answer)
         if answer.upstream is None:
             continue
@@ -452,7 +436,7 @@ def test_a_clients_worker_header_cannot_lose_the_outcomes_that_open_a_breaker(ed
     edge.aws.status = 503
     try:
         for _ in range(3):
-            answer = edge.send(
+            answer = edge.raw(
                 EXT, headers=[("X-Data-Classification", "public"), ("X-Spillway-Worker", "123456789")]
             )
             assert answer.upstream == "aws" and answer.status == 503, answer
