@@ -31,6 +31,7 @@ from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.routing.outcomes import HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.tenants import tenant_key
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
 
 log = logging.getLogger("spillway.plugin")
@@ -111,7 +112,12 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
         )
         policy = self.policy_for(conf)
-        snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
+        tenant = headers.get(policy.tenant_header) or None
+        if tenant is not None and tenant != (key := tenant_key(tenant)):
+            # The policy and the books see the bounded key, as the fast path's plugin keys it.
+            tenant = key
+            features = features._replace(headers={**headers, policy.tenant_header: key})
+        snapshot = self.state.snapshot(tenant, model)
         decision = decide(features, snapshot, policy)
         seen = None
         if decision.residency_kept:
