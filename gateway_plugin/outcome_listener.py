@@ -25,8 +25,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway_plugin.routing.fast_path import FastOutcomes, FastPathReport
-from gateway_plugin.routing.outcomes import Outcome, parse_batch
+from gateway_plugin.routing.fast_path import FastPathReport
+from gateway_plugin.routing.fast_summary import FastOutcomes
+from gateway_plugin.routing.metrics import Sometimes
+from gateway_plugin.routing.outcomes import Batch, Outcome, parse_batch
 
 log = logging.getLogger("spillway.outcomes")
 
@@ -121,6 +123,26 @@ def identity() -> bytes:
     return json.dumps({"pid": os.getpid(), "started": started}).encode()
 
 
+def _said(batch: Batch, refused: Sometimes, malformed: Sometimes) -> None:
+    """What was wrong with a batch, at most once a minute of each kind (a client can make every
+    request's entry malformed); the metrics count every field and entry."""
+    if batch.refused and refused.due():
+        log.warning(
+            "%d of %d outcomes refused, not JSON objects (the rest taken): %s",
+            batch.refused,
+            batch.refused + len(batch.entries),
+            batch.first_error[:200],
+        )
+    if batch.invalid and malformed.due():
+        fields = ", ".join(f"{name} x{count}" for name, count in sorted(batch.invalid.items()))
+        log.warning(
+            "outcome fields malformed and read as absent, the rest of each entry taken: %s (%s); "
+            "counted in spillway_outcome_fields_invalid_total, said at most once a minute",
+            fields,
+            batch.first_error[:300],
+        )
+
+
 def _handler(
     auth: str,
     loop: asyncio.AbstractEventLoop | None,
@@ -129,6 +151,7 @@ def _handler(
     fast: FastSink | None,
 ) -> type[BaseHTTPRequestHandler]:
     owned = loop is not None  # a workers' parent holds no state: it serves outcomes only
+    refused, malformed = Sometimes(), Sometimes()
     served = {
         PATH: True,
         TABLE_PATH: owned and table is not None,
@@ -190,13 +213,7 @@ def _handler(
             except (ValidationError, ValueError) as exc:
                 self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
                 return
-            if batch.refused:
-                log.warning(
-                    "%d of %d outcomes refused (the rest taken): %s",
-                    batch.refused,
-                    batch.refused + len(batch.entries),
-                    batch.first_error[:200],
-                )
+            _said(batch, refused, malformed)
             if loop is None:
                 deliver(batch.entries)
             else:
@@ -219,8 +236,8 @@ def _handler(
 
         def _fast(self, owner: asyncio.AbstractEventLoop, sink: FastSink, body: bytes) -> None:
             try:
-                summary = FastOutcomes.model_validate_json(body)
-            except ValidationError as exc:
+                summary = FastOutcomes.parse(body)
+            except (ValidationError, ValueError) as exc:
                 self._answer(400, f"not a summary of fast-path outcomes: {str(exc)[:300]}")
                 return
             owner.call_soon_threadsafe(sink, summary)

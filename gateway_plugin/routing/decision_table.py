@@ -13,8 +13,9 @@ values, signing-key variable names, marks), so tests build tables from any snaps
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
@@ -29,10 +30,19 @@ from gateway_plugin.routing.policy import (
     TenantState,
     estimated_latency_ms,
 )
+from gateway_plugin.routing.tenants import tenant_key
 
 FORMAT = 2
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
+# The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
+# characters, ``routing.tenants``: 514 bytes quoted if every one is escaped), three numbers (a
+# float is at most 24 characters as Python writes it) and the names around them. So the tenants
+# make at most MAX_TENANTS x MAX_TENANT_ROW_BYTES (650 KB) of any table, whatever clients send;
+# the rest is the config's (rules, targets, models the cluster reports).
+MAX_TENANT_ROW_BYTES = 650
+# Most tracked tenants a build reads, the most recently seen first: what bounds its cost.
+MAX_SCANNED = 4 * MAX_TENANTS
 
 
 class TargetWiring(NamedTuple):
@@ -166,7 +176,7 @@ def build_table(
             if name in wiring
         },
         "tenants": {
-            name: {
+            tenant_key(name): {
                 "requests_last_minute": t.requests_last_minute,
                 "spent_hour_usd": t.spent_hour_usd,
                 "spent_day_usd": t.spent_day_usd,
@@ -177,16 +187,25 @@ def build_table(
 
 
 def tenants_at_a_limit(
-    policy: Policy, tenants: Iterable[tuple[str, TenantState]], cap: int = MAX_TENANTS
+    policy: Policy,
+    newest_first: Iterable[tuple[str, Callable[[], TenantState]]],
+    cap: int = MAX_TENANTS,
+    scanned: int = MAX_SCANNED,
 ) -> dict[str, TenantState]:
     """The tenants whose books can change a decision: at their rate quota, or within one request's
     largest cost of a spend quota. The plugin reads a tenant missing from the table as one with
     empty books, and for every other tenant that reads exactly as its books would, so publishing
     only these gives the same decisions while clients rotating tenant names cannot grow the table.
-    ``tenants`` in the order they were last seen; over ``cap``, the least recent are left out."""
+
+    ``newest_first``: each tracked tenant and how to read its state, the most recently seen first.
+    At most ``cap`` are kept, the most recent, and at most ``scanned`` are read, so a build costs
+    the same whether 4,000 or ``tenants.max_tracked`` tenants are tracked: a tenant at its limit
+    but seen less recently than that many others is left out (a request it sends is seen again,
+    and counted or shed). Returned oldest first (the order a trimmed table leaves them out in)."""
     margin = max((max(t.cost_usd, t.cold_cost_usd) for t in policy.targets.values()), default=0.0)
     kept: dict[str, TenantState] = {}
-    for name, state in tenants:
+    for name, read in itertools.islice(newest_first, scanned):
+        state = read()
         quota = policy.quota_of(name)
         rpm, hourly, daily = quota.requests_per_minute, quota.hourly_usd, quota.daily_usd
         if (
@@ -195,11 +214,32 @@ def tenants_at_a_limit(
             or (daily is not None and state.spent_day_usd + margin > daily)
         ):
             kept[name] = state
-    if len(kept) <= cap:
-        return kept
-    return dict(list(kept.items())[len(kept) - cap :])
+            if len(kept) >= cap:
+                break
+    return dict(reversed(kept.items()))
 
 
 def encode(table: dict[str, Any]) -> bytes:
     """Compact JSON; floats as Python writes them (shortest form that reads back exactly)."""
     return json.dumps(table, separators=(",", ":"), allow_nan=False).encode()
+
+
+def encode_within(table: dict[str, Any], room: int | None) -> tuple[bytes, int]:
+    """The table encoded, within ``room`` bytes when the plugin says its shared dict has no more:
+    without as many tenant rows as that takes, the least recently seen first (as past MAX_TENANTS).
+    A tenant left out reads as one with empty books, so its quota is held back less until the
+    dict has room again; every other decision stays exact. When the rest alone is over ``room``
+    the table goes without tenants and the plugin keeps its last one. Returns the bytes and how
+    many rows were left out."""
+    text = encode(table)
+    if room is None or len(text) <= room:
+        return text, 0
+    tenants: dict[str, Any] = table["tenants"]
+    over, left_out = len(text) - room, 0
+    for name, row in tenants.items():
+        if over <= 0:
+            break
+        over -= len(encode({name: row})) - 1  # its `"name":{...}` and a comma
+        left_out += 1
+    kept = dict(list(tenants.items())[left_out:])
+    return encode({**table, "tenants": kept}), left_out

@@ -1,7 +1,8 @@
 """The runner's side of the fast path: what the ``spillway`` Lua plugin reports, and the table
 it gets back.
 
-Outcomes come in summaries, one per worker every few hundred milliseconds (``FastOutcomes``):
+Outcomes come in summaries, one per worker every few hundred milliseconds (``FastOutcomes``, read
+part by part in ``fast_summary``):
 decisions per label, local answer times per model, cloud answers ok and failed per target with
 the instances that answered, quota'd tenants' arrivals and spend, the table's age at each
 decision, and the requests residency kept home. They feed the same books the ext-plugin path's
@@ -17,29 +18,26 @@ only what it spent past that mark. Counters restart at zero when nginx restarts 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_plugin.routing import decision_table
+from gateway_plugin.routing.fast_summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing.ledger import TenantBook
 from gateway_plugin.routing.policy import LOCAL, SHED, BreakerState, Reason, Snapshot, TenantState
 from gateway_plugin.routing.state import GatewayState, residency_log
 
 log = logging.getLogger("spillway.fast_path")
 MAX_NODES = 16
-MAX_KEYS = 1000
 # The reason of a fast-path decision made without a usable decision table.
 FAIL_SAFE = "table_stale"
 _Counters = dict[str, float]
-_Count = Annotated[int, Field(ge=0, le=10_000_000)]
-_Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-_Text = Annotated[str, Field(max_length=4096)]
 
 
 class FastPathReport(BaseModel):
@@ -52,75 +50,9 @@ class FastPathReport(BaseModel):
     hot: dict[str, bool] = Field(default_factory=dict, max_length=MAX_KEYS)
     fail_safe: float = Field(default=0.0, ge=0)
     dropped: float = Field(default=0.0, ge=0)
-
-
-class KeptHome(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    path: _Text | None = None
-    model: _Text | None = None
-    classification: _Text | None = None
-
-
-_ENTRIES: dict[str, TypeAdapter[Any]] = {
-    "decisions": TypeAdapter(tuple[_Text, _Count]),
-    "sent_local": TypeAdapter(tuple[_Text, _Count]),
-    "local_s": TypeAdapter(tuple[_Text, tuple[_Count, _Amount]]),
-    "cloud": TypeAdapter(tuple[_Text, tuple[_Count, _Count, _Amount]]),
-    "instances": TypeAdapter(tuple[_Text, dict[_Text, bool]]),
-    "tenants": TypeAdapter(tuple[_Text, tuple[_Count, _Amount]]),
-}
-_KEPT_HOME: TypeAdapter[Any] = TypeAdapter(KeptHome)
-
-
-def _valid(adapter: TypeAdapter[Any], item: object) -> bool:
-    try:
-        adapter.validate_python(item)
-    except ValidationError:
-        return False
-    return True
-
-
-class FastOutcomes(BaseModel):
-    """One worker's summary of what happened since its previous one; every map is bounded.
-
-    An entry that fails validation (a client's overlong tenant name, say) is dropped and counted
-    in ``invalid``; the rest of the summary (breaker results, spend) still counts. Only a
-    summary whose shape is wrong, or whose maps are over their bounds, is refused whole.
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
-
-    decisions: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
-    sent_local: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
-    local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
-    cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
-    instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
-    tenants: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
-    residency: list[KeptHome] = Field(default_factory=list, max_length=MAX_KEYS)
-    table_ages: list[_Count] = Field(default_factory=list, max_length=64)
-    table_age_sum: _Amount = 0.0
-    dropped: _Count = 0
-    invalid: _Count = 0
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_invalid_entries(cls, data: object) -> object:
-        if not isinstance(data, dict):
-            return data
-        kept: dict[str, Any] = {**data, "invalid": 0}
-        invalid = 0
-        for name, adapter in _ENTRIES.items():
-            entries = data.get(name)
-            if isinstance(entries, dict) and len(entries) <= MAX_KEYS:
-                kept[name] = {k: v for k, v in entries.items() if _valid(adapter, (k, v))}
-                invalid += len(entries) - len(kept[name])
-        residency = data.get("residency")
-        if isinstance(residency, list) and len(residency) <= MAX_KEYS:
-            kept["residency"] = [r for r in residency if _valid(_KEPT_HOME, r)]
-            invalid += len(residency) - len(kept["residency"])
-        kept["invalid"] = invalid
-        return kept
+    # Tables the plugin could not store (its shared dict full), and the most it can store now.
+    store_failed: float = Field(default=0.0, ge=0)
+    room: int | None = Field(default=None, ge=0)
 
 
 @dataclass
@@ -128,6 +60,8 @@ class _Node:
     spent: _Counters = field(default_factory=dict)
     fail_safe: float = 0.0
     dropped: float = 0.0
+    store_failed: float = 0.0
+    left_out: int = 0  # tenant rows its last table went without
 
 
 def _growth(now: float, before: float) -> float:
@@ -147,7 +81,23 @@ class FastPathBook:
         """Take a report in, answer with the table (JSON) as the state now stands."""
         node = self._take(report)
         self.version += 1
-        return decision_table.encode(self.table({n: node.spent.get(n, 0.0) for n in self.state.targets}))
+        table = self.table({n: node.spent.get(n, 0.0) for n in self.state.targets})
+        text, left_out = decision_table.encode_within(table, report.room)
+        metrics = self.state.metrics
+        node.left_out = left_out
+        metrics.fast_path_table_bytes.set(len(text))
+        metrics.fast_path_table_left_out.set(max(n.left_out for n in self._nodes.values()))
+        if report.room is not None and metrics.due("fast_path_room"):
+            log.error(
+                "fast path: node %s cannot store a larger decision table in its shared dict spillway "
+                "(room for %d bytes): %d tenant rows left out, so those tenants' quotas are held on "
+                "the fast path only once it has room; make the dict larger "
+                "(nginx_config.http.custom_lua_shared_dict)",
+                report.node,
+                report.room,
+                left_out,
+            )
+        return text
 
     def table(self, marks: dict[str, float] | None = None) -> dict[str, object]:
         state = self.state
@@ -161,7 +111,8 @@ class FastPathBook:
             return own if state.shared is None else state.shared.tenant_state(name, own, wall)
 
         tenants = decision_table.tenants_at_a_limit(
-            state.policy, ((name, tenant_state(name, book)) for name, book in state.tenants.items())
+            state.policy,
+            ((name, functools.partial(tenant_state, name, book)) for name, book in state.tenants.newest()),
         )
         wiring = {
             name: decision_table.TargetWiring(
@@ -205,7 +156,9 @@ class FastPathBook:
             state.load.set_overflowing(model or None, hot)
         state.metrics.fast_path_fail_safe.inc(_growth(report.fail_safe, node.fail_safe))
         state.metrics.fast_path_dropped.inc(_growth(report.dropped, node.dropped))
+        state.metrics.fast_path_store_failed.inc(_growth(report.store_failed, node.store_failed))
         node.fail_safe, node.dropped = report.fail_safe, report.dropped
+        node.store_failed = report.store_failed
         return node
 
 
@@ -278,5 +231,9 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
                 state.shared.tenant_reported(tenant, arrivals, spend, wall)
     state.metrics.fast_path_table_age.add(summary.table_ages, summary.table_age_sum)
     state.metrics.fast_path_dropped.inc(summary.dropped + summary.invalid)
-    if summary.invalid:
-        log.warning("fast path: %d invalid entries dropped from a worker's summary", summary.invalid)
+    if summary.invalid and state.metrics.due("fast_path_invalid"):
+        log.warning(
+            "fast path: %d malformed parts of a worker's summary read as absent or dropped (the rest "
+            "taken); counted in spillway_fast_path_outcomes_dropped_total, said at most once a minute",
+            summary.invalid,
+        )

@@ -8,6 +8,7 @@ by the config, tenants by a cap.
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 HOUR, DAY = 3600, 86400
@@ -151,6 +152,15 @@ class TenantBooks:
 
     def items(self) -> list[tuple[str, TenantBook]]:
         return list(self._books.items())
+
+    def newest(self) -> Iterator[tuple[str, TenantBook]]:
+        """The books, the most recently seen first (read it before anything changes them)."""
+        return reversed(self._books.items())
+
+    def seen(self, tenant: str) -> None:
+        """A tenant with a book is seen again (its request was shed): it stays among the recent."""
+        if tenant in self._books:
+            self._books.move_to_end(tenant)
 
     def book(self, tenant: str) -> TenantBook:
         """The tenant's book, created on first use; marks it as the most recently seen."""

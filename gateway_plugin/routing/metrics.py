@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import HistogramMetricFamily
@@ -36,9 +38,28 @@ class BucketCounts(Collector):
         yield HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=self.sum)
 
 
+class Sometimes:
+    """At most once per ``period_s``: what clients can trigger at every request is logged once in
+    a while (and counted every time in a metric), so they cannot flood the log."""
+
+    def __init__(self, period_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.period_s, self.clock = period_s, clock
+        self._next = float("-inf")
+        self._lock = threading.Lock()
+
+    def due(self) -> bool:
+        with self._lock:
+            now = self.clock()
+            if now < self._next:
+                return False
+            self._next = now + self.period_s
+            return True
+
+
 class RunnerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self._said: dict[str, Sometimes] = {}
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self.decisions = Counter(
             "spillway_decisions", "Routing decisions, by target and reason.", ["target", "reason"], registry=r
@@ -87,6 +108,13 @@ class RunnerMetrics:
         self.invoke_failures = Counter(
             "spillway_invoke_failures", "Failed invocations per target.", ["target"], registry=r
         )
+        self.outcome_fields_invalid = Counter(
+            "spillway_outcome_fields_invalid",
+            "Outcome fields that were malformed (a client's header too long, bytes not UTF-8) and read "
+            "as absent; the rest of each entry was taken.",
+            ["field"],
+            registry=r,
+        )
         self.fast_path_fail_safe = Counter(
             "spillway_fast_path_fail_safe",
             "Fast-path decisions made without a usable table (stale, missing or malformed): local or shed.",
@@ -103,6 +131,19 @@ class RunnerMetrics:
             "Outcomes the fast path dropped because its buffer was full.",
             registry=r,
         )
+        self.fast_path_table_bytes = Gauge(
+            "spillway_fast_path_table_bytes", "Size of the last decision table served.", registry=r
+        )
+        self.fast_path_table_left_out = Gauge(
+            "spillway_fast_path_table_tenants_left_out",
+            "Most tenant rows a node's last table went without, to fit the room its shared dict has.",
+            registry=r,
+        )
+        self.fast_path_store_failed = Counter(
+            "spillway_fast_path_table_store_failures",
+            "Decision tables the plugin could not store in its shared dict (it kept the last one).",
+            registry=r,
+        )
         self.shared_connected = Gauge(
             "spillway_shared_state_connected",
             "1 while the shared store answers; 0: deciding alone with this node's share.",
@@ -114,6 +155,13 @@ class RunnerMetrics:
         self.shared_errors = Counter(
             "spillway_shared_state_errors", "Rounds the shared store failed or answered late.", registry=r
         )
+
+    def due(self, kind: str) -> bool:
+        """Whether a log line of ``kind`` is due: at most once a minute each."""
+        said = self._said.get(kind)
+        if said is None:
+            said = self._said[kind] = Sometimes()
+        return said.due()
 
     def decided(self, target: str, reason: str, count: int = 1) -> None:
         key = (target, reason)

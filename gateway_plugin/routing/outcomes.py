@@ -11,18 +11,34 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import math
 import re
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.tenants import tenant_key
 
 MAX_ENTRIES = 10_000
 # A batch forwarded from the parent of several workers to one of them, at most.
 MAX_MESSAGE_BYTES = 256 << 10
 _MODEL = re.compile(r"^/v2/models/([^/]+)")
+# The fields of an entry (``log_format``'s names), each checked on its own.
+FIELDS = (
+    "target",
+    "status",
+    "upstream_status",
+    "upstream_s",
+    "request_s",
+    "instance",
+    "cold",
+    "tenant",
+    "uri",
+    "worker",
+)
 
 
 def log_format(tenant_header: str) -> dict[str, str]:
@@ -50,7 +66,9 @@ def auth_header(route_token: bytes) -> str:
 
 class Outcome(BaseModel):
     """One log entry; every field is an nginx variable, absent when it was unset. APISIX sends the
-    numeric ones (``$upstream_response_time``, ``$status``, ...) as JSON numbers."""
+    numeric ones (``$upstream_response_time``, ``$status``, ...) as JSON numbers. ``invalid``
+    names the fields that were there but malformed (read as absent), so whoever applies the entry
+    counts them, also after the parent of several workers forwarded it."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, coerce_numbers_to_str=True)
 
@@ -61,51 +79,100 @@ class Outcome(BaseModel):
     request_s: str | None = Field(default=None, max_length=200)
     instance: str | None = Field(default=None, max_length=200)
     cold: str | None = Field(default=None, max_length=20)
-    tenant: str | None = Field(default=None, max_length=8192)
+    # Any length (the body is bounded): kept only as its key, which is what the decision counted.
+    tenant: str | None = None
     uri: str | None = Field(default=None, max_length=16384)
     worker: str | None = Field(default=None, max_length=8)
+    invalid: tuple[str, ...] = Field(default=(), max_length=len(FIELDS))
 
+    @field_validator("tenant", mode="before")
+    @classmethod
+    def _keyed(cls, value: object) -> object:
+        return tenant_key(value) if isinstance(value, str) else value
 
-_BATCH = TypeAdapter(list[dict[str, Any]] | dict[str, Any])
+    @field_validator("invalid", mode="before")
+    @classmethod
+    def _known(cls, value: object) -> object:
+        return tuple(v for v in value if v in FIELDS) if isinstance(value, list | tuple) else value
 
 
 class Batch(NamedTuple):
     entries: list[Outcome]
     refused: int
+    # Per field, how many entries had it malformed (each read as if the field were absent).
+    invalid: dict[str, int]
     first_error: str
 
 
+def _entry(item: object) -> tuple[Outcome | None, str]:
+    """One entry, every malformed field left out and named in ``invalid``; None (and why) only
+    when the entry is not a JSON object at all."""
+    if not isinstance(item, dict):
+        return None, "an entry is not a JSON object"
+    try:
+        return Outcome.model_validate(item), ""
+    except ValidationError as exc:
+        errors = exc.errors(include_input=False, include_url=False)
+    bad = {str(e["loc"][0]) for e in errors if e["loc"]} & set(FIELDS)
+    said = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in errors if e["loc"])
+    kept = {k: v for k, v in item.items() if k not in bad}
+    forwarded = kept.pop("invalid", ())
+    if isinstance(forwarded, list):
+        bad |= {name for name in forwarded if isinstance(name, str) and name in FIELDS}
+    try:
+        return Outcome.model_validate({**kept, "invalid": sorted(bad)}), said
+    except ValidationError:
+        return None, said or "an entry is not an outcome"
+
+
+def _json(body: bytes) -> object:
+    """The body as JSON. nginx passes header bytes as sent and http-logger writes them into its
+    JSON unchecked, so bytes that are not UTF-8 are kept as surrogate escapes (a field holding one
+    is then malformed, the tenant keyed by the bytes), never the reason to refuse a batch."""
+    try:
+        return json.loads(body.decode("utf-8", "surrogateescape"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def parse_batch(body: bytes) -> Batch:
-    """A batch (a JSON array) or a single entry. Entries are checked one by one: clients choose
-    some of the fields (the URI, the tenant), and one hostile request must not cost the outcomes
-    of every other request in its batch. Raises ``ValueError`` naming what is wrong when the body
-    is not a batch or holds no usable entry."""
-    parsed = _BATCH.validate_json(body)
+    """A batch (a JSON array) or a single entry. Entries are checked one by one and within each
+    field by field: clients choose some of the fields (the URI, the tenant, the worker header),
+    and one hostile request must cost neither the outcomes of every other request in its batch nor
+    the books of its own (a malformed field reads as absent). Raises ``ValueError`` naming what is
+    wrong when the body is not a batch or holds no usable entry."""
+    parsed = _json(body)
     raw = parsed if isinstance(parsed, list) else [parsed]
     if len(raw) > MAX_ENTRIES:
         raise ValueError(f"{len(raw)} entries in one batch, more than {MAX_ENTRIES}")
     entries: list[Outcome] = []
+    invalid: dict[str, int] = {}
     first_error = ""
     for item in raw:
-        try:
-            entries.append(Outcome.model_validate(item))
-        except ValidationError as exc:
-            first_error = first_error or str(exc).splitlines()[0]
-            first_error = first_error or "an entry is not an outcome"
+        entry, error = _entry(item)
+        first_error = first_error or error
+        if entry is None:
+            continue
+        entries.append(entry)
+        if isinstance(item, dict) and "invalid" not in item:
+            for name in entry.invalid:
+                invalid[name] = invalid.get(name, 0) + 1
     if raw and not entries:
         raise ValueError(f"no usable entry: {first_error}")
-    return Batch(entries, len(raw) - len(entries), first_error)
+    return Batch(entries, len(raw) - len(entries), invalid, first_error)
 
 
 def _last_number(raw: str | None) -> float | None:
-    """The last of nginx's comma-separated values (one per upstream tried); None when unset."""
+    """The last of nginx's comma-separated values (one per upstream tried); None when unset or
+    not a finite, non-negative number."""
     if not raw:
         return None
     last = raw.rsplit(",", 1)[-1].rsplit(":", 1)[-1].strip()
     try:
-        return float(last)
+        number = float(last)
     except ValueError:
         return None
+    return number if 0 <= number < math.inf else None
 
 
 def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
@@ -117,6 +184,8 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
     itself (shed, or invoke mode): its books were closed, or never opened, there.
     """
     for outcome in outcomes:
+        for name in outcome.invalid:
+            state.metrics.outcome_fields_invalid.labels(name).inc()
         target = state.target_by_value.get(outcome.target or "")
         upstream_status = _last_number(outcome.upstream_status)
         if upstream_status is None and target is not None and outcome.status:

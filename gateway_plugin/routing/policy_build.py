@@ -7,6 +7,7 @@ import re
 from gateway_plugin.config import SpillwayConfig, TenantQuota
 from gateway_plugin.costs import request_cost_usd
 from gateway_plugin.routing.policy import Policy, Quota, RulePolicy, TargetPolicy
+from gateway_plugin.routing.tenants import tenant_key
 
 
 def _quota(q: TenantQuota) -> Quota:
@@ -47,7 +48,7 @@ def build_policy(config: SpillwayConfig) -> Policy:
         cloud_allowed=frozenset(c.lower() for c in config.residency.cloud_allowed),
         unclassified_may_leave=config.residency.unclassified_may_leave,
         tenant_header=config.tenants.header.lower(),
-        quotas={name: _quota(q) for name, q in config.tenants.quotas.items()},
+        quotas={tenant_key(name): _quota(q) for name, q in config.tenants.quotas.items()},
         default_quota=_quota(config.tenants.default),
         latency_target_ms=config.local.latency_target_ms,
         model_targets_ms=dict(config.local.model_latency_targets_ms),

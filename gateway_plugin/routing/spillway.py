@@ -28,6 +28,7 @@ from gateway_plugin.routing.header_names import HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.request_reading import forward_only, read_headers, settle
 from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.tenants import tenant_key
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
 
 log = logging.getLogger("spillway.plugin")
@@ -118,7 +119,12 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         features = RequestFeatures(
             path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
         )
-        snapshot = self.state.snapshot(headers.get(policy.tenant_header) or None, model)
+        tenant = headers.get(policy.tenant_header) or None
+        if tenant is not None and tenant != (key := tenant_key(tenant)):
+            # The policy and the books see the bounded key, as the fast path's plugin keys it.
+            tenant = key
+            features = features._replace(headers={**headers, policy.tenant_header: key})
+        snapshot = self.state.snapshot(tenant, model)
         decision = decide(features, snapshot, policy)
         seen = None
         if decision.residency_kept:

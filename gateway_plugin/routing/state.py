@@ -214,9 +214,14 @@ class GatewayState:
             self.shared.committed(decision, wall, in_flight)
 
     def _tenant_book(self, decision: Decision) -> TenantBook | None:
-        """Only tenants under a quota are kept, and only as many as ``tenants.max_tracked``."""
+        """Only tenants under a quota are kept, and only as many as ``tenants.max_tracked``. A shed
+        tenant's book is not counted into, but it was seen: the decision table keeps the most
+        recently seen at their limits."""
         tenant = decision.tenant
-        if tenant is None or decision.target == SHED or not self.policy.quota_of(tenant).limits_anything:
+        if tenant is None or not self.policy.quota_of(tenant).limits_anything:
+            return None
+        if decision.target == SHED:
+            self.tenants.seen(tenant)
             return None
         return self.tenants.book(tenant)
 

@@ -78,7 +78,7 @@ local function current()
     local version = dict():get("version")
     if version and version ~= worker.version then
         worker.version = version
-        local tbl, err = table_mod.parse(dict():get("table"))
+        local tbl, err = table_mod.parse(table_mod.stored(dict()))
         if tbl then
             worker.tbl = tbl
             worker.policies = setmetatable({}, { __mode = "k" })

@@ -11,7 +11,7 @@ local to_hex = require("resty.string").to_hex
 
 local _M = {}
 
--- Longest tenant name kept as sent; the runner's tenants.quotas names are bounded to it.
+-- Longest tenant name kept as sent (routing/tenants.py MAX_TENANT_BYTES on the runner's side).
 local MAX_TENANT = 256
 
 -- How long a tenant's in-flight count outlives the start of its last request, and how long one
@@ -19,10 +19,13 @@ local MAX_TENANT = 256
 local TENANT_BUSY_S = 600
 local TENANT_IDLE_S = 10
 
--- Clients choose tenant names: a long one is keyed by its hash, so every report, dict key and
--- table entry stays short while the tenant keeps one consistent key (its quota is the default).
+-- Clients choose tenant names: one over 256 bytes, or with a byte outside printable ASCII, is
+-- keyed by the hash of its bytes, so every report, dict key and table entry stays short and goes
+-- through JSON both ways unchanged (bytes that are not UTF-8 would make a summary unreadable for
+-- the runner), while the tenant keeps one consistent key. The runner keys names and its quotas'
+-- names the same way (gateway_plugin/routing/tenants.py).
 function _M.tenant_key(name)
-    if name == nil or #name <= MAX_TENANT then
+    if name == nil or (#name <= MAX_TENANT and not name:find("[^\32-\126]")) then
         return name
     end
     local digest = sha256:new()

@@ -1,7 +1,8 @@
 -- The plugins' link to the runner: where it is (plugin_attr.spillway), whether it still answers,
 -- and, for the fast path, the decision table one worker fetches (POSTing this node's counters:
--- spend per target, the overflow flag it last decided, fail-safe decisions, dropped outcomes) into
--- the shared dict, and the summaries of outcomes every worker posts.
+-- spend per target, the overflow flag it last decided, fail-safe decisions, dropped outcomes,
+-- tables it could not store and the room it has) into the shared dict (table.lua says how), and
+-- the summaries of outcomes every worker posts.
 --
 -- Whether it answers: one worker asks GET /spillway/alive every alive_interval_s (the runner
 -- answers from the event loop that serves APISIX's calls). A runner that answered before and has
@@ -22,6 +23,8 @@ local shared_counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
 local pairs, pcall, tostring, type = pairs, pcall, tostring, type
+-- How long a table is asked to fit the room left after a store failed, before a whole one is tried.
+local ROOM_HELD_S = 10
 
 local _M = {}
 
@@ -172,6 +175,8 @@ function _M.start(worker, with)
             hot = counters("hot:", models),
             fail_safe = d_:get("failsafe") or 0,
             dropped = d_:get("dropped") or 0,
+            store_failed = d_:get("store_failed") or 0,
+            room = worker.room,
         })
     end
 
@@ -205,11 +210,23 @@ function _M.start(worker, with)
                           "); the last good one stays until it is stale")
             return
         end
-        local stored, err_set = dict():safe_set("table", res.body)
+        local stored, err_set, room = table_mod.store(dict(), res.body)
         if not stored then
-            log_sometimes("store", "spillway: the decision table does not fit in the shared dict spillway",
-                          " (", err_set, "); make it larger")
+            -- The last good table stays and is served until stale; the next fetch asks the runner
+            -- for one within the room there is (without some tenant rows), stored in place.
+            dict():incr("store_failed", 1)
+            worker.room, worker.room_until = room, ngx.now() + ROOM_HELD_S
+            if (worker.logged.store or 0) + ROOM_HELD_S <= ngx.now() then
+                worker.logged.store = ngx.now()
+                ngx.log(ngx.ERR, "spillway: the decision table (", #res.body, " bytes) does not fit in ",
+                        "the shared dict spillway (", err_set, "); the last one stays and the runner ",
+                        "is asked for one within ", room, " bytes, without tenant rows that do not ",
+                        "fit; make the dict larger (nginx_config.http.custom_lua_shared_dict)")
+            end
             return
+        end
+        if worker.room and ngx.now() >= worker.room_until then
+            worker.room = nil  -- try the whole table again: the dict may have room by now
         end
         shared_counters.add(dict(), "version", 1)
     end
@@ -229,6 +246,8 @@ function _M.start(worker, with)
     end
 
     if ngx.worker.id() == 0 then
+        table_mod.prepare(dict())
+        dict():safe_add("store_failed", 0)
         ngx.timer.every(worker.attr.fetch_interval_s, guarded("fetching", fetch))
         ngx.timer.at(0, guarded("fetching", fetch))
     end

@@ -149,6 +149,78 @@ function _M.compile(t)
     return t
 end
 
+-- Where the table lives in the shared dict. A dict's safe_set of a value whose size differs from
+-- the stored one frees the old value before it allocates the new: when that fails (the dict is
+-- shared with counters clients can multiply, a tenant's in-flight count each), the last good table
+-- would be gone too, and every worker would go stale and fail safe, which sheds all traffic while
+-- the last table said local is saturated. So the table is padded (JSON allows trailing spaces) to
+-- a size class, a power of two from 64 KiB, and kept under a key named by its class:
+--  * a table that fits the class is written over the last one in place: the same size, so no
+--    allocation, it cannot fail for want of memory and evicts nothing;
+--  * a larger one is stored under the next class's key first, and the class switched and the old
+--    key freed only once it is there, so a growth that finds no room leaves the last good table
+--    where it was, still served until a smaller one (the runner leaves tenant rows out to fit the
+--    room the plugin reports) replaces it in place.
+-- Nothing else is ever evicted (safe_set), and a table read half-written is impossible (a dict
+-- operation holds the dict's lock).
+local KEY, CLASS_KEY, MIN_CLASS = "table:", "table_class", 65536
+
+-- The class pointer is made at start, while the dict has room; updating a number is in place.
+function _M.prepare(d_)
+    d_:safe_add(CLASS_KEY, 0)
+end
+
+-- The stored table's text (padded), nil when there is none.
+function _M.stored(d_)
+    for _ = 1, 2 do  -- a second look when the table grew into the next class meanwhile
+        local class = d_:get(CLASS_KEY)
+        if not class or class == 0 then
+            return nil
+        end
+        local text = d_:get(KEY .. class)
+        if text then
+            return text
+        end
+    end
+    return nil
+end
+
+local function class_for(bytes)
+    local class = MIN_CLASS
+    while class < bytes do
+        class = class * 2
+    end
+    return class
+end
+
+local function padded(text, class)
+    return text .. string.rep(" ", class - #text)
+end
+
+-- Store a table's text; true, or false with the error and the room: the most a table may take
+-- to be stored in place of the last one.
+function _M.store(d_, text)
+    local class = d_:get(CLASS_KEY) or 0
+    if #text <= class then
+        local ok, err = d_:safe_set(KEY .. class, padded(text, class))
+        return ok, err, class
+    end
+    local grown = class_for(#text)
+    local ok, err = d_:safe_set(KEY .. grown, padded(text, grown))
+    if not ok then
+        return false, err, class
+    end
+    local switched, switch_err = d_:safe_set(CLASS_KEY, grown)
+    if not switched then
+        d_:delete(KEY .. grown)
+        return false, switch_err, class
+    end
+    if class > 0 then
+        d_:delete(KEY .. class)
+    end
+    return true
+end
+
 -- Decode, check and compile; nil and the reason when the text is unusable.
 function _M.parse(text)
     local t, err = cjson.decode(text)
