@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
 # Create .venv and install Spillway with everything its tests and examples use (idempotent).
+# Outside CI a component that cannot be installed (no root or apt) is a warning, and its tests skip
+# saying why; in CI (CI=true) it is an error, since those tests must run there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+
+in_ci() { case "${CI:-}" in [Tt][Rr][Uu][Ee] | 1) return 0 ;; *) return 1 ;; esac; }
+
+# apt_component COMMAND PACKAGE WHAT-NEEDS-IT: Debian's package, where apt and root are there.
+apt_component() {
+  command -v "$1" >/dev/null 2>&1 && return 0
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing $2 (apt) for $3" >&2
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >/dev/null; } || true
+  fi
+  command -v "$1" >/dev/null 2>&1 && return 0
+  if in_ci; then
+    echo "error: $2 could not be installed (it needs root and apt on Debian 12); CI must run $3" >&2
+    exit 1
+  fi
+  echo "warning: $2 could not be installed (it needs root and apt); $3 will be skipped" >&2
+}
+
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv" >&2
   "$PYTHON" -m venv .venv
@@ -11,21 +31,12 @@ fi
 echo "installing spillway[dev] into .venv (first run downloads ~400 MB)" >&2
 .venv/bin/python -m pip install -q -e '.[dev]'
 PYTHON=.venv/bin/python bash scripts/fetch-tools.sh >/dev/null
-# Headless Chromium for the demo report's browser test (Debian's package, where apt and root are there).
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "installing chromium (apt) for the demo report's browser test" >&2
-  if ! { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; then
-    echo "warning: chromium could not be installed; the report's browser test will be skipped" >&2
-  fi
-fi
-# A real redis-server for the shared-state tests (Debian's package, where apt and root are there;
-# else those tests skip, saying why). Only the binary is used: the tests start their own servers.
-if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "installing redis-server (apt) for the shared-state tests" >&2
-  if ! { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; then
-    echo "warning: redis-server could not be installed; the shared-state tests will be skipped" >&2
-  fi
-fi
-# A real Apache APISIX 3.18 for the gateway tests, the demo and the benchmarks (root and apt; else
-# those tests skip, saying why).
+# Headless Chromium for the demo report's browser test.
+apt_component chromium chromium "the report's browser tests"
+# A real redis-server for the shared-state tests. Only the binary is used: the tests start their
+# own servers.
+apt_component redis-server redis-server "the shared-state tests"
+# A C compiler for the Lambda image's /dev/shm shim (images/aws-lambda/shm_redirect.c).
+apt_component cc gcc "the Lambda image's shim tests"
+# A real Apache APISIX 3.18 for the gateway tests, the demo and the benchmarks (root and apt).
 bash scripts/install-apisix.sh

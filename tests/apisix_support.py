@@ -36,11 +36,13 @@ def needs_apisix() -> pytest.MarkDecorator:
 @dataclass
 class Upstream:
     """An HTTP upstream that answers with its name, the request it saw and, for cloud ones, an
-    instance id; ``status`` and ``delay_s`` make it fail or slow."""
+    instance id (``instance``, which a test may change); ``status`` and ``delay_s`` make it fail
+    or slow."""
 
     name: str
     status: int = 200
     delay_s: float = 0.0
+    instance: str | None = None
     seen: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     in_flight: int = 0
@@ -50,7 +52,7 @@ class Upstream:
 
 @contextmanager
 def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
-    state = Upstream(name)
+    state = Upstream(name, instance=instance)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -74,8 +76,8 @@ def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
             self.send_response(state.status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(reply)))
-            if instance is not None:
-                self.send_header("x-spillway-instance", instance)
+            if state.instance is not None:
+                self.send_header("x-spillway-instance", state.instance)
             self.end_headers()
             self.wfile.write(reply)
 

@@ -1,10 +1,26 @@
-"""Breakers, retry budget, spend ledger and warm pools: the state the policy's snapshots come from."""
+"""Breakers, retry budget, spend ledger and warm pools: the state the policy's snapshots come from;
+and what the policy does with budgets, spend quotas and half-open breakers."""
 
 from __future__ import annotations
 
-from gateway_plugin.config import BreakerSettings
+from typing import Any
+
+from gateway_plugin.config import BreakerSettings, SpillwayConfig
 from gateway_plugin.routing.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, RetryBudget
 from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBooks
+from gateway_plugin.routing.policy import (
+    LOCAL,
+    SHED,
+    BreakerState,
+    LocalLoad,
+    Policy,
+    RequestFeatures,
+    Snapshot,
+    TargetState,
+    TenantState,
+    decide,
+)
+from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.warm_instances import WarmPool
 
 SETTINGS = BreakerSettings(
@@ -168,3 +184,92 @@ def test_a_rare_slow_answer_does_not_count_every_request_for_its_duration() -> N
             out.done(now, seconds=0.3 if i % 20 == 0 else 0.055)
         counted.append(out.count(now))
     assert max(counted[100:]) <= 4, counted[100:]
+
+
+# -- budgets and spend quotas in decide() --
+
+BASE: dict[str, Any] = {
+    "local": {"latency_target_ms": 100, "parallelism": 2, "max_queue_ms": 5000},
+    "overflow": {"saturation_ratio": 20},
+    "targets": [
+        {"name": "aws", "kind": "aws_lambda", "url": "https://a.example", "cold_start_ms": 500},
+        {"name": "ali", "kind": "aliyun_fc", "url": "https://b.example", "cold_start_ms": 800},
+    ],
+}
+AWS = build_policy(SpillwayConfig.model_validate(BASE)).targets["aws"]
+WARM_COST, COLD_COST = AWS.cost_usd, AWS.cold_cost_usd
+# Past its target by more than a cold start, short of saturation: every public request goes out
+# if a target allows it, and one that none allows is served locally, not shed.
+HOT = LocalLoad(fresh=True, queue_ms=1000, compute_ms=10)
+WARM = TargetState(warm_instances=3)
+
+
+def policy(**sections: Any) -> Policy:
+    return build_policy(SpillwayConfig.model_validate({**BASE, **sections}))
+
+
+def routed(
+    p: Policy, aws: TargetState, tenant: TenantState | None = None, ali: TargetState = WARM
+) -> tuple[str, str, float]:
+    """Where a public request of tenant "team" goes, why, and at what cost."""
+    headers = {"x-data-classification": "public", "x-tenant": "team"}
+    features = RequestFeatures("/v2/models/m/infer", headers, {}, "m")
+    tenants = {"team": tenant} if tenant is not None else {}
+    decision = decide(features, Snapshot({"m": HOT}, {"aws": aws, "ali": ali}, tenants), p)
+    return decision.target, decision.label, decision.cost_usd
+
+
+def test_a_target_whose_daily_budget_the_request_would_pass_gets_no_more() -> None:
+    """Spend of an earlier hour today counts: the daily budget holds when the hourly one is fresh."""
+    p = policy(budgets={"per_target_daily_usd": {"aws": 1.0}})
+    assert routed(p, WARM._replace(spent_day_usd=1.0 - WARM_COST))[0] == "aws", "exactly reaches it"
+    assert routed(p, WARM._replace(spent_day_usd=1.0 - WARM_COST / 2))[0] == "ali"
+    assert routed(p, WARM._replace(spent_day_usd=5.0))[0] == "ali"
+
+
+def test_a_target_whose_hourly_budget_the_request_would_pass_gets_no_more() -> None:
+    p = policy(budgets={"per_target_hourly_usd": {"aws": 1.0}})
+    assert routed(p, WARM._replace(spent_hour_usd=1.0 - 2 * WARM_COST))[0] == "aws"
+    assert routed(p, WARM._replace(spent_hour_usd=1.0 - WARM_COST / 2, spent_day_usd=9.0))[0] == "ali"
+
+
+def test_the_request_that_brings_spend_exactly_to_the_budget_still_goes() -> None:
+    for section in ("per_target_hourly_usd", "per_target_daily_usd"):
+        p = policy(budgets={section: {"aws": WARM_COST}})
+        assert routed(p, WARM)[:2] == ("aws", "overflow_warm"), section
+
+
+def test_a_cold_request_costs_its_start_and_the_budget_counts_it() -> None:
+    """Between the warm and the cold price: a warm instance may take the request, a cold start may not."""
+    assert COLD_COST > WARM_COST
+    p = policy(budgets={"per_target_hourly_usd": {"aws": (WARM_COST + COLD_COST) / 2}})
+    assert routed(p, WARM) == ("aws", "overflow_warm", WARM_COST)
+    assert routed(p, TargetState())[:2] == ("ali", "overflow_warm"), "a cold start would pass the budget"
+    ali_open = TargetState(breaker=BreakerState.OPEN)
+    assert routed(policy(), TargetState(), ali=ali_open) == ("aws", "overflow_cold", COLD_COST)
+
+
+def test_a_tenant_past_its_hourly_or_daily_spend_quota_stays_local() -> None:
+    """Spend quotas narrow the cloud, they do not shed: the request is served on premises."""
+    for field, spent in (("hourly_usd", "spent_hour_usd"), ("daily_usd", "spent_day_usd")):
+        p = policy(tenants={"quotas": {"team": {field: 1.0}}})
+        below = TenantState(**{spent: 1.0 - WARM_COST})
+        assert routed(p, WARM, below)[0] == "aws", field
+        over = TenantState(**{spent: 1.0 - WARM_COST / 2})
+        assert routed(p, WARM, over)[:2] == (LOCAL, "no_target"), field
+
+
+def test_the_default_quota_applies_to_every_tenant_not_listed() -> None:
+    p = policy(tenants={"default": {"requests_per_minute": 5, "daily_usd": 1.0}, "quotas": {"vip": {}}})
+    assert routed(p, WARM, TenantState(requests_last_minute=5))[:2] == (SHED, "tenant_rate")
+    assert routed(p, WARM, TenantState(spent_day_usd=1.0))[0] == LOCAL
+    vip = RequestFeatures("/v2/models/m/infer", {"x-data-classification": "public", "x-tenant": "vip"})
+    busy_vip = Snapshot({"": HOT}, {"aws": WARM}, {"vip": TenantState(requests_last_minute=50)})
+    assert decide(vip, busy_vip, p).target == "aws", "a listed tenant has its own quota"
+
+
+def test_a_half_open_breaker_takes_only_its_probe() -> None:
+    p = policy()
+    waiting = WARM._replace(breaker=BreakerState.HALF_OPEN, probe_allowed=False)
+    assert routed(p, waiting)[0] == "ali"
+    assert routed(p, waiting._replace(probe_allowed=True))[0] == "aws"

@@ -282,6 +282,7 @@ def test_a_killed_backend_stub_is_replaced_and_meanwhile_every_answer_is_200_or_
         _, _, metrics = http("GET", running.url + "/spillway/metrics")
     after = answers[killed_at:]
     assert all(status in (200, 503) for status, _, _ in after), [a for a in after if a[0] not in (200, 503)]
+    assert any(status == 503 for status, _, _ in after), "no 503 while the backend was restarted"
     assert all(retry == "1" for status, retry, _ in after if status == 503)
     assert b"spillway_function_sidecar_restarts_total 1.0" in metrics
     print(f"killed stub: serving again after {recovered_s:.2f} s")

@@ -199,7 +199,9 @@ def test_connections_past_the_limit_get_503_and_the_others_keep_working() -> Non
     async def go() -> tuple[list[int], int]:
         async with _server(HttpLimits(max_connections=2)) as port:
             held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-            await asyncio.sleep(0.05)
+            for held_reader, held_writer in held:  # an answer on each: the server counts both
+                held_writer.write(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await _read_answer(held_reader))[0] == 200
             reader, _ = await asyncio.open_connection("127.0.0.1", port)
             refused = await _answers_until_closed(reader)
             first_reader, first_writer = held[0]

@@ -178,6 +178,12 @@ def exchange(port: int, data: bytes) -> bytes:
         return received
 
 
+def free_slots(app: RunnerApp) -> int:
+    """Connections the outcome endpoint may still take: its semaphore's count (there is no public view)."""
+    assert app.outcome_listener is not None
+    return app.outcome_listener._server._slots._value
+
+
 def test_connections_beyond_the_bound_are_closed_at_once_and_the_endpoint_keeps_serving(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -189,7 +195,7 @@ def test_connections_beyond_the_bound_are_closed_at_once_and_the_endpoint_keeps_
         app.start()
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
         try:
-            await asyncio.sleep(0.2)  # the four are taken by their threads
+            await asyncio.to_thread(wait_until, lambda: free_slots(app) == 0, 10, "the four taken")
             body = json.dumps([{"target": "local", "upstream_status": "200"}]).encode()
             request = (
                 b"POST /spillway/outcomes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
@@ -201,7 +207,7 @@ def test_connections_beyond_the_bound_are_closed_at_once_and_the_endpoint_keeps_
         finally:
             for sock in idle:
                 sock.close()
-        await asyncio.sleep(0.2)
+        await asyncio.to_thread(wait_until, lambda: free_slots(app) == 4, 10, "the four slots freed")
         status, _ = await asyncio.to_thread(post, port, [{"target": "local", "upstream_status": "200"}])
         app.close()
         return refused, status

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +17,8 @@ from gateway_plugin.routing.policy import (
     LocalLoad,
     Policy,
     RequestFeatures,
+    RuleAction,
+    RulePolicy,
     Snapshot,
     TargetState,
     TenantState,
@@ -332,3 +337,54 @@ def test_a_busy_warm_pool_grows_one_instance_at_a_time_while_local_would_miss() 
     starting = TargetState(warm_instances=2, in_flight=3)
     assert decide(req(), snap(BUSY, aws=starting, ali=all_busy), POLICY).target == LOCAL
     assert decide(req(), snap(CALM, aws=all_busy), POLICY).target == LOCAL
+
+
+def test_a_classification_is_read_whatever_its_case_and_spaces_and_a_blank_one_is_none() -> None:
+    for label in ("PUBLIC", " public ", "Public\t"):
+        assert decide(req(label), snap(BUSY, aws=WARM), POLICY).target == "aws", repr(label)
+    leaving = dataclasses.replace(POLICY, unclassified_may_leave=True)
+    assert may_leave(req(" "), leaving) and not may_leave(req(" "), POLICY)
+
+
+def test_without_fresh_signals_nothing_is_shed_and_nothing_counts_as_overflowing() -> None:
+    """Fail safe: a stale view of the cluster, however loaded it looked, keeps requests local
+    without shedding them, and does not set the overflow state that hysteresis remembers."""
+    stale = SATURATED._replace(fresh=False)
+    decision = decide(req("confidential"), snap(stale, aws=WARM), POLICY)
+    assert (decision.target, decision.label, decision.overflowing) == (LOCAL, "signals_missing", False)
+    everything_open = {n: TargetState(breaker=BreakerState.OPEN) for n in ("aws", "ali")}
+    for features in (req("secret", **{"x-priority": "batch"}), req(**{"x-priority": "batch"})):
+        assert decide(features, snap(stale, **everything_open), POLICY).target == LOCAL
+
+
+def test_a_local_queue_past_max_queue_ms_is_saturation_on_its_own() -> None:
+    """Nowhere to go: a queue longer than max_queue_ms sheds even with the latency short of
+    target x saturation_ratio."""
+    nowhere = {n: TargetState(breaker=BreakerState.OPEN) for n in ("aws", "ali")}
+    queue_capped = dataclasses.replace(POLICY, max_queue_ms=250, saturation_ratio=1000)
+    decision = decide(req(), snap(BUSY, **nowhere), queue_capped)
+    assert (decision.target, decision.status, decision.label) == (SHED, 503, "no_target+local_saturated")
+    assert decide(req(), snap(BUSY, **nowhere), POLICY).target == LOCAL
+
+
+def test_a_warm_target_later_in_the_chain_beats_a_cold_start_earlier() -> None:
+    decision = decide(req(), snap(SATURATED, ali=WARM), POLICY)
+    assert (decision.target, decision.label) == ("ali", "overflow_warm")
+
+
+def test_each_model_has_its_own_load_and_target_and_the_clusters_stands_in_for_the_rest() -> None:
+    cluster_wide = Snapshot({"": BUSY}, {"aws": WARM})
+    assert decide(req(model="other"), cluster_wide, POLICY).target == "aws"
+    lenient = dataclasses.replace(POLICY, model_targets_ms={"m": 1000.0})
+    assert decide(req(), snap(BUSY, aws=WARM), lenient).label == "local_ok"
+    assert decide(req(model="forbidden"), snap(BUSY, aws=WARM), lenient).target == SHED
+
+
+def test_rules_match_query_arguments_and_a_rule_without_targets_uses_the_default_chain() -> None:
+    keep = RulePolicy("keep", RuleAction.LOCAL, (), args=(("stay", re.compile("1")),))
+    out = RulePolicy("out", RuleAction.TARGET, (), headers=(("x-out", re.compile("yes")),))
+    ruled = dataclasses.replace(POLICY, rules=(keep, out))
+    staying = req()._replace(args={"stay": "1"})
+    assert decide(staying, snap(BUSY, aws=WARM), ruled).label == "rule:keep"
+    assert decide(req(), snap(BUSY, aws=WARM), ruled).target == "aws"
+    assert decide(req(**{"x-out": "yes"}), snap(CALM, aws=WARM), ruled).target == "aws"

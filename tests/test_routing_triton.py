@@ -13,6 +13,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
@@ -101,25 +102,41 @@ def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -
             return target
 
         async def sample(phase: str, seconds: float) -> None:
+            """Decisions through a phase, five a second (its figures are shares of them)."""
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 await decide(phase, "public")
                 await decide(phase, "confidential")
                 await asyncio.sleep(0.2)
 
+        async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+            try:
+                async with asyncio.timeout(30):
+                    # Polls what the runner decides (there is no event to wait on).
+                    while not await check():  # noqa: ASYNC110
+                        await asyncio.sleep(0.05)
+            except TimeoutError:
+                raise TimeoutError(f"{what} not within 30 s") from None
+
+        async def fresh() -> bool:
+            return app.state.load.fresh
+
+        async def public_goes(where: str) -> bool:
+            return (await decide("between", "public")).partition(":")[0] == where
+
         try:
-            await asyncio.sleep(0.5)
+            await until(fresh, "the runner's first scrape of Triton's metrics")
             await sample("idle", 1.0)
             workers = [
                 threading.Thread(target=load, args=(f"127.0.0.1:{triton.http_port}", stop)) for _ in range(8)
             ]
             for w in workers:
                 w.start()
-            await asyncio.sleep(1.5)
+            await until(lambda: public_goes("aws"), "the queue the load builds seen by the runner")
             await sample("loaded", 3.0)
             stop.set()
             await asyncio.to_thread(lambda: [w.join(30) for w in workers])
-            await asyncio.sleep(1.0)
+            await until(lambda: public_goes("local"), "the drained queue seen by the runner")
             await sample("after", 2.0)
         finally:
             stop.set()

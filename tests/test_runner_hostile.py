@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -259,10 +261,34 @@ def test_the_route_matches_the_values_the_runner_sets(tmp_path: Path) -> None:
         check=True,
     )
     (rule,) = json.loads(result.stdout)["plugins"]["traffic-split"]["rules"]
-    value = target_value("aws", os.environ["SPILLWAY_ROUTE_TOKEN"].encode())
+    value = _mac_value("aws", os.environ["SPILLWAY_ROUTE_TOKEN"].encode())
     assert rule["match"] == [{"vars": [["spillway_upstream", "==", value]]}]
     assert rule["weighted_upstreams"][0]["upstream"]["nodes"] == {"fn.example:443": 1}
-    assert value.startswith("aws:") and len(value) == len("aws:") + 32
+
+
+def _mac_value(name: str, token: bytes) -> str:
+    """A cloud target's ``X-Spillway-Target`` as SECURITY.md defines it, written out here apart
+    from the code: ``<name>:`` and the first 32 hex digits of HMAC-SHA256, keyed by the route
+    token, of ``spillway-target:<name>``. Tests that took the value from the code itself would
+    pass whatever the code computed."""
+    digest = hmac.new(token, b"spillway-target:" + name.encode(), hashlib.sha256).hexdigest()
+    return f"{name}:{digest[:32]}"
+
+
+def test_a_target_value_is_the_mac_of_its_name_under_the_route_token() -> None:
+    """A known answer, computed apart from the code (openssl dgst -sha256 -hmac gives the same)."""
+    token = b"known-answer-route-token-0123456789"
+    assert _mac_value("aws", token) == "aws:5c12caeadcc4c74d7830da74e66e0ec7"
+    assert target_value("aws", token) == "aws:5c12caeadcc4c74d7830da74e66e0ec7"
+
+
+def test_another_route_token_or_target_gives_another_value() -> None:
+    """Whoever knows one deployment's values, or one target's, must not know another's."""
+    token, other = b"known-answer-route-token-0123456789", b"another-route-token-0123456789ab"
+    assert target_value("aws", other) == "aws:667e4941286ba9f03975bc7d000e4166"
+    assert target_value("aws", other) != target_value("aws", token)
+    assert target_value("ali", token).split(":")[1] != target_value("aws", token).split(":")[1]
+    assert target_value("ali", token) == _mac_value("ali", token)
 
 
 @pytest.mark.parametrize(

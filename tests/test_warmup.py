@@ -138,8 +138,10 @@ def test_overlapping_pings_reach_distinct_real_instances_and_keep_them_warm(tmp_
         assert first.ok and len(first.warm) == 3, first
         assert first.cold == set(first.warm), "the first round started three instances"
         assert all(r.models_ready == ("add_sub",) for r in first.warm.values())
-        for _ in range(3):
-            time.sleep(2.0)
+        # Rounds back to back (each holds its instances for the dwell) until the first round's
+        # instances have lived past the idle TTL: without the pings the pool would have reaped them.
+        kept_since = time.monotonic()
+        while time.monotonic() - kept_since <= 1.5 * pool.settings.idle_ttl_s:
             again = warm_target(
                 "pool", transport, 3, payload, models=["add_sub"], probe=True, waves=3, timeout_s=60
             )
