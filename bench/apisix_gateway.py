@@ -334,7 +334,7 @@ class Case:
     feed_mode: str = "calm"
     metrics_url: str | None = None  # the runner's /metrics (decision counters)
     logger: bool = False  # the route posts outcomes to the runner
-    fast_path: dict[str, Any] | None = None  # config_snippet: the Lua plugin's path, dict, attrs
+    lua: dict[str, Any] | None = None  # config_snippet: the Lua plugins' path, dict, attrs
 
 
 @dataclass
@@ -395,6 +395,7 @@ def make_case(name: str, setup: Setup) -> Case:
             "overloaded" if cloud else "calm",
             f"http://{LOOPBACK}:{metrics_port}/metrics",
             "http-logger" in made["plugins"],
+            lua=None if outcomes_port is None else config_snippet(SpillwayConfig.model_validate(config)),
         )
     plugins: dict[str, Any] = {"traffic-split": made["plugins"]["traffic-split"]}
     runner_cmd: list[str] | None = None
@@ -428,20 +429,21 @@ def fast_case(name: str, setup: Setup, config: dict[str, Any], metrics_port: int
         "aws;" if cloud else "local;local_ok",
         "overloaded" if cloud else "calm",
         f"http://{LOOPBACK}:{metrics_port}/metrics",
-        fast_path=config_snippet(validated),
+        lua=config_snippet(validated),
     )
 
 
 def apisix_settings(case: Case, setup: Setup, workers: int, port: int) -> apisix.ApisixSettings:
     extra: dict[str, Any] = {}
-    if case.fast_path is not None:
-        snippet = case.fast_path
+    if case.lua is not None:
+        snippet = case.lua
         extra = {
             "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
             "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
             "plugin_attr": snippet["plugin_attr"],
-            "plugins": FAST_PLUGINS,
         }
+    if case.name.startswith("fast-"):
+        extra["plugins"] = FAST_PLUGINS
     return apisix.ApisixSettings(
         port=port,
         routes_yaml=case.routes_yaml,

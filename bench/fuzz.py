@@ -80,10 +80,12 @@ from typing import Any
 import yaml
 
 from functions.cli import serve_command
+from functions.contract import PathError, gateway_path
 from functions.http_types import Request, Response
 from functions.settings import HttpLimits
 from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
+from gateway_plugin.routing.header_names import FRAMING
 from gateway_plugin.routing.target_header import target_value
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -330,8 +332,22 @@ def may_leave(headers: list[tuple[str, str | None]]) -> bool:
 
     Repeated headers are joined with ", " (as APISIX presents them); entries without a value are
     not headers at all."""
-    values = [v for k, v in headers if v is not None and k.lower() == CLASSIFICATION]
+    values = [v for k, v in headers if v is not None and k.lower().replace("_", "-") == CLASSIFICATION]
     return bool(values) and ", ".join(values).strip().lower() == "public"
+
+
+def refused(request: GenRequest) -> bool:
+    """Whether one reading of the request is impossible, so the runner must answer 400: a path
+    encoded more than once or not in normal form, a tenant named with different values, an ``_``
+    spelling of a header nginx frames the body by."""
+    try:
+        gateway_path(request.path or "/")  # an empty path reaches the runner as "/"
+    except PathError:
+        return True
+    names = [(k.lower(), v) for k, v in request.headers if v is not None]
+    tenants = {v for k, v in names if k.replace("_", "-") == TENANT_HEADER}
+    framing = any("_" in k and k.replace("_", "-") in FRAMING for k, _ in names)
+    return len(tenants) > 1 or framing
 
 
 MODELS = ["m0", "burst", "add_sub", "m.v2", "%6d0", "m\u00f6del", "a%2Fb", "..", ".", "burst%00", "BURST", ""]
@@ -1026,12 +1042,18 @@ class RunnerCampaign:
             self.findings.add(
                 "answer_id_mismatch", sent, received, got=answer_id, want=call.call_id, **detail
             )
+        conf = self.tokens.confs.get(call.token)
+        known = lane == "wellformed" and conf is not None and conf.spillway and call.request is not None
+        must_refuse = known and call.request is not None and refused(call.request)
         if isinstance(action, messages.Stop):
             self.answers["req_call:stop"] += 1
             self.decisions[f"stop:{action.status}"] += 1
-            if action.status not in (429, 503):
+            expected = (400,) if must_refuse else (429, 503) if known else (400, 429, 503)
+            if action.status not in expected:
                 self.findings.add("unexpected_stop_status", sent, received, status=action.status, **detail)
             return
+        if must_refuse:
+            self.findings.add("refusal_missed", sent, received, **detail)
         targets = []
         if isinstance(action, messages.Rewrite):
             self.answers["req_call:rewrite"] += 1
@@ -1050,7 +1072,6 @@ class RunnerCampaign:
         self.decisions[name or "none"] += 1
         if lane != "wellformed":
             return
-        conf = self.tokens.confs.get(call.token)
         request = call.request
         assert request is not None
         if not request.may_leave:

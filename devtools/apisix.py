@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway_plugin.apisix_fast_route import lua_path
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTBED = ROOT / "third_party" / "apisix-testbed"
 
@@ -44,6 +46,7 @@ class ApisixSettings:
     routes_yaml: str
     runner_cmd: Sequence[str] | None = None
     plugins: Sequence[str] = (
+        "spillway-edge",
         "ext-plugin-pre-req",
         "traffic-split",
         "http-logger",
@@ -53,7 +56,8 @@ class ApisixSettings:
     envs: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     workers: int = 1
-    extra_lua_path: Path | None = None
+    # Spillway's Lua plugins (spillway-edge, spillway): every Spillway route needs them.
+    extra_lua_path: Path | None = field(default_factory=lua_path)
     # More directories holding apisix/plugins/<name>.lua (searched after extra_lua_path).
     more_lua_paths: Sequence[Path] = ()
     shared_dicts: dict[str, str] = field(default_factory=dict)

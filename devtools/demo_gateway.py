@@ -17,6 +17,7 @@ import yaml
 
 from devtools import apisix
 from devtools.demo_report import FEEDBACK_S
+from gateway_plugin.apisix_fast_route import config_snippet
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
 
@@ -34,9 +35,9 @@ def start_gateway(
     step: Callable[[str], None],
 ) -> dict[str, Any]:
     """The development gateway (which starts the runner itself), or a real APISIX with the route
-    ``python -m gateway_plugin apisix-route`` makes (ext-plugin-pre-req, traffic-split on MAC'd
-    target values, http-logger to the runner), the runner as its ext-plugin.cmd and the example
-    config's plugins. Returns what the report says of it."""
+    ``python -m gateway_plugin apisix-route`` makes (spillway-edge, ext-plugin-pre-req, traffic-split
+    on the edge's variable, http-logger to the runner), the runner as its ext-plugin.cmd and the
+    example config's plugins. Returns what the report says of it."""
     if gateway == "dev":
         step(f"starting the Spillway runner and the development gateway on 127.0.0.1:{port}")
         cmd = [sys.executable, "-m", "devtools", "devgateway", "--config", str(config_path)]
@@ -47,12 +48,15 @@ def start_gateway(
     found = re.search(r'VERSION = "([^"]+)"', _read(home / "apisix" / "core" / "version.lua"))
     label = f"Apache APISIX {found.group(1) if found else ''} (the runner as its ext-plugin)"
     step(f"starting {label} on 127.0.0.1:{port}")
+    snippet = config_snippet(config)
     settings = apisix.ApisixSettings(
         port=port,
         routes_yaml=standalone_yaml(route(config, os.environ["SPILLWAY_ROUTE_TOKEN"].encode())),
         runner_cmd=[sys.executable, "-m", "gateway_plugin", "run", "--config", str(config_path)],
         plugins=list(yaml.safe_load(EXAMPLE_APISIX_CONFIG.read_text())["plugins"]),
         envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
+        shared_dicts=snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
+        plugin_attr=snippet["plugin_attr"],
     )
     # Registered before APISIX starts: copied once it has quit (and flushed its buffered logs).
     for name, kept in (("error.log", "gateway.log"), ("access.log", "apisix-access.log")):

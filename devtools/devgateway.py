@@ -1,8 +1,9 @@
 """A development stand-in for APISIX: one route, the runner asked through the APISIX-side peer.
 
-Per request it calls the runner, applies Stop or Rewrite, picks the upstream named by
-``X-Spillway-Target`` as a ``traffic-split`` rule on ``http_x_spillway_target`` would (else the
-route's own upstream), proxies, and calls the runner again for ``ext-plugin-post-resp``.
+Per request it does what the route's ``spillway-edge`` plugin does (the path read as nginx reads
+it, decoded once; no client spelling of ``X-Spillway-*``), calls the runner, applies Stop or
+Rewrite, picks the upstream named by the runner's ``X-Spillway-Target`` as a ``traffic-split``
+rule on ``spillway_upstream`` would (else the route's own upstream), and proxies without it.
 It is for local runs and tests, not a gateway for production: use APISIX there.
 """
 
@@ -18,10 +19,11 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
-from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET
+from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET, PathError, request_path
 from functions.http_types import HOP_BY_HOP, Request, Response, error_response
 from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.protocol import messages
+from gateway_plugin.routing.header_names import HEADER_WORKER, OWN_PREFIX, fold
 
 log = logging.getLogger("spillway.devgateway")
 
@@ -90,13 +92,18 @@ class DevGateway:
         self.default = self.pools[values.get(settings.default_upstream, settings.default_upstream)]
 
     async def handle(self, request: Request) -> Response:
-        path, _, query = request.target.partition("?")
+        sent, _, query = request.target.partition("?")
+        try:
+            path = request_path(sent)
+        except PathError as exc:
+            return error_response(400, str(exc))
+        headers = {k: v for k, v in request.headers.items() if not fold(k).startswith(OWN_PREFIX)}
         request_body = bytes(request.body)
         peer_request = PeerRequest(
             method=request.method,
             path=path,
             args=parse_qsl(query, keep_blank_values=True),
-            headers=list(request.headers.items()),
+            headers=list(headers.items()),
             vars=_variables(request, path, query),
             body=request_body,
         )
@@ -106,21 +113,22 @@ class DevGateway:
         if outcome.stop is not None:
             stop = outcome.stop
             return Response(stop.status or 200, [(k, v) for k, v in stop.headers if v is not None], stop.body)
-        headers = dict(request.headers)
+        upstream = sent if sent == path else quote(path, safe="/")
         body, resp_headers = request_body, []
         if outcome.rewrite is not None:
-            path, query, body = _rewrite(outcome.rewrite, headers, path, query, body)
+            upstream, query, body = _rewrite(outcome.rewrite, headers, upstream, query, body)
             resp_headers = [(k, v) for k, v in outcome.rewrite.resp_headers if v is not None]
-        response = await self._proxy(request.method, path, query, headers, body)
+        decided, worker = headers.pop(HEADER_TARGET, ""), headers.pop(HEADER_WORKER, None)
+        response = await self._proxy(request.method, upstream, query, decided, headers, body)
         response.headers.extend(resp_headers)
         if self.outcomes is not None:
-            self.outcomes.log(response, headers, path)
+            self.outcomes.log(response, headers, path, decided, worker)
         return response
 
     async def _proxy(
-        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
+        self, method: str, path: str, query: str, decided: str, headers: dict[str, str], body: bytes
     ) -> Response:
-        name, pool = self.pools.get(headers.get(HEADER_TARGET, ""), self.default)
+        name, pool = self.pools.get(decided, self.default)
         forward = [(k.encode(), v.encode("latin-1")) for k, v in headers.items() if k not in HOP_BY_HOP]
         target = f"{path}?{query}" if query else path
         started = time.perf_counter()
@@ -157,12 +165,15 @@ class OutcomeLogger:
         self._entries: list[dict[str, str]] = []
         self._flushing: asyncio.Task[None] | None = None
 
-    def log(self, response: Response, headers: dict[str, str], uri: str) -> None:
+    def log(
+        self, response: Response, headers: dict[str, str], uri: str, target: str, worker: str | None
+    ) -> None:
         upstream_ms = response.header(UPSTREAM_TIME_HEADER)
         if upstream_ms is None:
             return  # answered by the gateway (a Stop): no upstream, nothing to report
         entry = {
-            "target": headers.get(HEADER_TARGET),
+            "target": target or None,
+            "worker": worker,
             "status": str(response.status),
             "upstream_status": str(response.status),
             "upstream_s": f"{float(upstream_ms) / 1000:.3f}",

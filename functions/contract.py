@@ -5,6 +5,7 @@ The gateway and the warm-up pinger import this module, so it stays free of heavy
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -61,24 +62,57 @@ def warmup_payload(dwell_ms: int = 0, models: tuple[str, ...] = (), probe: bool 
     return WarmupEvent(spillway_warmup=ping).model_dump_json()
 
 
-_MAX_DECODE_ROUNDS = 4
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+_SHOWN = 120
 
 
-def normalise_path(raw: str) -> str:
-    """The one form of a request path that the gateway's rules and the function's allow-list see.
+class PathError(ValueError):
+    """A request path two layers could read differently: refused (400) wherever it is read."""
 
-    Percent-escapes are decoded (repeatedly, so double encoding cannot hide a segment), repeated
-    slashes merged and dot segments removed (RFC 3986, 5.2.4), so ``//v2/./%72epository`` and
-    ``/v2/models/../repository`` both read ``/v2/repository``.
+
+def request_path(raw: str) -> str:
+    """The path a raw request target names, read as nginx reads it into ``$uri`` (what APISIX
+    matches routes on): percent-escapes decoded once, then ``normal_path``.
+
+    Raises ``PathError`` when an escape is left after that one decoding (``%2574`` reads ``%74``):
+    a layer that decoded again would serve a path no route, rule or residency check saw.
     """
-    if raw[:1] == "/" and not ("%" in raw or "//" in raw or "/." in raw or (raw[-1] == "/" and raw != "/")):
-        return raw
-    path = raw
-    for _ in range(_MAX_DECODE_ROUNDS):
-        decoded = unquote(path, errors="replace")
-        if decoded == path:
-            break
-        path = decoded
+    decoded = unquote(raw, errors="replace") if "%" in raw else raw
+    _refuse_escapes(decoded, raw)
+    return resolved_path(decoded)
+
+
+def gateway_path(path: str) -> str:
+    """The path a gateway decides on, from one nginx already decoded (``$uri``): ``path`` without
+    its trailing slash.
+
+    Raises ``PathError`` when ``path`` holds an escape (it was encoded more than once) or is not in
+    normal form (repeated slashes, dot segments): APISIX chose the route on it as it is, so
+    resolving it here could decide on a path that route was never meant for.
+    """
+    _refuse_escapes(path, path)
+    resolved = resolved_path(path)
+    if resolved != path and resolved + "/" != path:
+        raise PathError(
+            f"request path {_shown(path)} is not in normal form (repeated slashes or dot segments); "
+            f"send {_shown(resolved)}"
+        )
+    return resolved
+
+
+def _refuse_escapes(decoded: str, raw: str) -> None:
+    if "%" in decoded and _ESCAPE.search(decoded):
+        raise PathError(
+            f"request path {_shown(raw)} is percent-encoded more than once; encode each byte once "
+            "(a '%' itself is %25, and must not be followed by two hex digits once decoded)"
+        )
+
+
+def resolved_path(path: str) -> str:
+    """Repeated slashes merged and dot segments removed (RFC 3986, 5.2.4); no trailing slash.
+    Decodes nothing."""
+    if path[:1] == "/" and not ("//" in path or "/." in path or (path[-1] == "/" and path != "/")):
+        return path
     segments: list[str] = []
     for segment in path.split("/"):
         if segment == "..":
@@ -87,3 +121,7 @@ def normalise_path(raw: str) -> str:
         elif segment not in ("", "."):
             segments.append(segment)
     return "/" + "/".join(segments)
+
+
+def _shown(path: str) -> str:
+    return repr(path if len(path) <= _SHOWN else path[:_SHOWN] + "...")

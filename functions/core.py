@@ -221,7 +221,10 @@ class FunctionCore:
                 return error_response(401, str(exc))
             except ReplayCacheFull as exc:
                 return error_response(503, str(exc), [("retry-after", str(exc.retry_after_s))])
-        path = contract.normalise_path(request.path)
+        try:
+            path = contract.request_path(request.path)
+        except contract.PathError as exc:
+            return error_response(400, str(exc))
         if surface.is_v2(path):
             refusal = surface.check(request.method, path, self.settings.expose_statistics)
             if refusal is not None:

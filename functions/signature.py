@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote_to_bytes
 
+from functions.contract import resolved_path
+
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_SKEW_S = 300
 
@@ -28,33 +30,16 @@ class SignatureError(Exception):
 
 
 _PLAIN_PATH = re.compile(r"(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+|/")
-_MAX_DECODE_ROUNDS = 4
-
-
-def _path_bytes(path: bytes) -> bytes:
-    """Percent-decoded to a fixed point, empty and dot segments resolved, as the allow-list reads paths."""
-    for _ in range(_MAX_DECODE_ROUNDS):
-        decoded = unquote_to_bytes(path)
-        if decoded == path:
-            break
-        path = decoded
-    segments: list[bytes] = []
-    for segment in path.split(b"/"):
-        if segment == b"..":
-            if segments:
-                segments.pop()
-        elif segment not in (b"", b"."):
-            segments.append(segment)
-    return b"/" + b"/".join(segments)
 
 
 def canonical_target(path: bytes, args: Iterable[tuple[bytes, bytes]]) -> str:
-    """The target a signature binds: the decoded, normalised path and the decoded arguments sorted,
+    """The target a signature binds: the path decoded once (nginx's ``$uri``), normalised, and the
+    decoded arguments sorted,
     every byte outside the unreserved set percent-encoded. An argument without a value reads
     ``name=`` and ``+`` reads as a space, whichever way a server's argument parser takes them."""
     text = path.decode("ascii", "replace")
     if not _PLAIN_PATH.fullmatch(text):
-        text = quote(_path_bytes(path), safe="/")
+        text = quote(resolved_path(path.decode("latin-1")).encode("latin-1"), safe="/")
     pairs = sorted((k.replace(b"+", b" "), v.replace(b"+", b" ")) for k, v in args)
     if not pairs:
         return text
@@ -65,7 +50,8 @@ def canonical_of(target: str) -> str:
     """``canonical_target`` of a raw request target (as an HTTP server or a Lambda event gives it)."""
     path, _, query = target.partition("?")
     args = parse_qsl(query, keep_blank_values=True, encoding="latin-1") if query else []
-    return canonical_target(_raw_bytes(path), [(_raw_bytes(k), _raw_bytes(v)) for k, v in args])
+    decoded = unquote_to_bytes(_raw_bytes(path)) if "%" in path else _raw_bytes(path)
+    return canonical_target(decoded, [(_raw_bytes(k), _raw_bytes(v)) for k, v in args])
 
 
 def _raw_bytes(text: str) -> bytes:

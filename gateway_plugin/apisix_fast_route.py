@@ -1,8 +1,11 @@
-"""The fast path's APISIX side: where the ``spillway`` Lua plugin lives, and its route.
+"""Spillway's Lua plugins in APISIX: where they live, what APISIX's config.yaml needs for them, and
+the fast path's route.
 
-Same traffic-split rules as the ext-plugin route (``apisix_route``), the same route-level
-overrides, but the decision is made by the Lua plugin from the runner's decision table and the
-plugin reports outcomes itself (no ext-plugin-pre-req, no http-logger).
+Both routes run Lua shipped in this package: ``spillway-edge`` on the ext-plugin route, ``spillway``
+on the fast path. The fast route has the same traffic-split rules as the ext-plugin route
+(``apisix_route``) and the same route-level overrides, but the decision is made by the Lua plugin
+from the runner's decision table and the plugin reports outcomes itself (no ext-plugin-pre-req, no
+http-logger).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ SHARED_DICT = "spillway"
 
 def lua_path() -> Path:
     """The directory to name in ``apisix.extra_lua_path`` (``<dir>/?.lua``): it holds
-    ``apisix/plugins/spillway.lua``."""
+    ``apisix/plugins/spillway.lua`` and ``spillway-edge.lua``."""
     return LUA_DIR
 
 
@@ -49,9 +52,10 @@ def invoke_targets(config: SpillwayConfig) -> list[str]:
 
 
 def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
-    """What APISIX's config.yaml needs for the plugin: its path, its shared dict, where the runner
-    serves its table (``outcomes.listen``) and the variables nginx must pass through: the route
-    token's and every target's signing key's (names only; the plugin signs with them)."""
+    """What APISIX's config.yaml needs for the plugins (either route): their path, their shared
+    dict, where the runner serves its table (``outcomes.listen``) and the variables nginx must pass
+    through: the route token's and every target's signing key's (names only; the plugin signs with
+    them)."""
     if not config.outcomes.listen:
         raise RouteError("outcomes.listen is null: the fast path fetches its table from that endpoint")
     keys = [t.signing_key_env for t in config.targets if t.signing_key_env]

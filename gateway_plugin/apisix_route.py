@@ -1,10 +1,12 @@
 """The APISIX route that puts Spillway in front of a Triton cluster, made from ``spillway.yaml``.
 
 One source for both forms APISIX takes: the Admin API's route object (JSON) and standalone mode's
-``apisix.yaml``. The route runs the runner (``ext-plugin-pre-req``), sends each decision to its
-upstream (``traffic-split`` on ``X-Spillway-Target`` values that carry the route token's MAC, or
-APISIX's own ``aws-lambda`` plugin for an IAM-authenticated Lambda), and reports what happened
-(``http-logger`` to the runner's outcome endpoint).
+``apisix.yaml``. The route reads each request once (the ``spillway-edge`` Lua plugin, shipped in
+this package), runs the runner (``ext-plugin-pre-req``), sends each decision to its upstream
+(``traffic-split``, or APISIX's own ``aws-lambda`` plugin for an IAM-authenticated Lambda, on the
+``spillway_upstream`` variable: the runner's decision as the edge put it in the request's context,
+which no client can write), and reports what happened (``http-logger`` to the runner's outcome
+endpoint).
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from functions.contract import HEADER_TARGET
 from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.outcome_listener import PATH as OUTCOME_PATH
 from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.target_header import target_values
 
-TARGET_VAR = "http_" + HEADER_TARGET.replace("-", "_")
+# The variable the edge (or the fast path's plugin) sets to the decision's target value.
+TARGET_VAR = "spillway_upstream"
+EDGE_PLUGIN = "spillway-edge"
 
 
 class RouteError(ValueError):
@@ -40,6 +43,7 @@ def route(
     upstream_targets = [t for t in config.targets if t.mode == "upstream"]
     values = target_values([t.name for t in upstream_targets], token)
     plugins: dict[str, Any] = {
+        EDGE_PLUGIN: {},
         # Every target the runner may decide has a way out on this route: traffic-split or
         # aws-lambda for upstream mode, the runner's own Stop for invoke mode.
         "ext-plugin-pre-req": {"conf": [{"name": "spillway", "value": "{}"}], "allow_degradation": False},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -27,6 +28,7 @@ from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_header import RouteTokenError, route_token
 from gateway_plugin.routing.warm_instances import read_warm_report
+from gateway_plugin.runner.workers import HEARTBEAT, HEARTBEAT_S
 from gateway_plugin.targets.invoke import InvokePool, Invoker, make_invoker
 
 log = logging.getLogger("spillway.app")
@@ -140,9 +142,18 @@ class RunnerApp:
         return f"{host}:{int(port) + self.worker}"
 
     def take_outcomes(self, channel: socket.socket) -> None:
-        """A worker's outcomes come from its parent, one batch a message, on ``channel``."""
+        """A worker's outcomes come from its parent, one batch a message, on ``channel``; and on it
+        the worker beats every ``HEARTBEAT_S`` from its event loop, so the parent can tell a worker
+        whose loop stopped turning (it kills it and starts it anew)."""
         loop = asyncio.get_running_loop()
         channel.setblocking(False)
+
+        def beat() -> None:
+            with contextlib.suppress(OSError):
+                channel.send(HEARTBEAT)
+            loop.call_later(HEARTBEAT_S, beat)
+
+        beat()
 
         def read() -> None:
             try:

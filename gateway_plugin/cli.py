@@ -44,11 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     route = sub.add_parser(
         "apisix-route",
         help="print the APISIX route that puts Spillway in front of the cluster",
-        description="Print the route, made from spillway.yaml: ext-plugin-pre-req runs the runner; "
-        "traffic-split sends each decision to its upstream, matching X-Spillway-Target values that carry "
-        "a MAC under the route token (clients cannot forge them); http-logger reports each outcome to "
-        "the runner. JSON is the Admin API's route object (PUT /apisix/admin/routes/<id>); yaml is "
-        "standalone mode's conf/apisix.yaml. Needs the route token in the environment variable the "
+        description="Print the route, made from spillway.yaml: spillway-edge reads each request once "
+        "(see apisix-lua-path); ext-plugin-pre-req runs the runner; traffic-split sends each decision to "
+        "its upstream, matching the spillway_upstream variable the edge sets from the runner's decision "
+        "(no client can write it); http-logger reports each outcome to the runner. JSON is the Admin "
+        "API's route object (PUT /apisix/admin/routes/<id>); yaml is standalone mode's conf/apisix.yaml. "
+        "Needs the route token in the environment variable the "
         "config names (runner.route_token_env).",
     )
     route.add_argument("--config", type=Path, required=True, help="spillway.yaml")
@@ -70,10 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     lua = sub.add_parser(
         "apisix-lua-path",
-        help="print the directory to name in APISIX's extra_lua_path (the fast path's plugin)",
-        description="Print the directory holding apisix/plugins/spillway.lua, the fast path's Lua plugin "
-        'shipped with this package. In APISIX\'s config.yaml: apisix.extra_lua_path: "<dir>/?.lua", '
-        "'spillway' in plugins, nginx_config.http.custom_lua_shared_dict: {spillway: 10m}, the route "
+        help="print the directory to name in APISIX's extra_lua_path (Spillway's Lua plugins)",
+        description="Print the directory holding Spillway's Lua plugins shipped with this package: "
+        "apisix/plugins/spillway.lua (the fast path) and spillway-edge.lua (the ext-plugin route's "
+        'edge; both routes need it). In APISIX\'s config.yaml: apisix.extra_lua_path: "<dir>/?.lua", '
+        "'spillway' and 'spillway-edge' in plugins, nginx_config.http.custom_lua_shared_dict: "
+        "{spillway: 10m}, the route "
         "token's variable in nginx_config.envs, and plugin_attr.spillway.runner set to the runner's "
         "outcomes.listen. --config prints that whole config.yaml excerpt instead.",
     )

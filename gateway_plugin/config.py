@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD, HeaderName
 from gateway_plugin.routing.policy import RuleAction
 from gateway_plugin.shared_state_config import SharedState as SharedState
 from gateway_plugin.simulation.settings import SimulationSettings
@@ -121,7 +123,16 @@ class Target(_Model):
         ge=1,
         description="largest request body (Content-Length) sent here; default: the platform's limit",
     )
+    forward_headers: list[HeaderName] = Field(
+        default_factory=list,
+        description="request headers sent on to this target besides what inference needs (none by default)",
+    )
     cost: TargetCost = Field(default_factory=TargetCost)
+
+    @cached_property
+    def forwarded(self) -> frozenset[str]:
+        """Every request header this target may receive."""
+        return FORWARDED_TO_CLOUD | frozenset(self.forward_headers)
 
     @property
     def request_limit_bytes(self) -> int | None:
@@ -148,7 +159,7 @@ class Target(_Model):
 
 
 class Match(_Model):
-    headers: dict[str, str] = Field(default_factory=dict, description="header → regex (full match)")
+    headers: dict[HeaderName, str] = Field(default_factory=dict, description="header → regex (full match)")
     uri: str | None = Field(default=None, description="regex searched in the path")
     args: dict[str, str] = Field(default_factory=dict, description="query arg → regex (full match)")
     models: list[str] = Field(default_factory=list, description="model names (any of)")
@@ -179,7 +190,9 @@ class Rule(_Model):
 
 
 class Residency(_Model):
-    header: str = Field(default="x-data-classification", description="request header carrying the class")
+    header: HeaderName = Field(
+        default="x-data-classification", description="request header carrying the class"
+    )
     cloud_allowed: list[str] = Field(default_factory=lambda: ["public"], description="classes that may leave")
     unclassified_may_leave: bool = Field(
         default=False, description="no header means on-prem-only unless true"
@@ -225,7 +238,7 @@ class TenantQuota(_Model):
 
 
 class Tenants(_Model):
-    header: str = Field(default="x-tenant")
+    header: HeaderName = Field(default="x-tenant")
     quotas: dict[Annotated[str, Field(min_length=1, max_length=256)], TenantQuota] = Field(
         default_factory=dict, description="per tenant name (at most 256 characters)"
     )

@@ -1,5 +1,7 @@
 """The runner's outcome endpoint: where the route's ``http-logger`` (or the fast path's ``spillway``
-Lua plugin) posts what happened, and where the fast path fetches its decision table.
+Lua plugin) posts what happened, where the fast path fetches its decision table, and where APISIX's
+side asks whether the runner still answers (``GET /spillway/alive``, answered from the event loop
+that serves APISIX's calls, so a wedged loop reads as silent).
 
 A small threaded HTTP server on loopback; each accepted batch is handed to the event loop, which
 alone writes the gateway's state, and each table is built there too. Only APISIX may post
@@ -10,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import hmac
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,6 +35,8 @@ log = logging.getLogger("spillway.outcomes")
 PATH = "/spillway/outcomes"
 TABLE_PATH = "/spillway/table"
 FAST_OUTCOMES_PATH = "/spillway/fast-outcomes"
+ALIVE_PATH = "/spillway/alive"
+ALIVE_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 8 << 20
 MAX_REPORT_BYTES = 256 << 10
 READ_TIMEOUT_S = 10.0
@@ -90,18 +97,30 @@ class _BoundedServer(ThreadingHTTPServer):
             self._slots.release()
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop, build: TableSource, report: FastPathReport) -> bytes:
-    """Run ``build`` on the loop (which owns the state) and wait for its answer, bounded."""
+def _on_loop(loop: asyncio.AbstractEventLoop, work: Callable[[], bytes], timeout_s: float) -> bytes:
+    """Run ``work`` on the loop (which owns the state) and wait for its answer, bounded."""
     done: concurrent.futures.Future[bytes] = concurrent.futures.Future()
 
     def run() -> None:
         try:
-            done.set_result(build(report))
+            done.set_result(work())
         except Exception as exc:  # handed to the waiting thread, which answers 500
             done.set_exception(exc)
 
     loop.call_soon_threadsafe(run)
-    return done.result(timeout=TABLE_TIMEOUT_S)
+    return done.result(timeout=timeout_s)
+
+
+def identity() -> bytes:
+    """Which process answers: its pid, and its start time in clock ticks since boot (field 22 of
+    /proc/<pid>/stat), so that whoever stops a silent runner can tell it from a later process
+    that got the same pid."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        started = stat.rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        started = ""
+    return json.dumps({"pid": os.getpid(), "started": started}).encode()
 
 
 def _said(batch: Batch, refused: Sometimes, malformed: Sometimes) -> None:
@@ -139,9 +158,34 @@ def _handler(
         FAST_OUTCOMES_PATH: owned and fast is not None,
     }
 
+    me = identity()
+    watched = threading.Event()
+
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_S
         protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if self.path.partition("?")[0] != ALIVE_PATH:
+                self._answer(404, f"no such path; GET serves only {ALIVE_PATH}")
+                return
+            if not self._authorised():
+                return
+            try:
+                self._send(200, me if loop is None else _on_loop(loop, lambda: me, ALIVE_TIMEOUT_S))
+            except concurrent.futures.TimeoutError:
+                self._answer(503, f"the runner's event loop has not answered within {ALIVE_TIMEOUT_S} s")
+                return
+            if not watched.is_set():
+                watched.set()
+                log.info("APISIX's side watches whether this runner answers (GET %s)", ALIVE_PATH)
+
+        def _authorised(self) -> bool:
+            given = self.headers.get("authorization", "")
+            if hmac.compare_digest(given.encode("latin-1", "replace"), auth.encode()):
+                return True
+            self._answer(401, "wrong or missing Authorization (the route's http-logger auth_header)")
+            return False
 
         def do_POST(self) -> None:
             path = self.path.partition("?")[0]  # http-logger may add an empty query
@@ -150,9 +194,7 @@ def _handler(
                     404, f"no such path; outcomes are posted to {PATH}, tables fetched at {TABLE_PATH}"
                 )
                 return
-            given = self.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode("latin-1", "replace"), auth.encode()):
-                self._answer(401, "wrong or missing Authorization (the route's http-logger auth_header)")
+            if not self._authorised():
                 return
             limit = MAX_BODY_BYTES if path == PATH else MAX_REPORT_BYTES
             length = self.headers.get("content-length", "")
@@ -185,7 +227,7 @@ def _handler(
                 self._answer(400, f"not a fast-path report: {str(exc)[:300]}")
                 return
             try:
-                answer = _on_loop(owner, build, report)
+                answer = _on_loop(owner, functools.partial(build, report), TABLE_TIMEOUT_S)
             except Exception as exc:
                 log.error("decision table not built: %s", exc)
                 self._answer(500, "the decision table could not be built; see the runner's log")

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel
 
 from gateway_plugin.protocol import encode
+from gateway_plugin.protocol.flat import EntryMap
 from gateway_plugin.protocol.messages import HttpReqCall, HttpRespCall, TextEntries
 
 ConfT = TypeVar("ConfT")
@@ -74,8 +75,8 @@ class HttpRequest:
         return self._call.headers
 
     @property
-    def headers(self) -> Mapping[str, str]:
-        """Lower-cased names; repeated headers joined with ``", "``."""
+    def headers(self) -> EntryMap:
+        """Names lower-cased with ``_`` read as ``-``; every value of a name joined with ``", "``."""
         return self._call.header_map
 
     @property

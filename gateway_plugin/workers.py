@@ -72,6 +72,19 @@ class OutcomeFanOut:
             for chunk in _chunks(batch):
                 self._send(index, chunk)
 
+    def heard(self, index: int) -> bool:
+        """Whether worker ``index`` beat since the last call (its beats are drained)."""
+        channel, beaten = self.channels.get(index), False
+        while channel is not None:
+            try:
+                data = channel.recv(16, socket.MSG_DONTWAIT)
+            except OSError:
+                break
+            if not data:  # the worker is gone: the supervisor reaps it
+                break
+            beaten = True
+        return beaten
+
     def _send(self, index: int, data: bytes) -> None:
         channel = self.channels.get(index)
         try:
@@ -131,7 +144,7 @@ def supervise(config: SpillwayConfig, config_path: Path | None, path: Path) -> i
 
     log.info("listening on %s with %d workers", path, count)
     try:
-        return Supervisor(count, launch).run()
+        return Supervisor(count, launch, heard=fan_out.heard).run()
     finally:
         if listener is not None:
             listener.close()

@@ -59,7 +59,11 @@ def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
 
         def _answer(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            seen = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
+            seen = {
+                "path": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "header_list": [[k, v] for k, v in self.headers.items()],
+            }
             state.seen.append(seen)
             with state.lock:
                 state.in_flight += 1
@@ -151,33 +155,32 @@ def spillway_route(config: dict[str, Any]) -> dict[str, Any]:
 def fast_path_settings(
     config: dict[str, Any], tmp: Path, port: int, routes: list[dict[str, Any]], **settings: Any
 ) -> apisix.ApisixSettings:
-    """APISIX with the ``spillway`` Lua plugin loaded as config_snippet says, the given routes, and
-    the runner as its ext-plugin.cmd (it serves the decision table)."""
-    from gateway_plugin.apisix_fast_route import config_snippet
-
-    snippet = config_snippet(SpillwayConfig.model_validate(config))
-    defaults: dict[str, Any] = {
-        "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
-        "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
-        "plugin_attr": {"spillway": {**snippet["plugin_attr"]["spillway"], **settings.pop("attr", {})}},
-        "plugins": [*example_plugins(), "spillway"],
-    }
-    return apisix_settings(config, tmp, port, routes=routes, **{**defaults, **settings})
+    """``apisix_settings`` with the fast path's ``spillway`` plugin enabled too."""
+    return apisix_settings(
+        config, tmp, port, routes=routes, **{"plugins": [*example_plugins(), "spillway"], **settings}
+    )
 
 
 def apisix_settings(
     config: dict[str, Any], tmp: Path, port: int, routes: list[dict[str, Any]] | None = None, **settings: Any
 ) -> apisix.ApisixSettings:
-    """APISIX with the example config's plugins, the route made from ``config`` (or ``routes``),
-    and the runner as its ext-plugin.cmd with the route token passed through."""
+    """APISIX with the example config's plugins and Spillway's Lua as ``config_snippet`` says (its
+    path, shared dict and plugin_attr; ``attr`` adds to the latter), the route made from ``config``
+    (or ``routes``), and the runner as its ext-plugin.cmd with the route token passed through."""
+    from gateway_plugin.apisix_fast_route import config_snippet
+
     path = tmp / "spillway.yaml"
     path.write_text(yaml.safe_dump(config))
+    snippet = config_snippet(SpillwayConfig.model_validate(config))
     defaults: dict[str, Any] = {
         "port": port,
         "routes_yaml": yaml.safe_dump({"routes": routes or [spillway_route(config)]}, sort_keys=False),
         "runner_cmd": runner_cmd(path),
         "plugins": example_plugins(),
         "envs": ["SPILLWAY_ROUTE_TOKEN"],
+        "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
+        "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
+        "plugin_attr": {"spillway": {**snippet["plugin_attr"]["spillway"], **settings.pop("attr", {})}},
     }
     return apisix.ApisixSettings(**{**defaults, **settings})
 

@@ -213,17 +213,24 @@ def test_an_invoke_mode_answer_reaches_the_client(
     assert local.seen == [], "nothing went on premises"
 
 
-def test_the_fast_path_config_excerpt_holds_what_the_plugin_needs() -> None:
+@pytest.mark.parametrize(
+    ("name", "plugins"),
+    [
+        ("config-fast-path.yaml", {"spillway", "traffic-split"}),
+        ("config.yaml", {"spillway-edge", "traffic-split"}),
+    ],
+)
+def test_the_config_excerpts_hold_what_the_lua_plugins_need(name: str, plugins: set[str]) -> None:
     from gateway_plugin.apisix_fast_route import SHARED_DICT, config_snippet
     from gateway_plugin.config import load
 
-    example = yaml.safe_load((EXAMPLES / "config-fast-path.yaml").read_text())
+    example = yaml.safe_load((EXAMPLES / name).read_text())
     wanted = config_snippet(load(ROOT / "examples" / "spillway.yaml"))
     assert example["apisix"]["extra_lua_path"].endswith("/gateway_plugin/apisix_lua/?.lua")
     assert example["nginx_config"]["http"]["custom_lua_shared_dict"][SHARED_DICT]
-    assert wanted["nginx_config"]["envs"] == example["nginx_config"]["envs"], "every signing key named"
+    assert set(wanted["nginx_config"]["envs"]) <= set(example["nginx_config"]["envs"]), "every key named"
     assert wanted["plugin_attr"]["spillway"].items() <= example["plugin_attr"]["spillway"].items()
-    assert {"spillway", "traffic-split"} <= set(example["plugins"])
+    assert plugins <= set(example["plugins"])
 
 
 def _example_apisix(config: dict[str, Any], tmp: Path, fast_path: bool) -> apisix.ApisixSettings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -62,3 +63,48 @@ def test_lifecycle_respawn_token_expiry_and_quit(tmp_path: Path) -> None:
         runner = gateway.runner_pids()[-1]
         assert not Path(f"/proc/{runner}").exists(), "apisix quit stopped the runner"
         assert not socket.exists(), "and the runner removed its socket"
+
+
+def test_a_runner_that_stops_answering_is_treated_as_a_dead_one(tmp_path: Path) -> None:
+    """Before: a runner alive but not answering (SIGSTOP here; a blocked event loop looks the same
+    to APISIX) held every request on the ext-plugin route for ext-plugin's 60 s socket timeout. Now
+    the edge, which asks the runner every alive_interval_s, answers 503 at once once it has been
+    silent for dead_after_s, and after kill_after_s stops it; APISIX starts it anew, as a dead one,
+    and the requests it held get their answer then."""
+    attr = {"alive_interval_s": 0.2, "dead_after_s": 1, "kill_after_s": 3}
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws"))
+        feed = stack.enter_context(metrics_feed())
+        config = stack_config(local, aws, feed)
+        gateway = stack.enter_context(
+            apisix.running(apisix_settings(config, tmp_path, free_port(), attr=attr))
+        )
+        url = gateway.url + "/v2/models/add_sub/infer"
+        assert http("POST", url, b"{}")[0] == 200
+        wait_until(
+            lambda: "watches whether this runner answers" in gateway.error_log(), 30, "the edge watching"
+        )
+        wedged = gateway.runner_pids()[-1]
+        os.kill(wedged, signal.SIGSTOP)
+        with ThreadPoolExecutor(1) as pool:
+            # Sent to the stopped runner: answered once it is stopped for good, well before APISIX's
+            # 60 s (the client gives up at 45 s, so a request left to time out fails the test).
+            held = pool.submit(http, "POST", url, b"{}", None, 45)
+            wait_until(
+                lambda: b"has not answered" in http("POST", url, b"{}")[2],
+                30,
+                "503 at once for a silent runner",
+            )
+            assert held.result()[0] == 503
+        wait_until(lambda: len(gateway.runner_pids()) > 1, 60, "APISIX starts the runner anew")
+        wait_until(lambda: http("POST", url, b"{}")[0] == 200, 60, "routing resumes")
+        assert _state(wedged) in ("Z", "gone"), "the silent runner was stopped"
+        assert "has not answered for 3 s; stopped it (SIGKILL)" in gateway.error_log()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"

@@ -64,9 +64,16 @@ def test_the_table_carries_the_policy_the_state_and_how_to_reach_each_target(
     monkeypatch.setenv("MY_KEY", "the-signing-key-itself-0123456789")
     book = FastPathBook(GatewayState(config()))
     table = json.loads(book.exchange(report()))
-    assert table["format"] == 1 and table["version"] == 1 and table["decision_header"] is True
+    assert (
+        table["format"] == decision_table.FORMAT
+        and table["version"] == 1
+        and table["decision_header"] is True
+    )
     aws, fc = table["targets"]["aws"], table["targets"]["fc"]
     assert aws["value"] == AWS and aws["key_env"] == "MY_KEY" and not aws["invoke"]
+    # What the plugin lets leave with the request: what inference needs, no credential.
+    assert "content-type" in aws["forward"] and "x-spillway-signature" in aws["forward"]
+    assert not {"authorization", "cookie", "proxy-authorization", "x-api-key"} & set(aws["forward"])
     assert fc["invoke"] and "value" not in fc, "invoke mode is the runner's alone"
     assert aws["breaker"] == "closed" and aws["spent_mark"] == 0.0
     assert table["policy"]["rules"][0] == {

@@ -262,7 +262,7 @@ def test_the_route_matches_the_values_the_runner_sets(tmp_path: Path) -> None:
     )
     (rule,) = json.loads(result.stdout)["plugins"]["traffic-split"]["rules"]
     value = _mac_value("aws", os.environ["SPILLWAY_ROUTE_TOKEN"].encode())
-    assert rule["match"] == [{"vars": [["http_x_spillway_target", "==", value]]}]
+    assert rule["match"] == [{"vars": [["spillway_upstream", "==", value]]}]
     assert rule["weighted_upstreams"][0]["upstream"]["nodes"] == {"fn.example:443": 1}
 
 
@@ -292,17 +292,20 @@ def test_another_route_token_or_target_gives_another_value() -> None:
 
 
 @pytest.mark.parametrize(
-    "path",
+    ("path", "answer"),
     [
-        "//v2/repository/index",
-        "/v2/./repository/index",
-        "/v2/%72epository/index",
-        "/v2/%2572epository/index",
-        "/v2/models/../repository/index",
-        "/v2/repository/",
+        ("/v2/repository/index", "local"),
+        ("/v2/repository/", "local"),
+        # The runner gets nginx's $uri, already decoded and resolved: anything else was read
+        # another way by whoever chose the route, so it is refused rather than resolved here.
+        ("//v2/repository/index", 400),
+        ("/v2/./repository/index", 400),
+        ("/v2/%72epository/index", 400),
+        ("/v2/%2572epository/index", 400),
+        ("/v2/models/../repository/index", 400),
     ],
 )
-def test_rules_see_the_normalised_path(path: str) -> None:
+def test_rules_see_the_path_as_the_route_matched_it_and_no_other(path: str, answer: str | int) -> None:
     config = SpillwayConfig.model_validate(
         {
             "targets": [UPSTREAM_TARGET],
@@ -320,13 +323,15 @@ def test_rules_see_the_normalised_path(path: str) -> None:
         }
     )
 
-    async def decide(target: str) -> str:
+    async def decide(target: str) -> str | int:
         app = RunnerApp(config)
         sock = Path(os.environ.get("TMPDIR", "/tmp")) / f"spillway-rules-{os.getpid()}.sock"
         server = await serve(Runner(app.plugins), sock)
         peer = ApisixPeer(sock)
         try:
             outcome = await peer.request(SPILL, PeerRequest("POST", target))
+            if outcome.stop is not None:
+                return outcome.stop.status
             assert outcome.rewrite is not None, outcome
             return dict(outcome.rewrite.headers)["x-spillway-target"]
         finally:
@@ -334,8 +339,8 @@ def test_rules_see_the_normalised_path(path: str) -> None:
             server.close()
             app.close()
 
-    assert asyncio.run(decide("/v2/models/m/infer")).startswith("aws:")
-    assert asyncio.run(decide(path)) == "local"
+    assert str(asyncio.run(decide("/v2/models/m/infer"))).startswith("aws:")
+    assert asyncio.run(decide(path)) == answer
 
 
 def _check_config(tmp_path: Path, config: dict[str, Any]) -> subprocess.CompletedProcess[str]:

@@ -189,10 +189,20 @@ def test_generated_reader_reads_what_the_fast_writer_writes() -> None:
 
 @given(st.lists(st.tuples(st.text(max_size=12), st.text(max_size=12) | st.none()), max_size=8))
 def test_header_map_agrees_with_the_entry_list(headers: list[tuple[str, str | None]]) -> None:
+    """Names read as nginx's $http_* reads them (any case, ``_`` as ``-``), every value of every
+    spelling joined: spellings in sorted order, each one's values in the order they came."""
     call = messages.HttpReqCall(encode.req_call(1, 1, 0, "/", [], headers, bytes(4)))
-    expected: dict[str, str] = {}
+    by_spelling: dict[str, list[str]] = {}
     for name, value in call.headers:
         if value is not None:
-            key = name.lower()
-            expected[key] = f"{expected[key]}, {value}" if key in expected else value
-    assert call.header_map == expected
+            by_spelling.setdefault(name.lower(), []).append(value)
+    joined: dict[str, list[str]] = {}
+    spellings: dict[str, list[str]] = {}
+    for spelling in sorted(by_spelling, key=lambda n: n.encode("utf-8", "surrogateescape")):
+        key = spelling.replace("_", "-")
+        joined.setdefault(key, []).extend(by_spelling[spelling])
+        spellings.setdefault(key, []).append(spelling)
+    assert call.header_map == {k: ", ".join(v) for k, v in joined.items()}
+    for key, names in spellings.items():
+        assert call.header_map.spellings(key) == ([] if names == [key] else names)
+        assert call.header_map.count(key) == len(joined[key])

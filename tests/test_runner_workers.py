@@ -273,3 +273,22 @@ def test_a_worker_header_of_any_text_sends_the_outcome_to_worker_zero() -> None:
     fan_out = OutcomeFanOut(2)
     fan_out.deliver([Outcome(worker=value) for value in ("\u00b2", "\u0661", "7", "x", "1")])
     assert fan_out.dropped == 2, "one batch for worker 0, one for worker 1, neither running"
+
+
+@needs_redis
+@pytest.mark.integration
+def test_a_worker_that_stops_answering_is_killed_and_started_again(tmp_path: Path) -> None:
+    """A worker alive but serving nobody (here stopped with SIGSTOP; a blocked event loop looks the
+    same) holds APISIX's calls until their 60 s timeout. Its parent hears no heartbeat for STALL_S,
+    kills it (the calls it held end at once) and starts it again."""
+    with two_workers(tmp_path) as workers:
+        children = subprocess.run(
+            ["pgrep", "-P", str(workers.proc.pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        stopped = int(children[0])
+        os.kill(stopped, signal.SIGSTOP)
+        wait_until(lambda: "has not beaten" in workers.log(), 30, "the silent worker noticed")
+        wait_until(lambda: _zombie(str(stopped)), 10, "the silent worker killed")
+        wait_until(workers.serving, 60, "both workers serving again")
+        assert sum(asyncio.run(wave(workers.sock, 20)).values()) == 20
+        assert "starting it again" in workers.log()

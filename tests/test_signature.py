@@ -147,7 +147,8 @@ def test_non_ascii_overlong_or_ill_formed_fields_are_malformed_not_errors(header
         ("/v2/models/m/infer", "/v2/models/m/infer"),
         ("/v2/models/%6D/infer", "/v2/models/m/infer"),
         ("//v2/./models/x/../m/infer/", "/v2/models/m/infer"),
-        ("/v2/models/a%253Fb/infer", "/v2/models/a%3Fb/infer"),
+        # decoded once, as nginx does: what is left is a literal '%' (and refused before serving)
+        ("/v2/models/a%253Fb/infer", "/v2/models/a%253Fb/infer"),
         ("/p?b=2&a=x+y&a=%2B&flag&e=", "/p?a=%20&a=x%20y&b=2&e=&flag="),
         ("/p?%E2%9C%93=%C3%A9", "/p?%E2%9C%93=%C3%A9"),
     ],

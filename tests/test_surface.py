@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from functions import surface
-from functions.contract import normalise_path
+from functions.contract import PathError, gateway_path, request_path
 from functions.surface import check, is_v2
 
 
@@ -18,21 +18,62 @@ from functions.surface import check, is_v2
         ("//v2/repository", "/v2/repository"),
         ("/v2/./repository", "/v2/repository"),
         ("/v2/%72epository", "/v2/repository"),
-        ("/v2/%2572epository", "/v2/repository"),
         ("/v2/models/../repository", "/v2/repository"),
+        ("/v2/models/%2e%2e/repository", "/v2/repository"),
         ("/../../v2/x/", "/v2/x"),
         ("/v2/models/a%2Fb/infer", "/v2/models/a/b/infer"),
+        ("/v2/models/50%25off/infer", "/v2/models/50%off/infer"),
         ("", "/"),
     ],
 )
-def test_paths_normalise_as_the_function_resolves_them(raw: str, normal: str) -> None:
-    assert normalise_path(raw) == normal
+def test_paths_are_decoded_once_and_resolved_as_nginx_reads_them(raw: str, normal: str) -> None:
+    assert request_path(raw) == normal
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/v2/%2572epository",
+        "/v2/models/secre%2574/infer",
+        "/v2/models/%252e%252e/x",
+        "/v2/models/a%252Fb/infer",
+    ],
+)
+def test_a_path_encoded_more_than_once_is_refused(raw: str) -> None:
+    """Decoding once more would read a path APISIX matched no route on: no layer may."""
+    with pytest.raises(PathError, match="more than once"):
+        request_path(raw)
+
+
+@pytest.mark.parametrize(
+    ("uri", "refused"),
+    [
+        ("/v2/models/m/infer", None),
+        ("/v2/models/m/", None),
+        ("/", None),
+        ("/v2/models/secre%74/infer", "more than once"),
+        ("/v2//models/m/infer", "normal form"),
+        ("/v2/models/./m/infer", "normal form"),
+        ("/v2/models/x/../secret/infer", "normal form"),
+    ],
+)
+def test_the_gateway_decides_only_on_a_path_already_in_normal_form(uri: str, refused: str | None) -> None:
+    if refused is None:
+        assert gateway_path(uri) == uri.rstrip("/") or uri == "/"
+    else:
+        with pytest.raises(PathError, match=refused):
+            gateway_path(uri)
 
 
 @given(st.text(alphabet="/.%25%2e%2f%72v2repositorymodels", max_size=60))
-def test_normal_form_is_stable_and_has_no_dot_segments(raw: str) -> None:
-    normal = normalise_path(raw)
-    assert normalise_path(normal) == normal
+def test_a_request_path_is_read_the_same_by_the_gateway_and_the_function(raw: str) -> None:
+    """What the function serves (``request_path`` of the raw target) is what the gateway decided on
+    (``gateway_path`` of nginx's ``$uri``, which is the same reading): stable, no dot segments."""
+    try:
+        normal = request_path(raw)
+    except PathError:
+        return
+    assert gateway_path(normal) == normal
     assert normal.startswith("/") and "//" not in normal
     assert all(segment not in (".", "..") for segment in normal.split("/"))
 

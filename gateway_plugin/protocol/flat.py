@@ -106,19 +106,23 @@ class Table:
 
 
 class EntryMap(Mapping[str, str]):
-    """A ``[TextEntry]`` vector as a mapping of lower-cased names, repeated names joined with ", ".
+    """A ``[TextEntry]`` vector as a mapping of header names read one way: lower-cased, ``_`` read
+    as ``-`` (nginx's ``$http_*`` variables take either), every value of every spelling joined with
+    ", " (spellings in sorted order, values in the order they came).
 
     The vector is read and checked at once, but no text is decoded until asked for: a filter
     usually wants three or four of a request's headers.
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("_spellings", "_values")
 
     def __init__(self, buf: bytes, at: int) -> None:
         values: dict[bytes, list[bytes]] = {}
         self._values = values
+        self._spellings: dict[bytes, list[bytes]] = {}
         if not at:
             return
+        underscores = False
         # One loop with everything inlined: it runs for every header of every call.
         u32, i32, vtable, size = _U32, _I32, _VTABLE_2, len(buf)
         for item in _vector(buf, at):
@@ -146,6 +150,8 @@ class EntryMap(Mapping[str, str]):
                     raise Malformed(f"string at {start} runs past the end of the buffer")
                 name = buf[start + 4 : end]
                 name = name.lower() if name.isascii() else _lower(name)
+                if b"_" in name:
+                    underscores = True
             else:
                 name = b""
             found = values.get(name)
@@ -153,6 +159,27 @@ class EntryMap(Mapping[str, str]):
                 values[name] = [value]
             else:
                 found.append(value)
+        if underscores:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Merge the spellings that differ only in ``_`` and ``-`` (rare: only then is this paid)."""
+        folded: dict[bytes, list[bytes]] = {}
+        for name in sorted(self._values):
+            key = name.replace(b"_", b"-")
+            folded.setdefault(key, []).extend(self._values[name])
+            self._spellings.setdefault(key, []).append(name)
+        self._values = folded
+        self._spellings = {k: v for k, v in self._spellings.items() if v != [k]}
+
+    def spellings(self, key: str) -> list[str]:
+        """The names (lower-cased) under which ``key``'s values came, when any differs from ``key``."""
+        found = self._spellings.get(key.encode("utf-8", "surrogateescape"))
+        return [name.decode("utf-8", "surrogateescape") for name in found] if found else []
+
+    def count(self, key: str) -> int:
+        """How many values ``key`` has, over all its spellings."""
+        return len(self._values.get(key.encode("utf-8", "surrogateescape"), ()))
 
     def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
         found = self._values.get(key.encode("utf-8", "surrogateescape"))

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
 from gateway_plugin.routing.policy import (
     LocalLoad,
     Policy,
@@ -31,7 +32,7 @@ from gateway_plugin.routing.policy import (
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 1
+FORMAT = 2
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -45,12 +46,14 @@ MAX_SCANNED = 4 * MAX_TENANTS
 
 
 class TargetWiring(NamedTuple):
-    """How the plugin sends a request to a target: the ``X-Spillway-Target`` value traffic-split
-    matches (None: invoke mode, which the fast path does not serve) and the signature's key."""
+    """How the plugin sends a request to a target: the value traffic-split matches (None: invoke
+    mode, which the fast path does not serve), the signature's key, and the request headers the
+    target may receive."""
 
     value: str | None
     key_env: str | None = None
     sign_body: bool = False
+    forward: frozenset[str] = FORWARDED_TO_CLOUD
 
 
 def _quota(q: Quota) -> dict[str, float | int]:
@@ -122,6 +125,7 @@ def _target(
         "spent_mark": mark,
         "invoke": wiring.value is None,
         "sign_body": wiring.sign_body,
+        "forward": sorted(wiring.forward),
     }
     for key, value in (
         ("hourly_usd", spec.hourly_usd),

@@ -116,7 +116,10 @@ class FastPathBook:
         )
         wiring = {
             name: decision_table.TargetWiring(
-                state.target_values.get(name), target.signing_key_env, target.sign_body
+                state.target_values.get(name),
+                target.signing_key_env,
+                target.sign_body,
+                target.forwarded,
             )
             for name, target in state.targets.items()
         }

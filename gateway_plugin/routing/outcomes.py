@@ -18,15 +18,13 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET
+from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.tenants import tenant_key
 
 MAX_ENTRIES = 10_000
 # A batch forwarded from the parent of several workers to one of them, at most.
 MAX_MESSAGE_BYTES = 256 << 10
-# Which runner worker decided a request, where several share the socket: its outcome goes back there.
-HEADER_WORKER = "x-spillway-worker"
 _MODEL = re.compile(r"^/v2/models/([^/]+)")
 # The fields of an entry (``log_format``'s names), each checked on its own.
 FIELDS = (
@@ -44,9 +42,11 @@ FIELDS = (
 
 
 def log_format(tenant_header: str) -> dict[str, str]:
-    """The ``log_format`` of the route's ``http-logger``: one outcome per request."""
+    """The ``log_format`` of the route's ``http-logger``: one outcome per request. The target and
+    the deciding worker are the ``spillway-edge`` plugin's variables (the runner's decision, which
+    no client can write); the tenant is the header as the runner settled it."""
     return {
-        "target": "$http_" + HEADER_TARGET.replace("-", "_"),
+        "target": "$spillway_upstream",
         "status": "$status",
         "upstream_status": "$upstream_status",
         "upstream_s": "$upstream_response_time",
@@ -55,7 +55,7 @@ def log_format(tenant_header: str) -> dict[str, str]:
         "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
         "tenant": "$http_" + tenant_header.lower().replace("-", "_"),
         "uri": "$uri",
-        "worker": "$http_" + HEADER_WORKER.replace("-", "_"),
+        "worker": "$spillway_worker",
     }
 
 

@@ -1,9 +1,10 @@
 """``spillway``: the routing plugin. Turns each APISIX call into a decision and acts on it.
 
-Request filter: features from the call → snapshot from the live state → ``policy.decide`` →
-``X-Spillway-Target`` (and a signature) for APISIX's traffic-split, a Stop carrying the function's
-answer in invoke mode, or a Stop with 429/503 and Retry-After when shedding. The client's own
-``X-Spillway-Target`` never survives: every request leaves with the gateway's decision.
+Request filter: one reading of the request (``request_reading``; 400 when none is possible) →
+features → snapshot from the live state → ``policy.decide`` → ``X-Spillway-Target`` (and a
+signature, and only the headers the target may receive) for the route's edge to hand to APISIX's
+traffic-split, a Stop carrying the function's answer in invoke mode, or a Stop with 429/503 and
+Retry-After when shedding. No spelling of the client's own ``X-Spillway-*`` survives.
 What happened afterwards comes back from the route's http-logger (``routing.outcomes``).
 """
 
@@ -19,17 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from functions.contract import (
-    HEADER_DECISION,
-    HEADER_SIGNATURE,
-    HEADER_TARGET,
-    normalise_path,
-)
+from functions.contract import HEADER_DECISION, HEADER_SIGNATURE, HEADER_TARGET, PathError, gateway_path
 from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
-from gateway_plugin.routing.outcomes import HEADER_WORKER
+from gateway_plugin.routing.header_names import HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
+from gateway_plugin.routing.request_reading import forward_only, read_headers, settle
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.tenants import tenant_key
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
@@ -67,14 +64,15 @@ def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
 
 class PreparedRoute:
     """A route's overrides, prepared once per conf token, with the policy they give under the
-    current global config (rebuilt only when a reload changed it)."""
+    current global config and the headers that policy reads (rebuilt only when a reload changed it)."""
 
-    __slots__ = ("overrides", "policy", "version")
+    __slots__ = ("overrides", "policy", "read", "version")
 
     def __init__(self, overrides: RouteOverrides) -> None:
         self.overrides = overrides
         self.version = -1
         self.policy: Policy | None = None
+        self.read: frozenset[str] = frozenset()
 
 
 class SpillwayPlugin(Plugin[PreparedRoute]):
@@ -99,19 +97,28 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
     def policy_for(self, route: PreparedRoute) -> Policy:
         if route.policy is None or route.version != self.state.version:
             route.policy = _route_policy(self.state.policy, route.overrides)
+            route.read = read_headers(route.policy)
             route.version = self.state.version
         return route.policy
 
     async def request_filter(self, conf: PreparedRoute, request: HttpRequest, action: RequestAction) -> None:
         headers = request.headers
-        path = normalise_path(request.path)
+        policy = self.policy_for(conf)
+        try:
+            path = gateway_path(request.path)
+        except PathError as exc:
+            _refuse(action, 400, str(exc))
+            return
+        refusal = settle(request, conf.read, policy.tenant_header, action)
+        if refusal is not None:
+            _refuse(action, refusal.status, refusal.message)
+            return
         match = _MODEL.match(path)
         model = match.group(1) if match else None
         args = request.args
         features = RequestFeatures(
             path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
         )
-        policy = self.policy_for(conf)
         tenant = headers.get(policy.tenant_header) or None
         if tenant is not None and tenant != (key := tenant_key(tenant)):
             # The policy and the books see the bounded key, as the fast path's plugin keys it.
@@ -143,9 +150,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             await self._upstream(decision.target, request, action)
 
     async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
-        """Into traffic-split's cloud rule; the client's own credentials for on-prem stay home."""
+        """Into traffic-split's cloud rule, with only the headers the target may receive."""
+        forward_only(request, self.state.target(name).forwarded, action)
         action.set_header(HEADER_TARGET, self.state.route_value(name))
-        action.delete_header("authorization")
         if self.state.worker is not None:
             action.set_header(HEADER_WORKER, self.state.worker)
         signer = self.state.signer(name)
@@ -165,11 +172,11 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         target = _signed_target(request)
         path, _, query = target.partition("?")
         body = await request.body()
-        headers = dict(request.headers)
+        allowed = self.state.target(name).forwarded
+        headers = {k: v for k, v in request.headers.items() if k in allowed and k != HEADER_TARGET}
         signature = self.state.signer(name).header(request.method, target, body)
         if signature is not None:
             headers[HEADER_SIGNATURE] = signature
-        headers.pop(HEADER_TARGET, None)
         invoker = self._invokers.get(name)
         started = time.perf_counter()
         try:
@@ -206,6 +213,11 @@ def body_bytes(headers: Mapping[str, str]) -> int | None:
         return None if "transfer-encoding" in headers else 0
     declared = declared.strip()
     return int(declared) if declared.isascii() and declared.isdigit() else None
+
+
+def _refuse(action: RequestAction, status: int, message: str) -> None:
+    """A request no layer may read two ways is answered here, before anything decides on it."""
+    action.stop(status, json.dumps({"error": message}).encode(), [("content-type", "application/json")])
 
 
 def _shed(decision: Decision, action: RequestAction) -> None:

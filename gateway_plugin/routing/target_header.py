@@ -1,10 +1,11 @@
-"""The values of ``X-Spillway-Target``: what APISIX's ``traffic-split`` matches to pick an upstream.
+"""The values of a decision's target: what APISIX's ``traffic-split`` matches to pick an upstream.
 
-A client sends whatever headers it likes. When the runner is not asked (it is down and the route
-allows degradation) or its rewrite does not take (a variable read and cached before the runner set
-it), the client's own value is what ``traffic-split`` sees. So a cloud target's value carries a
-MAC of its name under a per-deployment route token, which the runner and the routes share and
-clients never see: ``aws:3f0c…``. ``local`` needs none: it is where a request goes anyway.
+traffic-split matches the ``spillway_upstream`` variable, which only Spillway's Lua plugins set (on
+the ext-plugin route, from the runner's ``X-Spillway-Target``, after the client's spellings of it
+were removed). A cloud target's value also carries a MAC of its name under a per-deployment route
+token, which the runner and the routes share and clients never see (``aws:3f0c…``), so a route
+written by hand to match the header instead still takes no client's guess. ``local`` needs none:
+it is where a request goes anyway.
 """
 
 from __future__ import annotations

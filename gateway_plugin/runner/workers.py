@@ -3,9 +3,13 @@
 The parent binds the socket once and starts each worker as a fresh process that inherits it
 (``launch``); the kernel hands each connection APISIX opens to one of them. The parent only
 supervises: a worker that exits is started again (after 0.5 s, doubling up to 10 s while it keeps
-failing); SIGHUP is passed on to every worker (each reloads its config); SIGTERM or SIGINT stops
-them all (SIGTERM, then SIGKILL after a grace period) before the parent returns. Signals are taken
-synchronously (``sigtimedwait``), so the caller blocks them before starting any thread.
+failing); a worker that has beaten (``HEARTBEAT`` from its event loop every ``HEARTBEAT_S``) and
+then stays silent for ``STALL_S`` is alive but serves nobody (a blocked loop, a stopped process):
+it is killed, and so started again, and APISIX's calls it held end at once instead of waiting out
+their 60 s timeout; SIGHUP is passed on to every worker (each reloads its config); SIGTERM or
+SIGINT stops them all (SIGTERM, then SIGKILL after a grace period) before the parent returns.
+Signals are taken synchronously (``sigtimedwait``), so the caller blocks them before starting any
+thread.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ log = logging.getLogger("spillway.workers")
 
 SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
 FIRST_DELAY_S, MAX_DELAY_S, HEALTHY_AFTER_S, GRACE_S = 0.5, 10.0, 30.0, 15.0
+HEARTBEAT, HEARTBEAT_S, STALL_S = b"\x00", 0.5, 5.0
 
 Launch = Callable[[int], "subprocess.Popen[bytes]"]
+# Whether worker ``index`` has beaten since it was last asked.
+Heard = Callable[[int], bool]
 
 
 @dataclass
@@ -32,13 +39,20 @@ class _Slot:
     started: float = 0.0
     failures: int = 0
     due: float = 0.0
+    beat: float | None = None
 
 
 class Supervisor:
-    def __init__(self, count: int, launch: Launch, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        count: int,
+        launch: Launch,
+        clock: Callable[[], float] = time.monotonic,
+        heard: Heard = lambda _: False,
+    ) -> None:
         self.slots = [_Slot(i) for i in range(count)]
-        self.launch, self.clock = launch, clock
-        self.restarts = 0
+        self.launch, self.clock, self.heard = launch, clock, heard
+        self.restarts = self.stalls = 0
 
     def run(self) -> int:
         """Start the workers and keep them running until SIGTERM or SIGINT; the exit status."""
@@ -60,7 +74,7 @@ class Supervisor:
             log.error("cannot start worker %d: %s", slot.index, exc)
             self._later(slot)
             return
-        slot.started = self.clock()
+        slot.started, slot.beat = self.clock(), None
         log.info("worker %d started (pid %d)", slot.index, slot.proc.pid)
 
     def _later(self, slot: _Slot) -> None:
@@ -69,9 +83,23 @@ class Supervisor:
         slot.failures += 1
 
     def _tend(self) -> None:
-        """Reap workers that exited and start again those whose delay is over."""
+        """Kill workers that stopped beating, reap those that exited, start again those whose
+        delay is over."""
         now = self.clock()
         for slot in self.slots:
+            if slot.proc is not None and self.heard(slot.index):
+                slot.beat = now
+            if slot.proc is not None and slot.beat is not None and now - slot.beat > STALL_S:
+                log.error(
+                    "worker %d (pid %d) has not beaten for %g s: alive but serving nobody; killed",
+                    slot.index,
+                    slot.proc.pid,
+                    STALL_S,
+                )
+                slot.proc.kill()
+                slot.proc.wait()
+                slot.beat = None
+                self.stalls += 1
             if slot.proc is not None and slot.proc.poll() is not None:
                 if now - slot.started > HEALTHY_AFTER_S:
                     slot.failures = 0

@@ -2,23 +2,23 @@
 --
 -- The runner (still APISIX's ext-plugin.cmd) is the brain: it compiles the policy and everything
 -- load-aware into a decision table, which one worker fetches every fetch_interval_s into the
--- "spillway" shared dict. Per request this plugin does only what must be per request: residency,
--- rules, the model, the table lookup, in-flight counts against caps and spend against budgets
--- (shared-dict counters), then X-Spillway-Target (the MAC'd value traffic-split matches), the
+-- "spillway" shared dict. Per request this plugin does only what must be per request: one reading
+-- of the request (spillway/edge.lua), residency, rules, the model, the table lookup, in-flight
+-- counts against caps and spend against budgets (shared-dict counters), then the spillway_upstream
+-- variable (the MAC'd value traffic-split matches), only the headers the target may receive, the
 -- signature when the target wants one, and X-Spillway-Decision on the answer. Outcomes go back
 -- to the runner in batches from the log phase. A table older than stale_after_s, missing or
 -- malformed makes every request local (shed when the last good table said local is saturated):
 -- never a cloud decision from stale data.
 
 local core = require("apisix.core")
-local plugin = require("apisix.plugin")
-local hmac = require("resty.hmac")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
 local report = require("apisix.plugins.spillway.report")
 local link = require("apisix.plugins.spillway.link")
 local counters = require("apisix.plugins.spillway.counters")
+local edge = require("apisix.plugins.spillway.edge")
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -26,7 +26,6 @@ local tostring = tostring
 
 local plugin_name = "spillway"
 local DICT = "spillway"
-local TARGET_HEADER = "X-Spillway-Target"
 local SIGNATURE_HEADER = "X-Spillway-Signature"
 local FAIL_SAFE = "table_stale"
 local LOG_EVERY_S = 10
@@ -43,19 +42,6 @@ local schema = {
                          description = "nothing on this route may leave the premises" },
     },
     additionalProperties = false,
-}
-
-local attr_schema = {
-    type = "object",
-    properties = {
-        runner = { type = "string", default = "127.0.0.1:9092",
-                   description = "host:port of the runner's outcome endpoint (outcomes.listen)" },
-        token_env = { type = "string", default = "SPILLWAY_ROUTE_TOKEN" },
-        fetch_interval_s = { type = "number", minimum = 0.01, maximum = 1, default = 0.05 },
-        stale_after_s = { type = "number", exclusiveMinimum = 0, default = 1 },
-        timeout_s = { type = "number", exclusiveMinimum = 0, default = 0.5 },
-        batch_s = { type = "number", minimum = 0.05, maximum = 60, default = 0.2 },
-    },
 }
 
 local _M = {
@@ -210,12 +196,13 @@ local function signing_key(env)
     return key
 end
 
-local function to_cloud(ctx, spec)
-    core.request.set_header(ctx, TARGET_HEADER, spec.value)
-    core.request.set_header(ctx, "Authorization", nil)
+-- traffic-split matches the target's value in the request's context; only the headers the
+-- target may receive go with it.
+local function to_cloud(ctx, spec, raw)
+    ctx.spillway_upstream = spec.value
+    edge.forward_only(raw, spec.forward_set)
     local key = spec.key_env and signing_key(spec.key_env) or ""
     if key == "" then
-        core.request.set_header(ctx, SIGNATURE_HEADER, nil)
         return
     end
     local target = sign.canonical_target(ctx.var.uri, core.request.get_uri_args(ctx))
@@ -282,14 +269,25 @@ local function account(ctx, d, f, tbl, policy)
 end
 
 function _M.rewrite(conf, ctx)
+    local raw, path, odd = edge.admit(ctx)
+    if not raw then
+        return path, { error = odd }
+    end
     local tbl = current()
-    local f = decide.features(ctx.var.uri, core.request.headers(ctx), core.request.get_uri_args, ctx,
-                              sign.normalise_path)
-    local d, policy
+    local policy
+    if tbl then
+        policy = route_policy(tbl, conf)
+        local status, why = edge.settle(ctx, raw, odd, policy.read, policy.tenant_header)
+        if status then
+            return status, { error = why }
+        end
+    end
+    local f = decide.features(path, raw, core.request.get_uri_args, ctx)
+    local d
     if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
         d = fail_safe(tbl, f, conf)
+        policy = nil
     else
-        policy = route_policy(tbl, conf)
         keyed_tenant(f, policy.tenant_header)
         local reserved = reserve_tenant(f, policy)
         d = decide_and_reserve(f, tbl, policy)
@@ -309,20 +307,13 @@ function _M.rewrite(conf, ctx)
         return d.status, { error = "overloaded (" .. ctx.spillway.label .. "); retry after "
                                    .. d.retry_after_s .. " s" }
     end
+    edge.pin_path(ctx)
     if d.target == decide.LOCAL then
-        -- Only a client's own values need replacing: without the header traffic-split stays local.
-        local raw = core.request.headers(ctx)
-        if raw["x-spillway-target"] ~= nil then
-            core.request.set_header(ctx, TARGET_HEADER, decide.LOCAL)
-        end
-        if raw["x-spillway-signature"] ~= nil then
-            core.request.set_header(ctx, SIGNATURE_HEADER, nil)
-        end
         return
     end
     local spec = tbl.targets[d.target]
     ctx.spillway.value = spec.value
-    to_cloud(ctx, spec)
+    to_cloud(ctx, spec, raw)
 end
 
 function _M.header_filter(conf, ctx)
@@ -350,27 +341,18 @@ end
 local started = false
 
 function _M.init()
-    local attr = core.table.deepcopy(plugin.plugin_attr(plugin_name) or {})
-    local ok, err = core.schema.check(attr_schema, attr)
-    if not ok then
-        core.log.error("spillway: plugin_attr.spillway is invalid: ", err)
+    local attr, auth = link.settings()
+    if not attr then
         return
     end
-    worker.attr = attr
-    local token = os.getenv(attr.token_env) or ""
-    if #token < 16 then
-        core.log.error("spillway: ", attr.token_env, " must hold the route token (at least 16 ",
-                       "characters; nginx_config.envs must name it); without it no table is fetched ",
-                       "and every request stays local")
-    end
-    local mac = hmac:new(token, hmac.ALGOS.SHA256):final("spillway-outcomes", true)
-    worker.auth = "Spillway " .. mac:sub(1, 32)
+    worker.attr, worker.auth = attr, auth
     if ngx.shared[DICT] == nil then
         core.log.error("spillway: no lua_shared_dict named ", DICT, "; add ",
                        "nginx_config.http.custom_lua_shared_dict: {spillway: 10m} to config.yaml")
         return
     end
     counters.node(dict())
+    link.watch(attr, auth, dict())
     if started or ngx.get_phase() ~= "init_worker" then
         return
     end

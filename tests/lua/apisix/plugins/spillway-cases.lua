@@ -1,12 +1,12 @@
 -- Test-only plugin: evaluates batches of equivalence cases with the spillway plugin's own code
--- (table.parse, decide.route_policy, decide.features, decide.decide), so one request to APISIX
--- checks thousands of decisions. Each group carries a decision table as the runner encodes it and
+-- (edge.gateway_path, table.parse, decide.route_policy, decide.features, decide.decide), so one
+-- request to APISIX checks thousands of decisions. Each group carries a decision table as the runner encodes it and
 -- the cases to decide under it; each case its route conf, request and live counters.
 
 local core = require("apisix.core")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
-local sign = require("apisix.plugins.spillway.sign")
+local edge = require("apisix.plugins.spillway.edge")
 local json = require("cjson").new()
 -- Costs go back as "%.17g" text: this cjson writes at most 16 significant digits.
 
@@ -25,6 +25,17 @@ local function live_of(case)
     return live
 end
 
+local function decide_one(tbl, case, path)
+    local f = decide.features(path, case.headers, function(c) return c.args end, case)
+    local d = decide.decide(f, tbl, decide.route_policy(tbl, case.route), live_of(case))
+    return {
+        target = d.target, label = decide.label(d), status = d.status,
+        retry_after_s = d.retry_after_s or 0, cost_usd = string.format("%.17g", d.cost_usd or 0),
+        residency_kept = d.residency_kept or false, overflowing = d.overflowing or false,
+        tenant = d.tenant or json.null,
+    }
+end
+
 local function evaluate(group)
     local tbl, err = table_mod.parse(group.table)
     if not tbl then
@@ -32,15 +43,12 @@ local function evaluate(group)
     end
     local out = {}
     for i, case in ipairs(group.cases) do
-        local f = decide.features(case.uri, case.headers, function(c) return c.args end, case,
-                                  sign.normalise_path)
-        local d = decide.decide(f, tbl, decide.route_policy(tbl, case.route), live_of(case))
-        out[i] = {
-            target = d.target, label = decide.label(d), status = d.status,
-            retry_after_s = d.retry_after_s or 0, cost_usd = string.format("%.17g", d.cost_usd or 0),
-            residency_kept = d.residency_kept or false, overflowing = d.overflowing or false,
-            tenant = d.tenant or json.null,
-        }
+        local path = edge.gateway_path(case.uri)
+        if path then
+            out[i] = decide_one(tbl, case, path)
+        else
+            out[i] = { refused = true }
+        end
     end
     return { results = out }
 end

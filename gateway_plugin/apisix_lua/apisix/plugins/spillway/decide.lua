@@ -331,10 +331,17 @@ function _M.route_policy(tbl, conf)
         p.cloud_allowed_set = {}
         p.unclassified_may_leave = false
     end
+    -- The headers a decision under this policy reads (request_reading.read_headers).
+    p.read = { [p.classification_header] = true, [p.tenant_header] = true }
+    for _, r in ipairs(p.rules) do
+        for _, h in ipairs(r.headers) do
+            p.read[h[1]] = true
+        end
+    end
     return p
 end
 
--- A request's features as the runner builds them (routing/spillway.py): the normalised path,
+-- A request's features as the runner builds them (routing/spillway.py): the checked path,
 -- the model from it, headers with repeated ones joined by ", ", arguments (the last value of a
 -- repeated one; none without "=" reads "").
 local RAW, LOAD, SOURCE = {}, {}, {}  -- keys no header or argument name can be
@@ -364,17 +371,9 @@ local LAST = { __index = function(view, name)
     return v
 end }
 
-local function needs_normalising(path)
-    return path:sub(1, 1) ~= "/" or path:find("%", 1, true) or path:find("//", 1, true)
-        or path:find("/.", 1, true) or (path ~= "/" and path:sub(-1) == "/")
-end
-
--- args_of(source) gives the argument table, called at most once and only if a rule needs it.
-function _M.features(uri, raw_headers, args_of, source, normalise)
-    local path = uri
-    if needs_normalising(path) then
-        path = normalise(path)
-    end
+-- path: the request's path as the edge checked it (edge.gateway_path); args_of(source) gives the
+-- argument table, called at most once and only if a rule needs it.
+function _M.features(path, raw_headers, args_of, source)
     return {
         path = path,
         model = path:match("^/v2/models/([^/]+)"),

@@ -1,19 +1,145 @@
--- The plugin's link to the runner: one worker fetches the decision table (POSTing this node's
--- counters: spend per target, the overflow flag it last decided, fail-safe decisions, dropped
--- outcomes, tables it could not store and the room it has) and stores it in the shared dict
--- (table.lua says how); every worker posts its summary of outcomes.
+-- The plugins' link to the runner: where it is (plugin_attr.spillway), whether it still answers,
+-- and, for the fast path, the decision table one worker fetches (POSTing this node's counters:
+-- spend per target, the overflow flag it last decided, fail-safe decisions, dropped outcomes,
+-- tables it could not store and the room it has) into the shared dict (table.lua says how), and
+-- the summaries of outcomes every worker posts.
+--
+-- Whether it answers: one worker asks GET /spillway/alive every alive_interval_s (the runner
+-- answers from the event loop that serves APISIX's calls). A runner that answered before and has
+-- been silent for dead_after_s is treated as dead: the ext-plugin route answers 503 at once
+-- rather than let each request wait out ext-plugin's 60 s socket timeout. Silent for kill_after_s,
+-- it is stopped with SIGKILL (after checking the pid still names the process that answered), so
+-- APISIX starts it anew, as it does a runner that died: requests it held get their 503 then.
 
+local core = require("apisix.core")
+local plugin = require("apisix.plugin")
 local cjson = require("cjson.safe")
+local ffi = require("ffi")
+local hmac = require("resty.hmac")
 local http = require("resty.http")
 local table_mod = require("apisix.plugins.spillway.table")
 local report = require("apisix.plugins.spillway.report")
 local shared_counters = require("apisix.plugins.spillway.counters")
 
-local pairs, pcall, tostring = pairs, pcall, tostring
+local ngx = ngx
+local pairs, pcall, tostring, type = pairs, pcall, tostring, type
 -- How long a table is asked to fit the room left after a store failed, before a whole one is tried.
 local ROOM_HELD_S = 10
 
 local _M = {}
+
+local SIGKILL = 9
+pcall(ffi.cdef, "int kill(int pid, int sig);")
+
+local attr_schema = {
+    type = "object",
+    properties = {
+        runner = { type = "string", default = "127.0.0.1:9092",
+                   description = "host:port of the runner's outcome endpoint (outcomes.listen)" },
+        token_env = { type = "string", default = "SPILLWAY_ROUTE_TOKEN" },
+        fetch_interval_s = { type = "number", minimum = 0.01, maximum = 1, default = 0.05 },
+        stale_after_s = { type = "number", exclusiveMinimum = 0, default = 1 },
+        timeout_s = { type = "number", exclusiveMinimum = 0, default = 0.5 },
+        batch_s = { type = "number", minimum = 0.05, maximum = 60, default = 0.2 },
+        alive_interval_s = { type = "number", minimum = 0.05, maximum = 10, default = 0.5 },
+        dead_after_s = { type = "number", exclusiveMinimum = 0, default = 2 },
+        kill_after_s = { type = "number", exclusiveMinimum = 0, default = 5 },
+    },
+}
+
+-- plugin_attr.spillway, checked, and the Authorization the runner's endpoint wants; nil when the
+-- attributes are invalid (logged).
+function _M.settings()
+    local attr = core.table.deepcopy(plugin.plugin_attr("spillway") or {})
+    local ok, err = core.schema.check(attr_schema, attr)
+    if not ok then
+        core.log.error("spillway: plugin_attr.spillway is invalid: ", err)
+        return nil
+    end
+    local token = os.getenv(attr.token_env) or ""
+    if #token < 16 then
+        core.log.error("spillway: ", attr.token_env, " must hold the route token (at least 16 ",
+                       "characters; nginx_config.envs must name it); without it the runner cannot ",
+                       "be asked: no table is fetched (every request stays local) and no runner is ",
+                       "watched")
+    end
+    local mac = hmac:new(token, hmac.ALGOS.SHA256):final("spillway-outcomes", true)
+    return attr, "Spillway " .. mac:sub(1, 32)
+end
+
+-- The start time (clock ticks since boot) of process pid, as the runner reports its own.
+local function started_of(pid)
+    local f = io.open("/proc/" .. pid .. "/stat", "r")
+    if not f then
+        return nil
+    end
+    local text = f:read("*a")
+    f:close()
+    local rest = text:match(".*%)%s(.*)$")
+    local i = 0
+    for field in (rest or ""):gmatch("%S+") do
+        i = i + 1
+        if i == 20 then
+            return field
+        end
+    end
+    return nil
+end
+
+local function stop(d_, pid, started, attr)
+    d_:delete("alive:pid")
+    if started == nil or started == "" or started_of(pid) ~= started then
+        return  -- gone already, or the pid now names another process
+    end
+    local ok = ffi.C.kill(pid, SIGKILL) == 0
+    core.log.error("spillway: the runner (pid ", pid, ") has not answered for ", attr.kill_after_s,
+                   " s; ", ok and "stopped it (SIGKILL): APISIX starts it anew"
+                         or ("could not stop it (errno " .. ffi.errno() .. ")"))
+end
+
+local function probe(attr, auth, d_)
+    local httpc = http.new()
+    httpc:set_timeout(attr.timeout_s * 1000)
+    local res = httpc:request_uri("http://" .. attr.runner .. "/spillway/alive", {
+        method = "GET", headers = { ["Authorization"] = auth }, keepalive_timeout = 60000,
+    })
+    local now = ngx.now()
+    local seen = res and res.status == 200 and cjson.decode(res.body)
+    if type(seen) == "table" and type(seen.pid) == "number" then
+        d_:safe_set("alive:at", now)
+        d_:safe_set("alive:pid", seen.pid)
+        d_:safe_set("alive:started", tostring(seen.started or ""))
+        return
+    end
+    local at, pid = d_:get("alive:at"), d_:get("alive:pid")
+    if at and pid and now - at > attr.kill_after_s then
+        stop(d_, pid, d_:get("alive:started"), attr)
+    end
+end
+
+local watching = false
+
+-- Worker 0 asks the runner whether it answers (once, whichever plugin calls it first).
+function _M.watch(attr, auth, d_)
+    if watching or ngx.get_phase() ~= "init_worker" or ngx.worker.id() ~= 0 then
+        return
+    end
+    watching = true
+    ngx.timer.every(attr.alive_interval_s, function(premature)
+        if not premature then
+            local ok, err = pcall(probe, attr, auth, d_)
+            if not ok then
+                core.log.warn("spillway: asking the runner whether it answers failed: ", err)
+            end
+        end
+    end)
+end
+
+-- Seconds since the runner last answered; nil before it ever did.
+function _M.silent_for(d_)
+    local at = d_:get("alive:at")
+    return at and ngx.now() - at or nil
+end
 
 -- worker: the plugin's per-worker state; with: dict(), current(), log_sometimes(kind, ...).
 function _M.start(worker, with)

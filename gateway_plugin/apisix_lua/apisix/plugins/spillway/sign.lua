@@ -1,53 +1,20 @@
 -- X-Spillway-Signature in Lua: functions/signature.py's sign() and canonical_target().
 --
 -- v1 = hex HMAC-SHA256(key, t \n nonce \n METHOD \n canonical target \n body digest), where the
--- canonical target is nginx's decoded path (normalised when it is not plain) and the decoded
+-- canonical target is nginx's $uri (decoded once; resolved when it is not plain) and the decoded
 -- arguments sorted, every byte outside the unreserved set percent-encoded.
 
+local edge = require("apisix.plugins.spillway.edge")
 local hmac = require("resty.hmac")
 local resty_sha256 = require("resty.sha256")
 local resty_random = require("resty.random")
 local to_hex = require("resty.string").to_hex
-local str_byte, str_format, str_gsub, str_char = string.byte, string.format, string.gsub, string.char
+local quote = edge.quote
+local str_gsub = string.gsub
 local concat, sort = table.concat, table.sort
-local type, tonumber, ipairs, pairs = type, tonumber, ipairs, pairs
+local type, ipairs, pairs = type, ipairs, pairs
 
 local _M = { UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD" }
-
-local MAX_DECODE_ROUNDS = 4
-
-local function unquote(s)
-    return (str_gsub(s, "%%(%x%x)", function(h) return str_char(tonumber(h, 16)) end))
-end
-
-local function quote(s, keep_slash)
-    local pattern = keep_slash and "[^A-Za-z0-9_.~/-]" or "[^A-Za-z0-9_.~-]"
-    return (str_gsub(s, pattern, function(c) return str_format("%%%02X", str_byte(c)) end))
-end
-
--- Percent-decoded to a fixed point, empty and dot segments resolved (functions.contract's
--- normalise_path over bytes).
-local function path_bytes(path)
-    for _ = 1, MAX_DECODE_ROUNDS do
-        local decoded = unquote(path)
-        if decoded == path then
-            break
-        end
-        path = decoded
-    end
-    local segments = {}
-    for segment in (path .. "/"):gmatch("([^/]*)/") do
-        if segment == ".." then
-            if #segments > 0 then
-                segments[#segments] = nil
-            end
-        elseif segment ~= "" and segment ~= "." then
-            segments[#segments + 1] = segment
-        end
-    end
-    return "/" .. concat(segments, "/")
-end
-_M.normalise_path = path_bytes
 
 local function plain(path)
     if path == "/" then
@@ -66,7 +33,7 @@ end
 
 -- path: nginx's decoded $uri; args: ngx.req.get_uri_args()'s table (value true: no '=').
 function _M.canonical_target(path, args)
-    local text = plain(path) and path or quote(path_bytes(path), true)
+    local text = plain(path) and path or quote(edge.resolved_path(path), true)
     local pairs_list = {}
     for k, v in pairs(args) do
         local values = type(v) == "table" and v or { v }

@@ -10,7 +10,7 @@ local cjson = require("cjson.safe")
 local re_find = ngx.re.find
 local type, pairs, ipairs, tonumber = type, pairs, ipairs, tonumber
 
-local _M = { FORMAT = 1 }
+local _M = { FORMAT = 2 }
 
 local ACTIONS = { ["local"] = true, overflow = true, target = true, shed = true }
 local BREAKERS = { closed = true, open = true, half_open = true }
@@ -82,7 +82,7 @@ local function target_ok(t)
         and is_num(t.warm) and is_num(t.spent_hour_usd) and is_num(t.spent_day_usd)
         and is_num(t.spent_mark) and is_bool(t.invoke) and opt_num(t.hourly_usd)
         and opt_num(t.daily_usd) and opt_num(t.max_request_bytes) and (t.invoke or is_str(t.value))
-        and (t.key_env == nil or is_str(t.key_env))
+        and (t.key_env == nil or is_str(t.key_env)) and list_of(t.forward, is_str)
 end
 
 local function tenant_ok(t)
@@ -142,6 +142,9 @@ function _M.compile(t)
         if #r.models > 0 then
             r.models_set = set_of(r.models)
         end
+    end
+    for _, target in pairs(t.targets) do
+        target.forward_set = set_of(target.forward)
     end
     return t
 end

@@ -1,0 +1,77 @@
+-- spillway-edge: the ext-plugin route's edge, around the runner's decision.
+--
+-- rewrite (priority above ext-plugin-pre-req's 12000, so before the runner is asked): the one
+-- reading of the request (spillway/edge.lua): at most 100 header fields, no client spelling of
+-- X-Spillway-*, a path already in normal form. The runner then settles the headers it reads and
+-- sets X-Spillway-Target (and X-Spillway-Worker) in its rewrite.
+-- access (before traffic-split, aws-lambda and the loggers): the runner's decision moves from its
+-- header into the request's context (spillway_upstream, spillway_worker), which traffic-split
+-- matches and the logger reports, and which no client can write; the header itself never leaves.
+-- A runner that has stopped answering (spillway/link.lua watches it) is treated as a dead one:
+-- requests get 503 at once instead of waiting out ext-plugin's 60 s socket timeout.
+
+local core = require("apisix.core")
+local edge = require("apisix.plugins.spillway.edge")
+local link = require("apisix.plugins.spillway.link")
+
+local ngx = ngx
+local clear_header = ngx.req.clear_header
+local floor = math.floor
+local DICT = "spillway"
+
+local _M = {
+    version = 0.1,
+    priority = 12010,
+    name = "spillway-edge",
+    schema = { type = "object", additionalProperties = false },
+}
+
+function _M.check_schema(conf)
+    return core.schema.check(_M.schema, conf)
+end
+
+local settings = nil
+
+function _M.init()
+    local attr, auth = link.settings()
+    if not attr then
+        return
+    end
+    if ngx.shared[DICT] == nil then
+        core.log.error("spillway-edge: no lua_shared_dict named ", DICT, "; add nginx_config.http.",
+                       "custom_lua_shared_dict: {spillway: 10m} to config.yaml: without it a runner ",
+                       "that stops answering makes requests wait out ext-plugin's 60 s timeout")
+        return
+    end
+    settings = attr
+    link.watch(attr, auth, ngx.shared[DICT])
+end
+
+function _M.rewrite(conf, ctx)
+    local silent = settings and link.silent_for(ngx.shared[DICT])
+    if silent and silent > settings.dead_after_s then
+        core.response.set_header("Retry-After", "1")
+        return 503, { error = "the Spillway runner has not answered for " .. floor(silent)
+                              .. " s; retry shortly" }
+    end
+    local raw, status, why = edge.admit(ctx)
+    if not raw then
+        return status, { error = why }
+    end
+end
+
+function _M.access(conf, ctx)
+    local value = ngx.var.http_x_spillway_target
+    if value then
+        ctx.spillway_upstream = value
+        clear_header("X-Spillway-Target")
+    end
+    local worker = ngx.var.http_x_spillway_worker
+    if worker then
+        ctx.spillway_worker = worker
+        clear_header("X-Spillway-Worker")
+    end
+    edge.pin_path(ctx)
+end
+
+return _M

@@ -1,0 +1,85 @@
+"""One reading of a request, settled before anything reads it, and what of it may leave.
+
+A request passes through layers that read it each their own way: nginx's ``$http_x_tenant`` takes
+the first of ``X-Tenant`` and ``X_Tenant``, APISIX's plugins take the first of repeated headers,
+the runner joins them. Where two layers read a header differently, one of them can be talked into
+a decision the other would not make. So the headers Spillway reads (the classification header,
+the tenant header and those rules name) are read in every spelling (any case, ``_`` or ``-``,
+repeated) as one value, and that value is written back as the only spelling, so every later
+layer reads what the decision read. Spillway's own headers (``X-Spillway-*``) are never the
+client's: every spelling a client sent is removed.
+
+A request that goes to a cloud function carries only the headers inference needs
+(``FORWARDED_TO_CLOUD``, plus what a target adds): cookies, API keys and other credentials a
+client sent to the gateway never reach a function.
+
+The ``spillway`` Lua plugin (``apisix_lua/.../spillway/edge.lua``) applies the same rules on the
+fast path and on the ext-plugin route before the runner is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from gateway_plugin.plugin import HttpRequest, RequestAction
+from gateway_plugin.routing.header_names import FRAMING, OWN_HEADERS, fold
+from gateway_plugin.routing.policy import Policy
+
+
+def read_headers(policy: Policy) -> frozenset[str]:
+    """The headers a decision under ``policy`` reads: classification, tenant, and what rules name."""
+    named = {name for rule in policy.rules for name, _ in rule.headers}
+    return frozenset({policy.classification_header, policy.tenant_header, *named})
+
+
+class Refusal(NamedTuple):
+    status: int
+    message: str
+
+
+def settle(
+    request: HttpRequest, read: Iterable[str], tenant_header: str, action: RequestAction
+) -> Refusal | None:
+    """Write back one spelling of every header in ``read`` that came in several (or repeated),
+    and remove every spelling of Spillway's own; refuse a tenant named twice differently (which
+    of them would the quota count?)."""
+    headers = request.headers
+    for name in FRAMING:
+        if any("_" in spelling for spelling in headers.spellings(name)):
+            return Refusal(
+                400, f"an '_' spelling of {name}: nginx frames the body by {name} alone; send that"
+            )
+    for name in read:
+        spellings = headers.spellings(name)
+        if not spellings and headers.count(name) < 2:
+            continue
+        value = headers[name]
+        if name == tenant_header:
+            distinct = set(request_values(request, name))
+            if len(distinct) > 1:
+                return Refusal(400, f"{name} sent with {len(distinct)} different values; send it once")
+            value = distinct.pop()
+        for spelling in spellings:
+            action.delete_header(spelling)
+        action.set_header(name, value)
+    for name in OWN_HEADERS:
+        if name in headers:
+            for spelling in headers.spellings(name):
+                action.delete_header(spelling)
+            action.delete_header(name)
+    return None
+
+
+def request_values(request: HttpRequest, name: str) -> list[str]:
+    """Every value of header ``name`` in any spelling, as sent."""
+    return [v or "" for k, v in request.raw_headers if fold(k) == name]
+
+
+def forward_only(request: HttpRequest, allowed: frozenset[str], action: RequestAction) -> None:
+    """Remove every header outside ``allowed`` (spellings with ``_`` included) before the request
+    leaves for a cloud function."""
+    for name, _ in request.raw_headers:
+        lowered = name.lower()
+        if lowered not in allowed:
+            action.delete_header(lowered)
