@@ -77,9 +77,12 @@ def request_values(request: HttpRequest, name: str) -> list[str]:
 
 
 def forward_only(request: HttpRequest, allowed: frozenset[str], action: RequestAction) -> None:
-    """Remove every header outside ``allowed`` (spellings with ``_`` included) before the request
-    leaves for a cloud function."""
-    for name, _ in request.raw_headers:
-        lowered = name.lower()
-        if lowered not in allowed:
-            action.delete_header(lowered)
+    """Remove every header outside ``allowed`` before the request leaves for a cloud function, and
+    every ``_`` spelling even of an allowed one (only the ``-`` spelling is forwarded)."""
+    headers = request.headers
+    for name in headers:
+        if name not in allowed:
+            action.delete_header(name)
+        for spelling in headers.spellings(name):
+            if spelling != name:
+                action.delete_header(spelling)
