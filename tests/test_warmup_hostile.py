@@ -4,6 +4,7 @@ followed by any of its transports, and no secret of a target reaches the command
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import subprocess
@@ -20,9 +21,10 @@ import yaml
 
 from functions.contract import WarmupReport
 from functions.sidecar import free_port
-from gateway_plugin.config import Target
+from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.urls import masked_url, origin
 from tests.support import ROOT, http_server_thread
+from warmup.rounds import plan, run_round
 from warmup.transports import HttpTransport, PingFailed, pooled_session, transport_for
 
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -243,3 +245,50 @@ def test_no_secret_of_a_target_reaches_the_warmup_commands_output(tmp_path: Path
     written = "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
     for secret in secrets:
         assert secret not in done.stdout + done.stderr + written, (secret, done.stdout, done.stderr)
+
+
+def _warmup_command(config: dict[str, Any], tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    path = tmp / "spillway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run(
+        [sys.executable, "-m", "warmup", "run", "--once", "--json", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("blank", [" ", "\t\n "])
+def test_a_blank_signing_key_stops_the_warmup_naming_the_variable(tmp_path: Path, blank: str) -> None:
+    with recording() as (url, seen):
+        config = {
+            "targets": [{"name": "t", "kind": "http", "url": url, "signing_key_env": KEY_ENV}],
+            "warmup": {"targets": {"t": {"instances": 1, "dwell_ms": 0}}, "waves": 1},
+        }
+        done = _warmup_command(config, tmp_path, **{KEY_ENV: blank})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert KEY_ENV in done.stderr and "blank" in done.stderr, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert seen == [], "an unsigned or blank-signed ping was sent"
+
+
+def test_a_round_reports_a_target_with_a_blank_key_as_failed_and_warms_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "  ")
+    with recording() as (url, seen):
+        config = SpillwayConfig.model_validate(
+            {
+                "targets": [
+                    {"name": "blank", "kind": "http", "url": url, "signing_key_env": KEY_ENV},
+                    {"name": "good", "kind": "http", "url": url, "signing_key_env": None},
+                ],
+                "warmup": {"targets": {n: {"instances": 1, "dwell_ms": 0} for n in ("blank", "good")}},
+            }
+        )
+        rows = plan(config, datetime.datetime.now(datetime.UTC), {})
+        blank, good = run_round(config, rows)
+    assert not blank.ok and KEY_ENV in blank.errors[0] and "blank" in blank.errors[0]
+    assert good.ok and len(seen) == 1

@@ -9,7 +9,7 @@ import requests
 from pydantic import ValidationError
 
 from functions.contract import WARMUP_PATH, WarmupReport
-from gateway_plugin.config import Target
+from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.signing import TargetSigner
 from gateway_plugin.targets.urls import masked_url, redirect_refused, url_secrets
 
@@ -122,6 +122,15 @@ class InvokeTransport:
         except InvokeFailed as exc:
             raise PingFailed(str(exc)) from None
         return parse_report(raw, self.name)
+
+
+def check_signing_keys(config: SpillwayConfig) -> None:
+    """Raises ``ConfigError`` for a warm-up target whose key variable holds a blank key: a bad
+    config, said once before any ping rather than by each round's workers."""
+    targets = {t.name: t for t in config.targets}
+    for name in config.warmup.targets:
+        if targets[name].mode == "upstream":
+            TargetSigner(targets[name])
 
 
 def transport_for(target: Target, pool_size: int) -> Transport:
