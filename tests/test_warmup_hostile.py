@@ -23,7 +23,7 @@ from functions.contract import WarmupReport
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.urls import masked_url, origin
-from tests.support import ROOT, http_server_thread
+from tests.support import ROOT, http_server_thread, wait_until
 from warmup.rounds import plan, run_round
 from warmup.transports import HttpTransport, PingFailed, pooled_session, transport_for
 
@@ -292,3 +292,45 @@ def test_a_round_reports_a_target_with_a_blank_key_as_failed_and_warms_the_other
         blank, good = run_round(config, rows)
     assert not blank.ok and KEY_ENV in blank.errors[0] and "blank" in blank.errors[0]
     assert good.ok and len(seen) == 1
+
+
+HUGE = 256 * 1024 * 1024
+
+
+@contextmanager
+def streaming(status: int) -> Iterator[tuple[str, list[int]]]:
+    """A target that answers ``status`` with 256 MiB, as fast as the client reads; notes how much
+    it managed to send."""
+    sent: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(status)
+            self.send_header("content-length", str(HUGE))
+            self.end_headers()
+            piece, total = b"x" * (1 << 20), 0
+            try:
+                while total < HUGE:
+                    self.wfile.write(piece)
+                    total += len(piece)
+            except OSError:
+                pass
+            sent.append(total)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http_server_thread(Handler) as url:
+        yield url, sent
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_a_huge_answer_fails_the_ping_past_64_kib_and_is_not_read(status: int) -> None:
+    with streaming(status) as (url, sent):
+        target = Target(name="t", kind="http", url=url, signing_key_env=None)
+        with pytest.raises(PingFailed) as failed:
+            HttpTransport(target, pooled_session()).ping('{"dwell_ms": 0}', 30)
+        wait_until(lambda: bool(sent), 30, "the target's answer ended")
+    assert "65536 bytes" in str(failed.value), failed.value
+    assert sent[0] < HUGE // 4, f"the pinger read {sent[0]} bytes of the answer"
