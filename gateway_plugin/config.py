@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway_plugin.routing.policy import RuleAction
 from gateway_plugin.shared_state_config import SharedState as SharedState
 from gateway_plugin.simulation.settings import SimulationSettings
-from gateway_plugin.targets.urls import masked_url
+from gateway_plugin.targets.urls import masked_url, not_an_origin
 from gateway_plugin.warmup_config import Adaptive as Adaptive
 from gateway_plugin.warmup_config import WarmTarget as WarmTarget
 from gateway_plugin.warmup_config import WarmupSettings
@@ -103,7 +103,10 @@ class Target(_Model):
     mode: Literal["upstream", "invoke"] = Field(
         default="upstream", description="upstream: APISIX proxies; invoke: the runner calls the cloud API"
     )
-    url: str | None = Field(default=None, description="function URL / HTTP trigger (upstream mode)")
+    url: str | None = Field(
+        default=None,
+        description="function URL / HTTP trigger (upstream mode): its origin, http(s)://host[:port]",
+    )
     function_name: str | None = Field(default=None, description="function to invoke (invoke mode)")
     service_name: str | None = Field(default=None, description="FC service (invoke mode on aliyun_fc)")
     qualifier: str | None = None
@@ -138,6 +141,18 @@ class Target(_Model):
         if self.kind == "aliyun_fc":
             return FC_MAX_INVOKE_BYTES if self.mode == "invoke" else FC_MAX_HTTP_BYTES
         return None
+
+    @field_validator("url")
+    @classmethod
+    def _origin(cls, url: str | None) -> str | None:
+        problem = None if url is None else not_an_origin(url)
+        if url is not None and problem is not None:
+            raise ValueError(
+                f"{masked_url(url)} {problem}: a target's url is its function's origin, "
+                "http(s)://host[:port] (a final / is fine), where APISIX sends each request with the "
+                "client's own path and query and the warm-up posts /spillway/warmup; remove the rest"
+            )
+        return url
 
     @model_validator(mode="after")
     def _addressable(self) -> Target:

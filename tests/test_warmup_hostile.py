@@ -192,7 +192,8 @@ def _secrets_config(tmp: Path, urls: dict[str, str], metrics_url: str, fc_api: s
 
 def test_no_secret_of_a_target_reaches_the_warmup_commands_output(tmp_path: Path) -> None:
     """The real command, its targets failing every way: refused, 500 echoing the request, no
-    answer, a redirect; secrets in each URL's user, password and query, and in the signing key;
+    answer, a redirect; secrets in each URL's user and password (a target's url has no query), in
+    the metrics URL's query, the redirect's Location and the signing key;
     FC's API refusing an invocation signed with a security token."""
     fc_credentials = {
         "ALIBABA_CLOUD_ACCESS_KEY_ID": "LTAItest",
@@ -202,9 +203,9 @@ def test_no_secret_of_a_target_reaches_the_warmup_commands_output(tmp_path: Path
     secrets = [SIGNING_KEY, "m0nitor-pw", "metr1cs-key", "fc-s3cret", "sts-t0ken"]
 
     def url_with_secrets(base: str, name: str) -> str:
-        user, password, token = f"u5er-{name}", f"pa55-{name}", f"t0ken-{name}"
-        secrets.extend([user, password, token, base64.b64encode(f"{user}:{password}".encode()).decode()])
-        return base.replace("http://", f"http://{user}:{password}@") + f"/fn?token={token}&{token}-bare"
+        user, password = f"u5er-{name}", f"pa55-{name}"
+        secrets.extend([user, password, base64.b64encode(f"{user}:{password}".encode()).decode()])
+        return base.replace("http://", f"http://{user}:{password}@")
 
     released = threading.Event()
     with (
@@ -334,3 +335,47 @@ def test_a_huge_answer_fails_the_ping_past_64_kib_and_is_not_read(status: int) -
         wait_until(lambda: bool(sent), 30, "the target's answer ended")
     assert "65536 bytes" in str(failed.value), failed.value
     assert sent[0] < HUGE // 4, f"the pinger read {sent[0]} bytes of the answer"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://deploy:pa55word@127.0.0.1:9/base",
+        "https://127.0.0.1:9/?token=t0ken",
+        "https://127.0.0.1:9/base?token=t0ken&x=1",
+        "https://127.0.0.1:9#t0ken",
+        "ftp://127.0.0.1:9",
+    ],
+)
+@pytest.mark.parametrize("command", ["check-config", "warmup"])
+def test_a_target_url_with_a_path_or_query_is_refused_saying_what_is_allowed(
+    tmp_path: Path, url: str, command: str
+) -> None:
+    """APISIX sends each request to a target's origin with the client's own path and query, so a
+    path or query there would apply to the signed warm-up ping alone, and break its signature."""
+    path = tmp_path / "spillway.yaml"
+    config = {
+        "targets": [{"name": "t", "kind": "http", "url": url}],
+        "warmup": {"targets": {"t": {"instances": 1}}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    args = (
+        ["gateway_plugin", "check-config"]
+        if command == "check-config"
+        else ["warmup", "run", "--once", "--config"]
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", *args, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "targets.0.url" in done.stderr and "http(s)://host[:port]" in done.stderr, done.stderr
+    for secret in ("deploy", "pa55word", "t0ken"):
+        assert secret not in done.stdout + done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "url", ["https://fn.example", "https://abc.lambda-url.us-east-1.on.aws/", "http://[::1]:9000"]
+)
+def test_a_target_url_naming_an_origin_is_taken(url: str) -> None:
+    target = Target(name="t", kind="http", url=url, signing_key_env=None)
+    assert HttpTransport(target, pooled_session()).url == url.rstrip("/") + "/spillway/warmup"
