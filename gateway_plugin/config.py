@@ -14,6 +14,11 @@ from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD, HeaderName
 from gateway_plugin.routing.policy import RuleAction
 from gateway_plugin.shared_state_config import SharedState as SharedState
 from gateway_plugin.simulation.settings import SimulationSettings
+from gateway_plugin.targets.urls import masked_url, not_an_origin
+from gateway_plugin.warmup_config import Adaptive as Adaptive
+from gateway_plugin.warmup_config import WarmTarget as WarmTarget
+from gateway_plugin.warmup_config import WarmupSettings
+from gateway_plugin.warmup_config import Window as Window
 
 
 class ConfigError(ValueError):
@@ -100,7 +105,10 @@ class Target(_Model):
     mode: Literal["upstream", "invoke"] = Field(
         default="upstream", description="upstream: APISIX proxies; invoke: the runner calls the cloud API"
     )
-    url: str | None = Field(default=None, description="function URL / HTTP trigger (upstream mode)")
+    url: str | None = Field(
+        default=None,
+        description="function URL / HTTP trigger (upstream mode): its origin, http(s)://host[:port]",
+    )
     function_name: str | None = Field(default=None, description="function to invoke (invoke mode)")
     service_name: str | None = Field(default=None, description="FC service (invoke mode on aliyun_fc)")
     qualifier: str | None = None
@@ -144,6 +152,18 @@ class Target(_Model):
         if self.kind == "aliyun_fc":
             return FC_MAX_INVOKE_BYTES if self.mode == "invoke" else FC_MAX_HTTP_BYTES
         return None
+
+    @field_validator("url")
+    @classmethod
+    def _origin(cls, url: str | None) -> str | None:
+        problem = None if url is None else not_an_origin(url)
+        if url is not None and problem is not None:
+            raise ValueError(
+                f"{masked_url(url)} {problem}: a target's url is its function's origin, "
+                "http(s)://host[:port] (a final / is fine), where APISIX sends each request with the "
+                "client's own path and query and the warm-up posts /spillway/warmup; remove the rest"
+            )
+        return url
 
     @model_validator(mode="after")
     def _addressable(self) -> Target:
@@ -270,51 +290,6 @@ class MetricsSettings(_Model):
     decision_header: bool = Field(default=True, description="add X-Spillway-Decision to answers")
 
 
-class Window(_Model):
-    """A time-of-day window (``HH:MM``, in ``warmup.timezone``) with its own instance count."""
-
-    start: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
-    end: str = Field(pattern=r"^([01]\d|2[0-4]):[0-5]\d$")
-    instances: int = Field(ge=0)
-
-
-class Adaptive(_Model):
-    """Size from the overflow the gateway reports: rate x cloud latency x headroom (Little's law)."""
-
-    metrics_url: str = Field(description="the runner's /metrics, e.g. http://127.0.0.1:9091/metrics")
-    sample_s: float = Field(default=10.0, gt=0, description="the overflow rate is measured over this")
-    headroom: float = Field(default=1.5, ge=1.0)
-    floor: int = Field(default=0, ge=0)
-    ceiling: int = Field(default=20, ge=1)
-
-
-class WarmTarget(_Model):
-    instances: int = Field(
-        default=1, ge=0, description="fixed count, when neither windows nor adaptive apply"
-    )
-    windows: list[Window] = Field(default_factory=list)
-    adaptive: Adaptive | None = None
-    dwell_ms: int = Field(default=1000, ge=0, le=60_000, description="how long each ping holds its instance")
-    probe: bool = Field(default=False, description="run one synthetic inference per model")
-    models: list[str] = Field(default_factory=list, description="models to check (default: all)")
-
-
-class WarmupSettings(_Model):
-    targets: dict[str, WarmTarget] = Field(
-        default_factory=dict, description="target name → how many to keep warm"
-    )
-    interval_s: float = Field(
-        default=240.0, gt=0, description="between rounds (idle instances go after 3-10 min)"
-    )
-    waves: int = Field(default=3, ge=1, description="ping waves per round before giving up on a count")
-    ping_timeout_s: float = Field(default=30.0, gt=0)
-    timezone: str = Field(default="UTC", description="for windows")
-    report_file: str | None = Field(
-        default=None,
-        description="Prometheus text file the pinger writes and the runner reads warm pools from",
-    )
-
-
 class SpillwayConfig(_Model):
     runner: RunnerSettings = Field(default_factory=RunnerSettings)
     local: LocalCluster = Field(default_factory=LocalCluster)
@@ -385,14 +360,34 @@ def parse(data: Any, source: str = "config") -> SpillwayConfig:
         raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines)) from None
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError | ValueError) -> ConfigError:
+    """Where the YAML broke and why, never the text there: PyYAML quotes the line, which may hold a
+    URL's password, and a value it cannot convert may be a secret; a URL in a problem is masked."""
+    if isinstance(exc, ValueError):
+        return ConfigError(f"{path} holds a date, number or !! tag that YAML cannot read; correct it")
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}; correct it")
+    mark, began = exc.problem_mark, exc.context_mark
+    problem = _URL.sub(lambda url: masked_url(url.group()), exc.problem or "")
+    text = f"{path} is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    if exc.context and began is not None:
+        text += f" ({exc.context} from line {began.line + 1}, column {began.column + 1})"
+    return ConfigError(text + "; correct the YAML there")
+
+
 def load(path: Path | str) -> SpillwayConfig:
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start + 1}); save it as UTF-8") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise _yaml_error(path, exc) from None
     return parse(data, str(path))
