@@ -4,7 +4,8 @@ A read may end inside a head, hold several heads, or hold the end of one request
 of the next; the parser reports no offsets. So the connection feeds the parser in pieces that end
 where a head ends (its blank line) and counts every piece fed while a head is unfinished. Heads
 end at the first ``CRLF CRLF`` (the parser is strict: no bare ``LF``), and empty lines between
-requests begin nothing, so they are not counted.
+requests begin nothing, so they are not counted. The trailer section after a chunked body is
+counted the same way, from the byte after the last chunk's size line to its blank line.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class HeadMeter:
         room = self.limit - self.taken
         end = _BLANK_LINE.search(data, 0, room)
         return end.end() if end is not None else room
+
+    def begin_trailers(self) -> None:
+        """The last chunk's size line has just been fed: it ends in the CRLF a blank line may follow."""
+        self.taken, self._tail = 0, _CR_LF
 
     def took(self, piece: bytes | memoryview, began: bool) -> bool:
         """Count a piece after which a head is unfinished; False once it has taken the limit.

@@ -4,7 +4,9 @@ Keep-alive, pipelining (answers in order), ``Expect: 100-continue`` and a body l
 413 from the headers alone, before any of the body is read or Triton is touched. Every client is
 bounded (``HttpLimits``): the request head's size (431) and header count, the time to send the
 head (408) and each piece of the body (408), idle keep-alive time, queued pipelined requests and
-the number of connections. Every request gets exactly one answer, upgrades and CONNECT included.
+the number of connections. A chunked body's trailer section is bounded as a head is (431), and
+its fields are dropped: the handler sees the header section alone. Every request gets exactly one
+answer, upgrades and CONNECT included.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import cast
 
 import httptools
 
-from functions.http_body import BodyReader
+from functions.http_body import BodyReader, ChunkFraming
 from functions.http_deadline import Deadline
 from functions.http_head import HeadMeter
 from functions.http_types import (
@@ -103,6 +105,7 @@ class _HttpConnection(asyncio.BufferedProtocol):
         self._size = 0
         # The declared length of a body this connection may read itself; -1: the parser reads it.
         self._expect = -1
+        self._chunks: ChunkFraming | None = None
         self._method = b""
         self._keep_alive = False
         self._direct: BodyReader | None = None
@@ -154,22 +157,29 @@ class _HttpConnection(asyncio.BufferedProtocol):
             self._complete(self._method, self._keep_alive)
 
     def data_received(self, data: bytes | memoryview) -> None:
-        """Feed the parser a head up to its blank line, a body framed by Content-Length up to its
-        end and a chunked one in pieces no longer than a head may be, so that each head is counted
-        from its first byte whatever the reads hold (one that both begins and ends in a piece of a
-        chunked body is shorter than the piece); a head that takes ``max_header_bytes`` without
-        ending is refused."""
+        """Feed the parser a head or trailer section up to its blank line, a body framed by
+        Content-Length up to its end and a chunked one in pieces no longer than a head may be,
+        ending where its trailers begin, so that each head and trailer section is counted from its
+        first byte whatever the reads hold (a head that both begins and ends in a piece of a chunked
+        body is shorter than the piece); one that takes ``max_header_bytes`` is refused."""
         limit = self._limits.max_header_bytes
         while data and not self._discarding:
+            trailers: int | None = None
             if self._reading == "body":
                 size = max(1, self._expect - self._size) if self._expect >= 0 else limit
+                if self._chunks is not None and (trailers := self._chunks.trailers_at(data[:size])):
+                    size = trailers
             else:
-                size = self._head.next_piece(data, self._reading == "head")
+                size = self._head.next_piece(data, self._reading in ("head", "trailers"))
             piece, data = data[:size], data[size:]
             began = self._begun
             self._feed(piece)
-            if self._reading == "head" and not self._head.took(piece, self._begun != began):
-                self._refuse(431, f"request line and headers exceed {limit} bytes")
+            if trailers and self._reading == "body":
+                self._reading = "trailers"
+                self._head.begin_trailers()
+            elif self._reading in ("head", "trailers") and not self._head.took(piece, self._begun != began):
+                what = "request line and headers" if self._reading == "head" else "trailer section"
+                self._refuse(431, f"{what} exceed {limit} bytes")
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self._discarding or not data:
@@ -198,6 +208,8 @@ class _HttpConnection(asyncio.BufferedProtocol):
         if self._header_count > self._limits.max_headers:
             self._refusal = error_response(431, f"more than {self._limits.max_headers} request headers")
             raise _Refused
+        if self._reading == "trailers":
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self._headers[key] = f"{self._headers[key]}, {text}" if key in self._headers else text
@@ -223,6 +235,8 @@ class _HttpConnection(asyncio.BufferedProtocol):
             # Framed by Content-Length alone (the parser refuses it next to Transfer-Encoding, and
             # twice): this connection may read the rest of the body itself.
             self._expect = int(length)
+        elif "transfer-encoding" in self._headers and not self._upgrade:
+            self._chunks = ChunkFraming()  # the parser refuses a request body framed otherwise
         if (
             self._headers.get("expect", "").lower() == "100-continue"
             and self._transport is not None
@@ -343,7 +357,7 @@ class _HttpConnection(asyncio.BufferedProtocol):
         self._transport.resume_reading()
         if self._reading == "head":
             self._arm(self._limits.header_timeout_s, 408, "request headers not received")
-        elif self._reading == "body":
+        elif self._reading in ("body", "trailers"):
             self._arm(self._limits.body_timeout_s, 408, "request body not received")
 
     def eof_received(self) -> bool:

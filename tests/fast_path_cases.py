@@ -78,7 +78,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         {
             "name": n,
             "kind": "http",
-            "url": f"http://127.0.0.1:1/{n}",
+            "url": "http://127.0.0.1:1",
             "concurrency_cap": rng.randint(1, 4),
             "cold_start_ms": rng.choice([0, 50, 400, 5000]),
             "max_request_bytes": _maybe(rng, rng.choice([100, 10_000]), 0.3),

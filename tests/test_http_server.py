@@ -348,3 +348,47 @@ def test_a_body_larger_than_the_limit_is_refused_from_its_head_before_any_buffer
             server.close()
 
     assert _run(go()) == [413]
+
+
+def _chunked(trailer_bytes: int, path: str = "/c") -> bytes:
+    """A chunked POST whose trailer section (after ``0\\r\\n``, final blank line included) is exactly
+    ``trailer_bytes`` long (2: none)."""
+    trailer = b"X-Trailer: \r\n\r\n" if trailer_bytes > 2 else b"\r\n"
+    trailer = trailer.replace(b": ", b": " + b"t" * (trailer_bytes - len(trailer)))
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-Head: h\r\n\r\n".encode()
+    return head + b"4;ext=1\r\nbody\r\n3\r\n0\r\n\r\n00\r\n" + trailer
+
+
+async def _header_names(request: Request) -> Response:
+    return Response(200, [], ",".join(sorted(request.headers)).encode())
+
+
+@pytest.mark.parametrize("pieces", [1, 1000], ids=["one write", "byte by byte"])
+@pytest.mark.parametrize(
+    ("size", "expected"), [(2, [200, 200]), (1024, [200, 200]), (1025, [431])], ids=["none", "at", "past"]
+)
+def test_a_trailer_section_is_bounded_as_a_head_is_and_the_next_request_follows_it(
+    size: int, expected: list[int], pieces: int
+) -> None:
+    async def go() -> list[int]:
+        async with _server(HttpLimits(max_header_bytes=1024)) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            sent = _chunked(size) + b"GET /next HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            step = max(1, len(sent) // pieces)
+            for start in range(0, len(sent), step):
+                writer.write(sent[start : start + step])
+                await writer.drain()
+            return await _answers_until_closed(reader)
+
+    assert _run(go()) == expected
+
+
+def test_trailer_fields_are_dropped_not_taken_for_headers() -> None:
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        async with _server(handler=_header_names) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_chunked(40))
+            return await _read_answer(reader)
+
+    status, _, names = _run(go())  # type: ignore[misc]
+    assert (status, names) == (200, b"host,transfer-encoding,x-head")

@@ -357,13 +357,80 @@ def _check_config(tmp_path: Path, config: dict[str, Any]) -> subprocess.Complete
 
 
 def test_check_config_never_prints_credentials(tmp_path: Path) -> None:
-    target = {**UPSTREAM_TARGET, "url": "https://deploy:pa55word@fn.example/v2?token=t0ken&x=1"}
-    endpoint = {"url": "http://triton:8000", "metrics_url": "http://admin:s3cret@triton:8002/metrics?k=key9"}
+    target = {**UPSTREAM_TARGET, "url": "https://deploy:pa55word@fn.example/"}
+    endpoint = {
+        "url": "http://triton:8000",
+        "metrics_url": "http://admin:s3cret@triton:8002/metrics?k=key9&t",
+    }
     result = _check_config(tmp_path, {"targets": [target], "local": {"endpoints": [endpoint]}})
     assert result.returncode == 0, result.stderr
-    for secret in ("deploy", "pa55word", "t0ken", "s3cret", "key9"):
+    for secret in ("deploy", "pa55word", "s3cret", "key9"):
         assert secret not in result.stdout
-    assert "https://***@fn.example/v2?token=***&x=***" in result.stdout
+    assert "https://***@fn.example/" in result.stdout
+    assert "http://***@triton:8002/metrics?k=***&***" in result.stdout
+
+
+BROKEN_YAML = {
+    "an unknown escape in a quoted URL": (
+        'targets:\n  - {name: t, kind: http, url: "https://deploy:pa55word@fn.example/\\q?token=t0ken"}\n',
+        "line 2, column",
+        "unknown escape character",
+    ),
+    "a URL indented wrongly": (
+        "targets:\n  - name: t\n   url: https://deploy:pa55word@fn.example/?token=t0ken\n",
+        "line 3, column 4",
+        "expected <block end>",
+    ),
+    "a tab before a URL": (
+        "shared_state:\n\tredis_url: redis://:pa55word@redis:6379/0?token=t0ken\n",
+        "line 2, column 1",
+        "that cannot start any token",
+    ),
+    "a tag holding a URL": (
+        "local:\n  endpoints: !<https://deploy:pa55word@h/?token=t0ken> []\n",
+        "line 2, column 14",
+        "could not determine a constructor",
+    ),
+    "a value YAML cannot convert": ("local:\n  latency_target_ms: !!int pa55word\n", "YAML cannot read", ""),
+}
+
+
+@pytest.mark.parametrize("command", ["check-config", "warmup run", "warmup plan"])
+@pytest.mark.parametrize("broken", BROKEN_YAML)
+def test_a_yaml_error_names_the_place_and_the_problem_never_the_text_there(
+    tmp_path: Path, broken: str, command: str
+) -> None:
+    text, where, problem = BROKEN_YAML[broken]
+    path = tmp_path / "spillway.yaml"
+    path.write_text(text)
+    args = (
+        ["gateway_plugin", "check-config", str(path)]
+        if command == "check-config"
+        else ["warmup", command.split()[1], "--config", str(path)]
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2, result.stderr
+    assert str(path) in result.stderr and where in result.stderr and problem in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    for secret in ("deploy", "pa55word", "t0ken"):
+        assert secret not in result.stdout + result.stderr, result.stderr
+
+
+def test_a_config_that_is_not_utf8_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "spillway.yaml"
+    path.write_bytes(b"targets: []\nlocal: \xff\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "check-config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2 and "not UTF-8 text (byte 20)" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ followed by any of its transports, and no secret of a target reaches the command
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import subprocess
@@ -20,9 +21,10 @@ import yaml
 
 from functions.contract import WarmupReport
 from functions.sidecar import free_port
-from gateway_plugin.config import Target
+from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.urls import masked_url, origin
-from tests.support import ROOT, http_server_thread
+from tests.support import ROOT, http_server_thread, wait_until
+from warmup.rounds import plan, run_round
 from warmup.transports import HttpTransport, PingFailed, pooled_session, transport_for
 
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -190,7 +192,8 @@ def _secrets_config(tmp: Path, urls: dict[str, str], metrics_url: str, fc_api: s
 
 def test_no_secret_of_a_target_reaches_the_warmup_commands_output(tmp_path: Path) -> None:
     """The real command, its targets failing every way: refused, 500 echoing the request, no
-    answer, a redirect; secrets in each URL's user, password and query, and in the signing key;
+    answer, a redirect; secrets in each URL's user and password (a target's url has no query), in
+    the metrics URL's query, the redirect's Location and the signing key;
     FC's API refusing an invocation signed with a security token."""
     fc_credentials = {
         "ALIBABA_CLOUD_ACCESS_KEY_ID": "LTAItest",
@@ -200,9 +203,9 @@ def test_no_secret_of_a_target_reaches_the_warmup_commands_output(tmp_path: Path
     secrets = [SIGNING_KEY, "m0nitor-pw", "metr1cs-key", "fc-s3cret", "sts-t0ken"]
 
     def url_with_secrets(base: str, name: str) -> str:
-        user, password, token = f"u5er-{name}", f"pa55-{name}", f"t0ken-{name}"
-        secrets.extend([user, password, token, base64.b64encode(f"{user}:{password}".encode()).decode()])
-        return base.replace("http://", f"http://{user}:{password}@") + f"/fn?token={token}&{token}-bare"
+        user, password = f"u5er-{name}", f"pa55-{name}"
+        secrets.extend([user, password, base64.b64encode(f"{user}:{password}".encode()).decode()])
+        return base.replace("http://", f"http://{user}:{password}@")
 
     released = threading.Event()
     with (
@@ -243,3 +246,136 @@ def test_no_secret_of_a_target_reaches_the_warmup_commands_output(tmp_path: Path
     written = "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
     for secret in secrets:
         assert secret not in done.stdout + done.stderr + written, (secret, done.stdout, done.stderr)
+
+
+def _warmup_command(config: dict[str, Any], tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    path = tmp / "spillway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run(
+        [sys.executable, "-m", "warmup", "run", "--once", "--json", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("blank", [" ", "\t\n "])
+def test_a_blank_signing_key_stops_the_warmup_naming_the_variable(tmp_path: Path, blank: str) -> None:
+    with recording() as (url, seen):
+        config = {
+            "targets": [{"name": "t", "kind": "http", "url": url, "signing_key_env": KEY_ENV}],
+            "warmup": {"targets": {"t": {"instances": 1, "dwell_ms": 0}}, "waves": 1},
+        }
+        done = _warmup_command(config, tmp_path, **{KEY_ENV: blank})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert KEY_ENV in done.stderr and "blank" in done.stderr, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert seen == [], "an unsigned or blank-signed ping was sent"
+
+
+def test_a_round_reports_a_target_with_a_blank_key_as_failed_and_warms_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "  ")
+    with recording() as (url, seen):
+        config = SpillwayConfig.model_validate(
+            {
+                "targets": [
+                    {"name": "blank", "kind": "http", "url": url, "signing_key_env": KEY_ENV},
+                    {"name": "good", "kind": "http", "url": url, "signing_key_env": None},
+                ],
+                "warmup": {"targets": {n: {"instances": 1, "dwell_ms": 0} for n in ("blank", "good")}},
+            }
+        )
+        rows = plan(config, datetime.datetime.now(datetime.UTC), {})
+        blank, good = run_round(config, rows)
+    assert not blank.ok and KEY_ENV in blank.errors[0] and "blank" in blank.errors[0]
+    assert good.ok and len(seen) == 1
+
+
+HUGE = 256 * 1024 * 1024
+
+
+@contextmanager
+def streaming(status: int) -> Iterator[tuple[str, list[int]]]:
+    """A target that answers ``status`` with 256 MiB, as fast as the client reads; notes how much
+    it managed to send."""
+    sent: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(status)
+            self.send_header("content-length", str(HUGE))
+            self.end_headers()
+            piece, total = b"x" * (1 << 20), 0
+            try:
+                while total < HUGE:
+                    self.wfile.write(piece)
+                    total += len(piece)
+            except OSError:
+                pass
+            sent.append(total)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http_server_thread(Handler) as url:
+        yield url, sent
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_a_huge_answer_fails_the_ping_past_64_kib_and_is_not_read(status: int) -> None:
+    with streaming(status) as (url, sent):
+        target = Target(name="t", kind="http", url=url, signing_key_env=None)
+        with pytest.raises(PingFailed) as failed:
+            HttpTransport(target, pooled_session()).ping('{"dwell_ms": 0}', 30)
+        wait_until(lambda: bool(sent), 30, "the target's answer ended")
+    assert "65536 bytes" in str(failed.value), failed.value
+    assert sent[0] < HUGE // 4, f"the pinger read {sent[0]} bytes of the answer"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://deploy:pa55word@127.0.0.1:9/base",
+        "https://127.0.0.1:9/?token=t0ken",
+        "https://127.0.0.1:9/base?token=t0ken&x=1",
+        "https://127.0.0.1:9#t0ken",
+        "ftp://127.0.0.1:9",
+    ],
+)
+@pytest.mark.parametrize("command", ["check-config", "warmup"])
+def test_a_target_url_with_a_path_or_query_is_refused_saying_what_is_allowed(
+    tmp_path: Path, url: str, command: str
+) -> None:
+    """APISIX sends each request to a target's origin with the client's own path and query, so a
+    path or query there would apply to the signed warm-up ping alone, and break its signature."""
+    path = tmp_path / "spillway.yaml"
+    config = {
+        "targets": [{"name": "t", "kind": "http", "url": url}],
+        "warmup": {"targets": {"t": {"instances": 1}}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    args = (
+        ["gateway_plugin", "check-config"]
+        if command == "check-config"
+        else ["warmup", "run", "--once", "--config"]
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", *args, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "targets.0.url" in done.stderr and "http(s)://host[:port]" in done.stderr, done.stderr
+    for secret in ("deploy", "pa55word", "t0ken"):
+        assert secret not in done.stdout + done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "url", ["https://fn.example", "https://abc.lambda-url.us-east-1.on.aws/", "http://[::1]:9000"]
+)
+def test_a_target_url_naming_an_origin_is_taken(url: str) -> None:
+    target = Target(name="t", kind="http", url=url, signing_key_env=None)
+    assert HttpTransport(target, pooled_session()).url == url.rstrip("/") + "/spillway/warmup"

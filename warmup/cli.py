@@ -16,6 +16,7 @@ from gateway_plugin.config import ConfigError, SpillwayConfig, load
 from warmup.pinger import TargetResult
 from warmup.report import line, prometheus_text, summary, write_atomically
 from warmup.rounds import PlanRow, measured_rates, plan, run_round
+from warmup.transports import check_signing_keys
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Output(args.json or not sys.stdout.isatty())
     try:
         config = load(args.config)
+        check_signing_keys(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

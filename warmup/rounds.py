@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import requests
 
-from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
+from gateway_plugin.config import ConfigError, SpillwayConfig, Target, WarmTarget
 from gateway_plugin.costs import monthly_warm_cost_usd
 from gateway_plugin.targets.urls import masked_url
 from warmup import schedules
@@ -82,7 +82,8 @@ def run_round(
     rows: list[PlanRow],
     on_wave: Callable[[TargetResult], None] | None = None,
 ) -> list[TargetResult]:
-    """Every target at once, each on its own thread: one slow target does not delay the others."""
+    """Every target at once, each on its own thread: one slow target does not delay the others, and
+    one that cannot be pinged at all (no credentials, a blank key) is a failed target."""
     targets: dict[str, Target] = {t.name: t for t in config.targets}
     results: dict[str, TargetResult] = {}
 
@@ -90,7 +91,7 @@ def run_round(
         spec = config.warmup.targets[row.target]
         try:
             transport = transport_for(targets[row.target], max(1, row.instances))
-        except PingFailed as exc:
+        except (PingFailed, ConfigError) as exc:
             results[row.target] = failed_target(row.target, row.instances, str(exc))
             return
         results[row.target] = warm_target(

@@ -9,11 +9,13 @@ import requests
 from pydantic import ValidationError
 
 from functions.contract import WARMUP_PATH, WarmupReport
-from gateway_plugin.config import Target
+from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.signing import TargetSigner
 from gateway_plugin.targets.urls import masked_url, redirect_refused, url_secrets
 
 _PREVIEW_CHARS = 200
+# A warm-up report is a few hundred bytes; an answer past this is not one, and is not read on.
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 class PingFailed(Exception):
@@ -87,22 +89,36 @@ class HttpTransport:
         if signature is not None:
             headers["x-spillway-signature"] = signature
         try:
-            answer = self.session.post(
-                self.url, data=body, headers=headers, timeout=timeout_s, allow_redirects=False
-            )
+            with self.session.post(
+                self.url, data=body, headers=headers, timeout=timeout_s, allow_redirects=False, stream=True
+            ) as answer:
+                if 300 <= answer.status_code < 400:
+                    raise PingFailed(
+                        redirect_refused(answer.status_code, answer.headers.get("location"), self.url)
+                        + "; set the target's url to the URL that answers without a redirect"
+                    )
+                content = self._content(answer)
         except requests.RequestException as exc:
             raise PingFailed(f"{self.shown}: {describe(exc, timeout_s)}") from None
-        if 300 <= answer.status_code < 400:
-            raise PingFailed(
-                redirect_refused(answer.status_code, answer.headers.get("location"), self.url)
-                + "; set the target's url to the URL that answers without a redirect"
-            )
         sent = answer.request.headers
         private = self.private | {sent.get(h, "") for h in ("authorization", "x-spillway-signature")} - {""}
         if answer.status_code != 200:
-            shown = _preview(answer.content, private)
-            raise PingFailed(f"{self.shown} answered {answer.status_code}: {shown}")
-        return parse_report(answer.content, self.shown, private)
+            raise PingFailed(f"{self.shown} answered {answer.status_code}: {_preview(content, private)}")
+        return parse_report(content, self.shown, private)
+
+    def _content(self, answer: requests.Response) -> bytes:
+        """The answer's body, up to ``MAX_ANSWER_BYTES`` (decoded): past that the ping fails and
+        the connection is closed with the rest unread."""
+        content = bytearray()
+        for piece in answer.iter_content(16 * 1024):
+            content += piece
+            if len(content) > MAX_ANSWER_BYTES:
+                raise PingFailed(
+                    f"{self.shown} answered {answer.status_code} with more than {MAX_ANSWER_BYTES} bytes, "
+                    "where a warm-up report takes a few hundred; check that the target's url is the "
+                    "function's"
+                )
+        return bytes(content)
 
 
 class InvokeTransport:
@@ -122,6 +138,15 @@ class InvokeTransport:
         except InvokeFailed as exc:
             raise PingFailed(str(exc)) from None
         return parse_report(raw, self.name)
+
+
+def check_signing_keys(config: SpillwayConfig) -> None:
+    """Raises ``ConfigError`` for a warm-up target whose key variable holds a blank key: a bad
+    config, said once before any ping rather than by each round's workers."""
+    targets = {t.name: t for t in config.targets}
+    for name in config.warmup.targets:
+        if targets[name].mode == "upstream":
+            TargetSigner(targets[name])
 
 
 def transport_for(target: Target, pool_size: int) -> Transport:

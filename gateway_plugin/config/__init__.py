@@ -3,6 +3,7 @@ is refused with the path of each bad field."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from gateway_plugin.config.targets import (
 )
 from gateway_plugin.config.warmup import Adaptive, WarmTarget, WarmupSettings, Window
 from gateway_plugin.simulation.settings import SimulationSettings
+from gateway_plugin.targets.urls import masked_url
 
 __all__ = [
     "FC_MAX_HTTP_BYTES",
@@ -139,14 +141,34 @@ def parse(data: Any, source: str = "config") -> SpillwayConfig:
         raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines)) from None
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError | ValueError) -> ConfigError:
+    """Where the YAML broke and why, never the text there: PyYAML quotes the line, which may hold a
+    URL's password, and a value it cannot convert may be a secret; a URL in a problem is masked."""
+    if isinstance(exc, ValueError):
+        return ConfigError(f"{path} holds a date, number or !! tag that YAML cannot read; correct it")
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}; correct it")
+    mark, began = exc.problem_mark, exc.context_mark
+    problem = _URL.sub(lambda url: masked_url(url.group()), exc.problem or "")
+    text = f"{path} is not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    if exc.context and began is not None:
+        text += f" ({exc.context} from line {began.line + 1}, column {began.column + 1})"
+    return ConfigError(text + "; correct the YAML there")
+
+
 def load(path: Path | str) -> SpillwayConfig:
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start + 1}); save it as UTF-8") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise _yaml_error(path, exc) from None
     return parse(data, str(path))

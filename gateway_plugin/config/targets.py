@@ -5,10 +5,11 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway_plugin.config.model import Model
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD, HeaderName
+from gateway_plugin.targets.urls import masked_url, not_an_origin
 
 # Platform payload limits. Lambda takes 6 MB per synchronous invocation; Function URL and Invoke
 # events carry a binary body base64-encoded (4 bytes per 3), inside an envelope of headers and
@@ -39,7 +40,10 @@ class Target(Model):
     mode: Literal["upstream", "invoke"] = Field(
         default="upstream", description="upstream: APISIX proxies; invoke: the runner calls the cloud API"
     )
-    url: str | None = Field(default=None, description="function URL / HTTP trigger (upstream mode)")
+    url: str | None = Field(
+        default=None,
+        description="function URL / HTTP trigger (upstream mode): its origin, http(s)://host[:port]",
+    )
     function_name: str | None = Field(default=None, description="function to invoke (invoke mode)")
     service_name: str | None = Field(default=None, description="FC service (invoke mode on aliyun_fc)")
     qualifier: str | None = None
@@ -83,6 +87,18 @@ class Target(Model):
         if self.kind == "aliyun_fc":
             return FC_MAX_INVOKE_BYTES if self.mode == "invoke" else FC_MAX_HTTP_BYTES
         return None
+
+    @field_validator("url")
+    @classmethod
+    def _origin(cls, url: str | None) -> str | None:
+        problem = None if url is None else not_an_origin(url)
+        if url is not None and problem is not None:
+            raise ValueError(
+                f"{masked_url(url)} {problem}: a target's url is its function's origin, "
+                "http(s)://host[:port] (a final / is fine), where APISIX sends each request with the "
+                "client's own path and query and the warm-up posts /spillway/warmup; remove the rest"
+            )
+        return url
 
     @model_validator(mode="after")
     def _addressable(self) -> Target:

@@ -37,6 +37,22 @@ def origin(url: str, base: str = "") -> str:
     return f"{parts.scheme}://{host}:{port}" if port else f"{parts.scheme}://{host}"
 
 
+def not_an_origin(url: str) -> str | None:
+    """Why ``url`` cannot be a target's, or None. APISIX sends each request to a target's scheme,
+    host and port with the client's own path and query, and the function serves its paths from its
+    root: a path or query here would reach the signed warm-up ping alone, and break its signature."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, _ = parts.hostname, parts.port  # reading the port refuses one that is not a number
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not host:
+        return "is not an http(s) URL with a host"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "has a path, query or fragment"
+    return None
+
+
 def redirect_refused(status: int, location: str | None, url: str) -> str:
     """A redirect is followed nowhere: a request signed or credentialed for one origin would be
     re-sent, body and headers, to another. The message says where it pointed, by origin alone."""
