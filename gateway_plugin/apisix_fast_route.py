@@ -32,16 +32,19 @@ def fast_route(
     route_id: str = "spillway-fast",
     uri: str = "/v2/*",
     overrides: dict[str, Any] | None = None,
+    auth: str | None = None,
 ) -> dict[str, Any]:
     """The route object for the fast path. The plugin only sets a header for traffic-split, so
     invoke-mode targets (which the runner itself calls) stay on the ext-plugin route: when the
     config has some, the route's chain names only the upstream-mode ones (``invoke_targets`` says
     which were left out), and the plugin never picks an invoke-mode target a rule names."""
-    made = route(config, token, route_id, uri)
+    made = route(config, token, route_id, uri, auth=auth)
     conf = dict(overrides or {})
     if invoke_targets(config) and "targets" not in conf:
         conf["targets"] = [t.name for t in config.targets if t.mode == "upstream"]
-    plugins: dict[str, Any] = {"spillway": conf}
+    # The plugin decides in the access phase, after authentication at its own priority.
+    plugins: dict[str, Any] = {auth: {}} if auth is not None else {}
+    plugins["spillway"] = conf
     if "traffic-split" in made["plugins"]:
         plugins["traffic-split"] = made["plugins"]["traffic-split"]
     return {**made, "name": "triton-with-spillway-fast-path", "plugins": plugins}

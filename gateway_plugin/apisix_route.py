@@ -25,6 +25,8 @@ from gateway_plugin.routing.target_header import target_values
 # The variable the edge (or the fast path's plugin) sets to the decision's target value.
 TARGET_VAR = "spillway_upstream"
 EDGE_PLUGIN = "spillway-edge"
+# Above the edge's priority (12010): on the ext-plugin route authentication must come first.
+AUTH_FIRST = 12020
 
 
 class RouteError(ValueError):
@@ -37,12 +39,24 @@ def route(
     route_id: str = "spillway",
     uri: str = "/v2/*",
     lambda_iam: str | None = None,
+    auth: str | None = None,
 ) -> dict[str, Any]:
     """The route object; ``lambda_iam`` names an upstream-mode aws_lambda target that APISIX's
-    aws-lambda plugin calls with SigV4 (the function URL's AWS_IAM auth) instead of traffic-split."""
+    aws-lambda plugin calls with SigV4 (the function URL's AWS_IAM auth) instead of traffic-split;
+    ``auth`` the APISIX plugin that authenticates consumers (``key-auth``, ``jwt-auth``, ...): on
+    this route it runs before the edge and the runner, which decide in the rewrite phase, so the
+    runner is told the consumer (``tenants.source: consumer`` needs one)."""
     upstream_targets = [t for t in config.targets if t.mode == "upstream"]
     values = target_values([t.name for t in upstream_targets], token)
-    plugins: dict[str, Any] = {
+    plugins: dict[str, Any] = {}
+    if auth is not None:
+        plugins[auth] = {"_meta": {"priority": AUTH_FIRST}}
+    elif config.tenants.source == "consumer":
+        raise RouteError(
+            "tenants.source is consumer: name the APISIX plugin that authenticates consumers on this "
+            "route with --auth (key-auth, jwt-auth, basic-auth, ...); without one no tenant is known"
+        )
+    plugins |= {
         EDGE_PLUGIN: {},
         # Every target the runner may decide has a way out on this route: traffic-split or
         # aws-lambda for upstream mode, the runner's own Stop for invoke mode.

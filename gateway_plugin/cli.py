@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
         help="serve this aws_lambda target through APISIX's aws-lambda plugin (SigV4 to an AWS_IAM "
         "function URL) instead of traffic-split",
     )
+    route.add_argument(
+        "--auth",
+        metavar="PLUGIN",
+        default=None,
+        help="the APISIX plugin that authenticates consumers on this route (key-auth, jwt-auth, ...); "
+        "Spillway decides after it and, with tenants.source: consumer, takes the tenant from it",
+    )
     lua = sub.add_parser(
         "apisix-lua-path",
         help="print the directory to name in APISIX's extra_lua_path (Spillway's Lua plugins)",
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "apisix-lua-path":
             return _print_lua_config(config)
         if args.command == "apisix-route":
-            return _print_route(config, args.format, args.id, args.uri, args.lambda_iam, args.fast_path)
+            return _print_route(config, args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -157,13 +164,13 @@ def _print_lua_config(config: SpillwayConfig) -> int:
     return 0
 
 
-def _print_route(
-    config: SpillwayConfig, fmt: str, route_id: str, uri: str, lambda_iam: str | None, fast_path: bool
-) -> int:
+def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
     from gateway_plugin.apisix_fast_route import fast_route, invoke_targets
     from gateway_plugin.apisix_route import RouteError, admin_json, route, standalone_yaml
     from gateway_plugin.routing.target_header import RouteTokenError, route_token
 
+    fmt, route_id, uri, auth, lambda_iam = args.format, args.id, args.uri, args.auth, args.lambda_iam
+    fast_path: bool = args.fast_path
     try:
         token = route_token(config.runner.route_token_env)
         if fast_path:
@@ -171,7 +178,8 @@ def _print_route(
                 raise RouteError(
                     "--lambda-iam and --fast-path do not combine: aws-lambda needs the ext-plugin route"
                 )
-            made = fast_route(config, token, route_id if route_id != "spillway" else "spillway-fast", uri)
+            fast_id = route_id if route_id != "spillway" else "spillway-fast"
+            made = fast_route(config, token, fast_id, uri, auth=auth)
             if invoke_targets(config):
                 print(
                     f"note: targets {invoke_targets(config)} are in invoke mode, which the fast path does "
@@ -179,7 +187,7 @@ def _print_route(
                     file=sys.stderr,
                 )
         else:
-            made = route(config, token, route_id, uri, lambda_iam)
+            made = route(config, token, route_id, uri, lambda_iam, auth)
     except (RouteError, RouteTokenError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -86,6 +86,8 @@ def _policy(policy: Policy) -> dict[str, Any]:
         "cloud_allowed": sorted(policy.cloud_allowed),
         "unclassified_may_leave": policy.unclassified_may_leave,
         "tenant_header": policy.tenant_header,
+        "tenant_from_consumer": policy.tenant_from_consumer,
+        "consumer_ceilings": dict(policy.consumer_ceilings),
         "quotas": {name: _quota(q) for name, q in policy.quotas.items()},
         "default_quota": _quota(policy.default_quota),
         "latency_target_ms": policy.latency_target_ms,

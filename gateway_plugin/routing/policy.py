@@ -179,6 +179,9 @@ class Policy:
     cloud_allowed: frozenset[str] = frozenset({"public"})
     unclassified_may_leave: bool = False
     tenant_header: str = "x-tenant"
+    # The tenant is the APISIX consumer (request_reading.as_decided); consumer → its data's class.
+    tenant_from_consumer: bool = False
+    consumer_ceilings: Mapping[str, str] = field(default_factory=dict)
     quotas: Mapping[str, Quota] = field(default_factory=dict)
     default_quota: Quota = Quota()
     latency_target_ms: float = 200.0

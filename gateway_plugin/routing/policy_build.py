@@ -48,6 +48,8 @@ def build_policy(config: SpillwayConfig) -> Policy:
         cloud_allowed=frozenset(c.lower() for c in config.residency.cloud_allowed),
         unclassified_may_leave=config.residency.unclassified_may_leave,
         tenant_header=config.tenants.header.lower(),
+        tenant_from_consumer=config.tenants.source == "consumer",
+        consumer_ceilings={k: v.strip().lower() for k, v in config.residency.consumer_ceilings.items()},
         quotas={tenant_key(name): _quota(q) for name, q in config.tenants.quotas.items()},
         default_quota=_quota(config.tenants.default),
         latency_target_ms=config.local.latency_target_ms,

@@ -19,18 +19,29 @@ fast path and on the ext-plugin route before the runner is asked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from gateway_plugin.plugin import HttpRequest, RequestAction
 from gateway_plugin.routing.header_names import FRAMING, OWN_HEADERS, fold
 from gateway_plugin.routing.policy import Policy
+from gateway_plugin.routing.tenants import tenant_key
 
 
 def read_headers(policy: Policy) -> frozenset[str]:
-    """The headers a decision under ``policy`` reads: classification, tenant, and what rules name."""
+    """The headers a decision under ``policy`` reads: classification, tenant (unless the consumer
+    is), and what rules name."""
     named = {name for rule in policy.rules for name, _ in rule.headers}
-    return frozenset({policy.classification_header, policy.tenant_header, *named})
+    tenant = () if policy.tenant_from_consumer else (policy.tenant_header,)
+    return frozenset({policy.classification_header, *tenant, *named})
+
+
+def forget(request: HttpRequest, name: str, action: RequestAction) -> None:
+    """Remove header ``name`` in every spelling the client sent."""
+    if name in request.headers:
+        for spelling in request.headers.spellings(name):
+            action.delete_header(spelling)
+        action.delete_header(name)
 
 
 class Refusal(NamedTuple):
@@ -64,10 +75,7 @@ def settle(
             action.delete_header(spelling)
         action.set_header(name, value)
     for name in OWN_HEADERS:
-        if name in headers:
-            for spelling in headers.spellings(name):
-                action.delete_header(spelling)
-            action.delete_header(name)
+        forget(request, name, action)
     return None
 
 
@@ -86,3 +94,25 @@ def forward_only(request: HttpRequest, allowed: frozenset[str], action: RequestA
         for spelling in headers.spellings(name):
             if spelling != name:
                 action.delete_header(spelling)
+
+
+def as_decided(
+    headers: Mapping[str, str], policy: Policy, consumer: str | None
+) -> tuple[Mapping[str, str], str | None] | None:
+    """The headers a decision reads and the tenant (its bounded key). With
+    ``policy.tenant_from_consumer`` the tenant is the APISIX consumer that authenticated the
+    request, never the header a client sets, and None comes back when no authentication named one
+    (the request is refused: trusting the header instead is what the setting exists to prevent). A
+    consumer whose data is of a class that may not leave (``policy.consumer_ceilings``) keeps all
+    its requests home, whatever their own label says."""
+    if policy.tenant_from_consumer and not consumer:
+        return None
+    tenant = consumer if policy.tenant_from_consumer else headers.get(policy.tenant_header) or None
+    changed: dict[str, str] = {}
+    if tenant is not None and (policy.tenant_from_consumer or tenant != tenant_key(tenant)):
+        tenant = tenant_key(tenant)
+        changed[policy.tenant_header] = tenant
+    ceiling = policy.consumer_ceilings.get(consumer or "")
+    if ceiling is not None and ceiling not in policy.cloud_allowed:
+        changed[policy.classification_header] = ceiling
+    return ({**headers, **changed} if changed else headers), tenant

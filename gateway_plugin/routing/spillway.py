@@ -24,16 +24,19 @@ from functions.contract import HEADER_DECISION, HEADER_SIGNATURE, HEADER_TARGET,
 from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
-from gateway_plugin.routing.header_names import HEADER_WORKER
+from gateway_plugin.routing.header_names import HEADER_CONSUMER, HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
-from gateway_plugin.routing.request_reading import forward_only, read_headers, settle
+from gateway_plugin.routing.request_reading import as_decided, forget, forward_only, read_headers, settle
 from gateway_plugin.routing.state import GatewayState
-from gateway_plugin.routing.tenants import tenant_key
 from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
 
 log = logging.getLogger("spillway.plugin")
 
 _MODEL = re.compile(r"^/v2/models/([^/]+)")
+_NO_CONSUMER = (
+    "no authenticated consumer: tenants.source is consumer, so the tenant comes from APISIX's "
+    "authentication; put an authentication plugin before Spillway on this route (apisix-route --auth)"
+)
 _NO_ARGS: dict[str, str] = {}
 
 
@@ -113,17 +116,19 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         if refusal is not None:
             _refuse(action, refusal.status, refusal.message)
             return
+        decided = as_decided(headers, policy, headers.get(HEADER_CONSUMER))
+        if decided is None:
+            _refuse(action, 401, _NO_CONSUMER)
+            return
+        if policy.tenant_from_consumer:
+            forget(request, policy.tenant_header, action)
+        view, tenant = decided
         match = _MODEL.match(path)
         model = match.group(1) if match else None
         args = request.args
         features = RequestFeatures(
-            path, headers, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
+            path, view, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
         )
-        tenant = headers.get(policy.tenant_header) or None
-        if tenant is not None and tenant != (key := tenant_key(tenant)):
-            # The policy and the books see the bounded key, as the fast path's plugin keys it.
-            tenant = key
-            features = features._replace(headers={**headers, policy.tenant_header: key})
         snapshot = self.state.snapshot(tenant, model)
         decision = decide(features, snapshot, policy)
         seen = None

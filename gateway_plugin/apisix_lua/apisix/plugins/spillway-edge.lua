@@ -58,6 +58,11 @@ function _M.rewrite(conf, ctx)
     if not raw then
         return status, { error = why }
     end
+    -- Authenticated before the runner (the route raises its authentication plugin's priority):
+    -- the runner reads the consumer from here, never from a header the client could have sent.
+    if ctx.consumer_name then
+        ngx.req.set_header("X-Spillway-Consumer", ctx.consumer_name)
+    end
 end
 
 function _M.access(conf, ctx)
@@ -70,6 +75,9 @@ function _M.access(conf, ctx)
     if worker then
         ctx.spillway_worker = worker
         clear_header("X-Spillway-Worker")
+    end
+    if ctx.consumer_name then
+        clear_header("X-Spillway-Consumer")
     end
     edge.pin_path(ctx)
 end

@@ -28,6 +28,8 @@ local plugin_name = "spillway"
 local DICT = "spillway"
 local SIGNATURE_HEADER = "X-Spillway-Signature"
 local FAIL_SAFE = "table_stale"
+local NO_CONSUMER = "no authenticated consumer: tenants.source is consumer, so the tenant comes from "
+    .. "APISIX's authentication; put an authentication plugin on this route (apisix-route --auth)"
 local LOG_EVERY_S = 10
 
 local schema = {
@@ -268,21 +270,26 @@ local function account(ctx, d, f, tbl, policy)
     ctx.spillway = seen
 end
 
-function _M.rewrite(conf, ctx)
+-- In the access phase: after APISIX authenticated the request (its auth plugins run in rewrite)
+-- and before traffic-split (priority 966) picks the upstream from what is decided here.
+function _M.access(conf, ctx)
     local raw, path, odd = edge.admit(ctx)
     if not raw then
         return path, { error = odd }
     end
     local tbl = current()
     local policy
+    local f = decide.features(path, raw, core.request.get_uri_args, ctx)
     if tbl then
         policy = route_policy(tbl, conf)
         local status, why = edge.settle(ctx, raw, odd, policy.read, policy.tenant_header)
         if status then
             return status, { error = why }
         end
+        if not edge.identify(ctx, raw, f.headers, policy) then
+            return 401, { error = NO_CONSUMER }
+        end
     end
-    local f = decide.features(path, raw, core.request.get_uri_args, ctx)
     local d
     if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
         d = fail_safe(tbl, f, conf)

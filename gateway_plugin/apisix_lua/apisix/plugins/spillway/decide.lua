@@ -332,7 +332,10 @@ function _M.route_policy(tbl, conf)
         p.unclassified_may_leave = false
     end
     -- The headers a decision under this policy reads (request_reading.read_headers).
-    p.read = { [p.classification_header] = true, [p.tenant_header] = true }
+    p.read = { [p.classification_header] = true }
+    if not p.tenant_from_consumer then
+        p.read[p.tenant_header] = true
+    end
     for _, r in ipairs(p.rules) do
         for _, h in ipairs(r.headers) do
             p.read[h[1]] = true

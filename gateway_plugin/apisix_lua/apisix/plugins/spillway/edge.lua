@@ -190,6 +190,36 @@ function _M.settle(ctx, raw, odd, read, tenant_header)
     return nil
 end
 
+-- Header key gone in every spelling the client sent.
+function _M.forget(raw, key)
+    for name in pairs(raw) do
+        if name == key or (find(name, "_", 1, true) and _M.fold(name) == key) then
+            clear_header(name)
+            raw[name] = nil
+        end
+    end
+end
+
+-- Who the request is from (routing/request_reading.py's as_decided): with tenant_from_consumer the
+-- tenant is the APISIX consumer that authenticated it and the client's header is removed; a
+-- consumer whose data may not leave keeps the request home whatever its label. False when the
+-- tenant must come from a consumer and no authentication named one.
+function _M.identify(ctx, raw, headers, policy)
+    local consumer = ctx.consumer_name
+    if policy.tenant_from_consumer then
+        if not consumer then
+            return false
+        end
+        _M.forget(raw, policy.tenant_header)
+        rawset(headers, policy.tenant_header, consumer)
+    end
+    local ceiling = consumer and policy.consumer_ceilings[consumer]
+    if ceiling and not policy.cloud_allowed_set[ceiling] then
+        rawset(headers, policy.classification_header, ceiling)
+    end
+    return true
+end
+
 -- Only what the target may receive (a set) leaves for a cloud function.
 function _M.forward_only(raw, allowed)
     for name in pairs(raw) do

@@ -93,6 +93,7 @@ end
 local function policy_ok(p)
     return type(p) == "table" and is_str(p.classification_header) and list_of(p.cloud_allowed, is_str)
         and is_bool(p.unclassified_may_leave) and is_str(p.tenant_header)
+        and is_bool(p.tenant_from_consumer) and map_of(p.consumer_ceilings, is_str)
         and map_of(p.quotas, quota_ok) and quota_ok(p.default_quota)
         and is_num(p.latency_target_ms) and map_of(p.model_targets_ms, is_num)
         and is_num(p.max_queue_ms) and is_num(p.enter_ratio) and is_num(p.exit_ratio)

@@ -1,15 +1,13 @@
-"""``warmup:`` in spillway.yaml: how many instances of each target the pinger keeps warm, and when."""
+"""``warmup:``: how many instances of each target to keep warm, and when."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from gateway_plugin.config.model import Model
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class Window(_Model):
+class Window(Model):
     """A time-of-day window (``HH:MM``, in ``warmup.timezone``) with its own instance count."""
 
     start: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
@@ -17,7 +15,7 @@ class Window(_Model):
     instances: int = Field(ge=0)
 
 
-class Adaptive(_Model):
+class Adaptive(Model):
     """Size from the overflow the gateway reports: rate x cloud latency x headroom (Little's law)."""
 
     metrics_url: str = Field(description="the runner's /metrics, e.g. http://127.0.0.1:9091/metrics")
@@ -27,7 +25,7 @@ class Adaptive(_Model):
     ceiling: int = Field(default=20, ge=1)
 
 
-class WarmTarget(_Model):
+class WarmTarget(Model):
     instances: int = Field(
         default=1, ge=0, description="fixed count, when neither windows nor adaptive apply"
     )
@@ -38,7 +36,7 @@ class WarmTarget(_Model):
     models: list[str] = Field(default_factory=list, description="models to check (default: all)")
 
 
-class WarmupSettings(_Model):
+class WarmupSettings(Model):
     targets: dict[str, WarmTarget] = Field(
         default_factory=dict, description="target name → how many to keep warm"
     )

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
+from gateway_plugin.config.model import Model
 
 SHARED_STATE_SCHEMES = (
     "redis",
@@ -19,7 +16,7 @@ SHARED_STATE_SCHEMES = (
 )
 
 
-class SharedState(_Model):
+class SharedState(Model):
     """Several gateways (and runner workers) sharing budgets, breakers, warm pools and caps in Redis."""
 
     redis_url: str = Field(

@@ -1,0 +1,111 @@
+"""``rules:``, ``residency:``, ``overflow:``, ``breaker:``, ``budgets:`` and ``tenants:``: what the
+routing policy is built from (``routing.policy_build``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway_plugin.config.model import Model
+from gateway_plugin.routing.header_names import HeaderName
+from gateway_plugin.routing.policy import RuleAction
+
+
+class Match(Model):
+    headers: dict[HeaderName, str] = Field(default_factory=dict, description="header → regex (full match)")
+    uri: str | None = Field(default=None, description="regex searched in the path")
+    args: dict[str, str] = Field(default_factory=dict, description="query arg → regex (full match)")
+    models: list[str] = Field(default_factory=list, description="model names (any of)")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            re.compile(value)
+        return value
+
+    @field_validator("headers", "args")
+    @classmethod
+    def _regexes(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern in value.values():
+            re.compile(pattern)
+        return value
+
+
+class Rule(Model):
+    name: str
+    priority: int = Field(default=0, description="higher runs first")
+    match: Match = Field(default_factory=Match)
+    action: RuleAction = Field(
+        description="local: stay; overflow: local until the load says otherwise; target: cloud first; shed"
+    )
+    targets: list[str] = Field(default_factory=list, description="fallback chain, first eligible wins")
+
+
+class Residency(Model):
+    header: HeaderName = Field(default="x-data-classification", description="request header with the class")
+    cloud_allowed: list[str] = Field(default_factory=lambda: ["public"], description="classes that may leave")
+    unclassified_may_leave: bool = Field(default=False, description="no header: on-prem-only unless true")
+    consumer_ceilings: dict[str, str] = Field(
+        default_factory=dict,
+        description="APISIX consumer → its data's class: one not in cloud_allowed keeps every request of "
+        "that consumer home, whatever its header says (needs tenants.source: consumer)",
+    )
+
+
+class Overflow(Model):
+    enter_ratio: float = Field(default=1.0, gt=0, description="overflow when estimate > target x this")
+    exit_ratio: float = Field(default=0.8, gt=0, description="stop when estimate < target x this")
+    saturation_ratio: float = Field(default=4.0, gt=0, description="local is saturated past target x this")
+    retry_after_s: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Overflow:
+        if self.exit_ratio > self.enter_ratio:
+            raise ValueError("exit_ratio must not exceed enter_ratio, or overflow would flap")
+        return self
+
+
+class BreakerSettings(Model):
+    consecutive_failures: int = Field(default=5, ge=1)
+    failure_rate: float = Field(default=0.5, gt=0, le=1)
+    window: int = Field(default=20, ge=2, description="outcomes the failure rate is taken over")
+    cooldown_s: float = Field(default=5.0, gt=0)
+    max_cooldown_s: float = Field(default=120.0, gt=0)
+    half_open_probes: int = Field(default=1, ge=1)
+    retry_budget_ratio: float = Field(default=0.1, ge=0, le=1, description="retries as a share of requests")
+
+
+Usd = Annotated[float, Field(ge=0)]
+
+
+class Budgets(Model):
+    per_target_hourly_usd: dict[str, Usd] = Field(default_factory=dict)
+    per_target_daily_usd: dict[str, Usd] = Field(default_factory=dict)
+
+
+class TenantQuota(Model):
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+    hourly_usd: float | None = Field(default=None, ge=0)
+    daily_usd: float | None = Field(default=None, ge=0)
+
+
+class Tenants(Model):
+    source: Literal["header", "consumer"] = Field(
+        default="header",
+        description="consumer: the APISIX consumer that authenticated the request is the tenant, and the "
+        "header is ignored (and removed); header: the header names it, as the client says",
+    )
+    header: HeaderName = Field(default="x-tenant")
+    quotas: dict[Annotated[str, Field(min_length=1, max_length=256)], TenantQuota] = Field(
+        default_factory=dict, description="per tenant name (at most 256 characters)"
+    )
+    default: TenantQuota = Field(default_factory=TenantQuota, description="quota of tenants not listed")
+    max_tracked: int = Field(
+        default=10_000,
+        ge=1,
+        description="tenants under a quota kept in memory; the least recently seen is forgotten first",
+    )

@@ -1,0 +1,53 @@
+"""``runner:``, ``outcomes:`` and ``metrics:``: how the runner meets APISIX and operators."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gateway_plugin.config.model import Model
+
+
+class RunnerSettings(Model):
+    conf_ttl_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="how long a prepared conf lives; default 1.2 x APISIX_CONF_EXPIRE_TIME",
+    )
+    socket: str | None = Field(default=None, description="socket path when APISIX_LISTEN_ADDRESS is unset")
+    uvloop: bool = Field(default=True, description="run on uvloop where installed")
+    route_token_env: str = Field(
+        default="SPILLWAY_ROUTE_TOKEN",
+        description="environment variable holding the route token that makes cloud X-Spillway-Target "
+        "values unforgeable (required when a target is in upstream mode)",
+    )
+    socket_group: str | None = Field(
+        default=None,
+        description="group that may use the socket (0660) when APISIX's workers run as another user; "
+        "default: the runner's user only (0600)",
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="runner processes accepting on the one socket (more than one needs shared_state)",
+    )
+
+
+class OutcomeSettings(Model):
+    """Where the route's ``http-logger`` posts what happened to each request."""
+
+    listen: str | None = Field(
+        default="127.0.0.1:9092",
+        description="host:port of the runner's outcome endpoint (POST /spillway/outcomes); null: none",
+    )
+    batch_s: int = Field(
+        default=1,
+        ge=1,
+        le=60,
+        description="the logger's buffer_duration and inactive_timeout: outcomes arrive this late at most",
+    )
+
+
+class MetricsSettings(Model):
+    listen: str | None = Field(default="127.0.0.1:9091", description="host:port of the runner's /metrics")
+    decision_header: bool = Field(default=True, description="add X-Spillway-Decision to answers")
