@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway_plugin.apisix_fast_route import lua_path
+from gateway_plugin.apisix_fast_route import VERIFY_UPSTREAM_TLS, lua_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTBED = ROOT / "third_party" / "apisix-testbed"
@@ -63,6 +63,10 @@ class ApisixSettings:
     shared_dicts: dict[str, str] = field(default_factory=dict)
     plugin_attr: dict[str, dict[str, object]] = field(default_factory=dict)
     timeout_s: float = 60.0
+    # The CAs an upstream's certificate must chain to ("system": the OS bundle), and the location
+    # snippet that makes nginx check it (apisix_fast_route.VERIFY_UPSTREAM_TLS).
+    trusted_ca: str = "system"
+    verify_upstream_tls: bool = True
 
 
 _MODULES = (
@@ -81,7 +85,7 @@ def config_yaml(s: ApisixSettings) -> str:
         "  enable_http2: false",
         "  enable_admin: false",
         "  enable_control: false",
-        "  ssl: {enable: false}",
+        f"  ssl: {{enable: false, ssl_trusted_certificate: {json.dumps(s.trusted_ca)}}}",
     ]
     lua_paths = [p for p in (s.extra_lua_path, *s.more_lua_paths) if p is not None]
     if lua_paths:
@@ -93,6 +97,7 @@ def config_yaml(s: ApisixSettings) -> str:
         *(f"    {line}" for line in _MODULES.splitlines()),
         "  http_server_location_configuration_snippet: |",
         "    set $apisix_request_id $request_id;",
+        *(f"    {line}" for line in (VERIFY_UPSTREAM_TLS.splitlines() if s.verify_upstream_tls else [])),
         f"  worker_processes: {s.workers}",
         "  worker_rlimit_nofile: 16384",
         "  event: {worker_connections: 4096}",

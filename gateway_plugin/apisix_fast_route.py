@@ -18,6 +18,10 @@ from gateway_plugin.config import SpillwayConfig
 
 LUA_DIR = Path(__file__).resolve().parent / "apisix_lua"
 SHARED_DICT = "spillway"
+# APISIX sends SNI (the node's host) and names the trusted CAs, but verifies no HTTP upstream's
+# certificate unless nginx is told to: without it anyone on the path to a function URL reads and
+# changes what goes there. The name checked is the node's host (proxy_ssl_name $upstream_host).
+VERIFY_UPSTREAM_TLS = "proxy_ssl_verify on;\nproxy_ssl_verify_depth 4;\n"
 
 
 def lua_path() -> Path:
@@ -55,18 +59,23 @@ def invoke_targets(config: SpillwayConfig) -> list[str]:
 
 
 def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
-    """What APISIX's config.yaml needs for the plugins (either route): their path, their shared
-    dict, where the runner serves its table (``outcomes.listen``) and the variables nginx must pass
-    through: the route token's and every target's signing key's (names only; the plugin signs with
-    them)."""
+    """What APISIX's config.yaml needs for Spillway's routes (either kind): the plugins' path, their
+    shared dict, where the runner serves its table (``outcomes.listen``), the variables nginx must
+    pass through (the route token's and every target's signing key's; names only), and verified TLS
+    to the functions."""
     if not config.outcomes.listen:
         raise RouteError("outcomes.listen is null: the fast path fetches its table from that endpoint")
     keys = [t.signing_key_env for t in config.targets if t.signing_key_env]
     return {
-        "apisix": {"extra_lua_path": f"{lua_path()}/?.lua"},
+        "apisix": {
+            "extra_lua_path": f"{lua_path()}/?.lua",
+            # The CAs a function's certificate must chain to ("system": the OS bundle; else a path).
+            "ssl": {"ssl_trusted_certificate": "system"},
+        },
         "nginx_config": {
             "envs": list(dict.fromkeys([config.runner.route_token_env, *keys])),
             "http": {"custom_lua_shared_dict": {SHARED_DICT: "10m"}},
+            "http_server_location_configuration_snippet": VERIFY_UPSTREAM_TLS,
         },
         "plugin_attr": {
             "spillway": {"runner": config.outcomes.listen, "token_env": config.runner.route_token_env}

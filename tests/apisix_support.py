@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import sys
 import threading
 import time
@@ -51,7 +52,9 @@ class Upstream:
 
 
 @contextmanager
-def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
+def upstream(
+    name: str, instance: str | None = None, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+) -> Iterator[Upstream]:
     state = Upstream(name, instance=instance)
 
     class Handler(BaseHTTPRequestHandler):
@@ -86,7 +89,7 @@ def upstream(name: str, instance: str | None = None) -> Iterator[Upstream]:
         def log_message(self, *args: object) -> None:
             pass
 
-    with http_server_thread(Handler) as url:
+    with http_server_thread(Handler, tls, host) as url:
         state.url = url
         yield state
 

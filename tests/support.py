@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from functions.cli import serve_command
 from functions.sidecar import free_port
@@ -241,16 +242,21 @@ def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
 
 
 @contextmanager
-def http_server_thread(handler: type[Any]) -> Iterator[str]:
-    """A plain ``http.server`` on a loopback port, for upstreams and misbehaving targets."""
+def http_server_thread(
+    handler: type[Any], tls: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+) -> Iterator[str]:
+    """A plain ``http.server`` on a loopback port, for upstreams and misbehaving targets; with
+    ``tls``, HTTPS (its URL names ``host``)."""
     import threading
     from http.server import ThreadingHTTPServer
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"{'https' if tls else 'http'}://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
@@ -281,3 +287,38 @@ def devgateway(
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+class CertAuthority(NamedTuple):
+    key: Path
+    cert: Path
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def make_ca(tmp: Path, name: str) -> CertAuthority:
+    """A throwaway certificate authority (the openssl command line), for loopback TLS."""
+    ca = CertAuthority(tmp / f"{name}.key", tmp / f"{name}.pem")
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+        "-keyout", str(ca.key), "-out", str(ca.cert),
+    )  # fmt: skip
+    return ca
+
+
+def server_context(tmp: Path, name: str, host: str, ca: CertAuthority) -> ssl.SSLContext:
+    """A server context with a certificate for ``host`` signed by ``ca``."""
+    key, csr, cert, ext = (tmp / f"{name}.{s}" for s in ("key", "csr", "pem", "ext"))
+    ext.write_text(f"subjectAltName=DNS:{host}\n")
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout", str(key), "-out", str(csr)
+    )
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key), "-CAcreateserial",
+        "-days", "2", "-extfile", str(ext), "-out", str(cert),
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context

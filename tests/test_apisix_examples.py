@@ -231,6 +231,9 @@ def test_the_config_excerpts_hold_what_the_lua_plugins_need(name: str, plugins: 
     assert set(wanted["nginx_config"]["envs"]) <= set(example["nginx_config"]["envs"]), "every key named"
     assert wanted["plugin_attr"]["spillway"].items() <= example["plugin_attr"]["spillway"].items()
     assert plugins <= set(example["plugins"])
+    verify = wanted["nginx_config"]["http_server_location_configuration_snippet"]
+    assert example["nginx_config"]["http_server_location_configuration_snippet"] == verify
+    assert example["apisix"]["ssl"] == wanted["apisix"]["ssl"]
 
 
 def _example_apisix(config: dict[str, Any], tmp: Path, fast_path: bool) -> apisix.ApisixSettings:

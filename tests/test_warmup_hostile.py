@@ -23,7 +23,7 @@ from functions.contract import WarmupReport
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.urls import masked_url, origin
-from tests.support import ROOT, http_server_thread, wait_until
+from tests.support import ROOT, http_server_thread, make_ca, server_context, wait_until
 from warmup.rounds import plan, run_round
 from warmup.transports import HttpTransport, PingFailed, pooled_session, transport_for
 
@@ -379,3 +379,23 @@ def test_a_target_url_with_a_path_or_query_is_refused_saying_what_is_allowed(
 def test_a_target_url_naming_an_origin_is_taken(url: str) -> None:
     target = Target(name="t", kind="http", url=url, signing_key_env=None)
     assert HttpTransport(target, pooled_session()).url == url.rstrip("/") + "/spillway/warmup"
+
+
+def test_a_target_whose_certificate_does_not_verify_gets_no_ping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up's HTTPS is verified (the system's CAs, or REQUESTS_CA_BUNDLE's): a function URL
+    answering with a certificate from a CA nobody trusts never sees the signed ping."""
+    from tests.apisix_support import upstream
+
+    monkeypatch.setenv(KEY_ENV, SIGNING_KEY)
+    stranger = make_ca(tmp_path, "stranger-ca")
+    with upstream("fn", tls=server_context(tmp_path, "fn", "localhost", stranger), host="localhost") as fn:
+        target = Target(name="t", kind="http", url=fn.url, signing_key_env=KEY_ENV)
+        with pytest.raises(PingFailed, match=r"certificate|SSL"):
+            HttpTransport(target, pooled_session()).ping('{"dwell_ms": 0}', 10)
+        assert fn.seen == []
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(stranger.cert))
+        with pytest.raises(PingFailed, match="warm-up report"):  # trusted now: it answers, not a report
+            HttpTransport(target, pooled_session()).ping('{"dwell_ms": 0}', 10)
+        assert len(fn.seen) == 1
