@@ -103,7 +103,9 @@ def config_yaml(s: ApisixSettings) -> str:
         "  event: {worker_connections: 4096}",
         "  error_log_level: notice",
         "  http:",
-        f"    custom_lua_shared_dict: {json.dumps({'prometheus-cache': '10m', **s.shared_dicts})}",
+        # upstream-healthcheck: APISIX declares it in a block Debian's nginx lacks (the route's checks).
+        "    custom_lua_shared_dict: "
+        + json.dumps({"prometheus-cache": "10m", "upstream-healthcheck": "10m", **s.shared_dicts}),
     ]
     if os.getuid() == 0:
         lines.append("  user: root")

@@ -165,4 +165,29 @@ def _local_upstream(config: SpillwayConfig) -> dict[str, Any]:
         "type": "least_conn",
         "nodes": nodes,
         "timeout": {"connect": 1, "send": 30, "read": 30},
+        # A request a dead node refuses goes to another; the checks take it out of the rotation.
+        "retries": len(nodes) - 1,
+        "checks": _LOCAL_CHECKS,
     }
+
+
+# Triton's own readiness, asked every second while a node fails and every 2 s while it serves;
+# and what its answers say (5xx and broken connections count against it).
+_LOCAL_CHECKS: dict[str, Any] = {
+    "active": {
+        "type": "http",
+        "http_path": "/v2/health/ready",
+        "timeout": 1,
+        "healthy": {"interval": 2, "successes": 2},
+        "unhealthy": {"interval": 1, "http_failures": 2, "tcp_failures": 2, "timeouts": 2},
+    },
+    "passive": {
+        "healthy": {"http_statuses": [200, 201, 204, 400, 404], "successes": 3},
+        "unhealthy": {
+            "http_statuses": [500, 502, 503, 504],
+            "http_failures": 3,
+            "tcp_failures": 2,
+            "timeouts": 3,
+        },
+    },
+}
