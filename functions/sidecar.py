@@ -237,6 +237,11 @@ class Sidecar:
         args.extend(opts.extra_args)
         return args, triton_environment(os.environ, install.env, opts.env_names)
 
+    def admin_header(self) -> tuple[bytes, bytes]:
+        """The header that opens Triton's locked administration: the handler's own reads only
+        (statistics for /spillway/metrics), never passed on to or from a client."""
+        return _ADMIN_HEADER.encode(), self._admin_key.encode()
+
     def _restricted(self) -> tuple[str, ...]:
         """Triton's own lock on its administration, behind the handler's allow-list: the key is
         random per process and nobody is given it."""
