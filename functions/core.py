@@ -236,7 +236,10 @@ class FunctionCore:
         except contract.PathError as exc:
             return error_response(400, str(exc))
         if surface.is_v2(path):
-            refusal = surface.check(request.method, path, self.settings.expose_statistics)
+            settings = self.settings
+            refusal = surface.check(
+                request.method, path, settings.expose_statistics, settings.expose_model_config
+            )
             if refusal is not None:
                 allow = [("allow", refusal.allow)] if refusal.allow else None
                 return error_response(refusal.status, refusal.message, allow)

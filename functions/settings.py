@@ -61,6 +61,7 @@ class FunctionSettings:
     triton_http_port: int = 0
     access_log_headers: tuple[str, ...] | None = None
     expose_statistics: bool = False
+    expose_model_config: bool = False
     triton_env: tuple[str, ...] = ()
     replay_cache_entries: int = 500_000
     http: HttpLimits = HttpLimits()
@@ -74,6 +75,7 @@ class FunctionSettings:
             self.ready_timeout_s,
             self.triton_http_port,
             expose_statistics=self.expose_statistics,
+            expose_model_config=self.expose_model_config,
             env_names=self.triton_env,
         )
 
@@ -105,6 +107,7 @@ class FunctionSettings:
             triton_http_port=int(_number(env, "SPILLWAY_TRITON_HTTP_PORT", 0, allow_zero=True)),
             access_log_headers=_access_log(env),
             expose_statistics=_flag(env, "SPILLWAY_EXPOSE_STATISTICS"),
+            expose_model_config=_flag(env, "SPILLWAY_EXPOSE_MODEL_CONFIG"),
             metrics_token=_metrics_token(env),
             triton_env=_triton_env(env),
             replay_cache_entries=_whole(env, "SPILLWAY_REPLAY_CACHE_ENTRIES", 500_000),

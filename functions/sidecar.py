@@ -56,6 +56,7 @@ class SidecarOptions:
     metrics_port: int | None = None
     log_path: Path | None = None
     expose_statistics: bool = False
+    expose_model_config: bool = False
     env_names: tuple[str, ...] = ()
     watch_period_s: float = 1.0
 
@@ -245,9 +246,11 @@ class Sidecar:
     def _restricted(self) -> tuple[str, ...]:
         """Triton's own lock on its administration, behind the handler's allow-list: the key is
         random per process and nobody is given it."""
-        if self.options.expose_statistics:
-            return tuple(a for a in _ADMIN_APIS if a != "statistics")
-        return _ADMIN_APIS
+        opened = {
+            "statistics": self.options.expose_statistics,
+            "model-config": self.options.expose_model_config,
+        }
+        return tuple(a for a in _ADMIN_APIS if not opened.get(a))
 
     def _repository(self) -> Path:
         """The models to serve, and only those: a private folder of links when a subset is named.
