@@ -123,7 +123,9 @@ class Prometheus:
         return list(self.api("query", **params)["result"])
 
     def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
-        data = self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step_s}s")
+        data = self.api(
+            "query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step_s:.3f}"
+        )
         return list(data["result"])
 
     def scraped_since(self, at: float) -> bool:
