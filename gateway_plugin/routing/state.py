@@ -134,8 +134,12 @@ class GatewayState:
         log.info("config %d applied: targets %s", self.version, sorted(self.targets))
 
     def _publish_limits(self, config: SpillwayConfig) -> None:
-        """What dashboards draw the gauges against: latency targets and budgets."""
+        """What dashboards draw the gauges against: latency targets and budgets; and every target's
+        counters from zero, so a rate of them is 0 rather than no data until the first event."""
         m = self.metrics
+        for name in self.targets:
+            m.cold_hits.labels(name)
+            m.spend.labels(name)
         m.latency_target.labels("*").set(config.local.latency_target_ms / 1000)
         for model, ms in config.local.model_latency_targets_ms.items():
             m.latency_target.labels(model).set(ms / 1000)
