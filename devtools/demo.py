@@ -32,7 +32,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.demo_gateway import cluster_times, start_gateway, wait_for
-from devtools.demo_monitoring import monitoring, render_dashboards
+from devtools.demo_monitoring import METRICS_TOKEN, monitoring, render_dashboards
 from devtools.demo_report import FEEDBACK_S
 from devtools.loadgen import BODY, LoadRun, Phase, generate, phase_bounds
 from devtools.local_pool import PoolSettings, running_pool
@@ -248,9 +248,14 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
         gateway = start_gateway(
             s.gateway, s.out_dir, stack, config, config_path, env, gateway_port, tell.step
         )
-        prometheus = stack.enter_context(monitoring(s.out_dir, runner_port, metrics_port))
+        exporter = gateway.get("exporter")
+        live = {name: pool for name, (_, pool) in pools.items()}
+        prometheus = stack.enter_context(monitoring(s.out_dir, runner_port, metrics_port, exporter, live))
         if prometheus is not None:
-            tell.step(f"Prometheus on {prometheus.url} scrapes the runner and the on-prem Triton")
+            also = " and APISIX's exporter" if exporter else ""
+            tell.step(
+                f"Prometheus on {prometheus.url} scrapes the runner, the on-prem Triton, the functions{also}"
+            )
         tell.step(
             f"warming the on-prem Triton ({ONPREM_WARMUP_REQUESTS} requests), as a cluster in service is"
         )
@@ -334,6 +339,7 @@ def _pool_settings(s: DemoSettings, repo: Path, name: str) -> PoolSettings:
             "SPILLWAY_SIGNING_KEY": os.environ["SPILLWAY_SIGNING_KEY"],
             "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD": "1",
             "SPILLWAY_ACCESS_LOG_HEADERS": "x-data-classification",
+            "SPILLWAY_METRICS_TOKEN": METRICS_TOKEN,
         },
     )
 

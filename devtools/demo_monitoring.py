@@ -1,4 +1,5 @@
-"""The demo's Prometheus: Debian's, on loopback, scraping the runner and the on-prem Triton and
+"""The demo's Prometheus: Debian's, on loopback, scraping the runner, the on-prem Triton, APISIX's
+exporter and every function instance the pools start (listed in a file Prometheus rereads), and
 evaluating Spillway's rules while the load runs; afterwards Spillway's dashboards are drawn from
 its answers into the report (``dashboard_render``), each with the queries behind its panels."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,25 +16,59 @@ from typing import Any
 
 from devtools import prometheus as prometheus_server
 from devtools.dashboard_render import render
+from devtools.local_pool import LocalFunctionPool
+from functions.contract import METRICS_PATH
 from functions.sidecar import free_port
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "ops" / "grafana" / "dashboards"
+# What the demo's function instances take for a scrape instead of a signature.
+METRICS_TOKEN = "spillway-demo-metrics-token"
 
 
 @contextmanager
 def monitoring(
-    out_dir: Path, runner_port: int, triton_metrics_port: int
+    out_dir: Path,
+    runner_port: int,
+    triton_metrics_port: int,
+    apisix_exporter: str | None,
+    pools: dict[str, LocalFunctionPool],
 ) -> Iterator[prometheus_server.Prometheus | None]:
     """A Prometheus while the demo runs; None where it is not installed (the report says so)."""
     if prometheus_server.missing_reason() is not None:
         yield None
         return
+    listed = {name: out_dir / "prometheus" / f"functions-{name}.json" for name in pools}
     jobs = [
+        *(
+            prometheus_server.Job(f"spillway-function-{name}", (), METRICS_PATH, METRICS_TOKEN, listed[name])
+            for name in pools
+        ),
         prometheus_server.Job("spillway-runner", (f"127.0.0.1:{runner_port}",)),
         prometheus_server.Job("triton-onprem", (f"127.0.0.1:{triton_metrics_port}",)),
     ]
-    with prometheus_server.running(free_port(), jobs, out_dir / "prometheus") as prometheus:
-        yield prometheus
+    if apisix_exporter is not None:
+        jobs.append(prometheus_server.Job("apisix", (apisix_exporter,), "/apisix/prometheus/metrics"))
+    stop = threading.Event()
+
+    def list_instances() -> None:
+        while True:
+            for name, pool in pools.items():
+                text = json.dumps([{"targets": pool.addresses()}])
+                tmp = listed[name].with_suffix(".tmp")
+                tmp.write_text(text)
+                tmp.replace(listed[name])
+            if stop.wait(0.5):
+                return
+
+    (out_dir / "prometheus").mkdir(parents=True, exist_ok=True)
+    lister = threading.Thread(target=list_instances, name="demo-function-targets", daemon=True)
+    lister.start()
+    try:
+        with prometheus_server.running(free_port(), jobs, out_dir / "prometheus") as prometheus:
+            yield prometheus
+    finally:
+        stop.set()
+        lister.join(5)
 
 
 def render_dashboards(

@@ -34,6 +34,7 @@ class Job:
     targets: tuple[str, ...]
     metrics_path: str = "/metrics"
     bearer: str | None = None  # a function's SPILLWAY_METRICS_TOKEN
+    file_sd: Path | None = None  # targets that come and go, listed in this file (Prometheus rereads it)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Prometheus:
             "metrics_path": job.metrics_path,
             "static_configs": [{"targets": list(job.targets)}],
         }
+        if job.file_sd is not None:
+            config["file_sd_configs"] = [{"files": [str(job.file_sd)], "refresh_interval": "1s"}]
         if job.bearer is not None:
             config["authorization"] = {"type": "Bearer", "credentials": job.bearer}
         return config
