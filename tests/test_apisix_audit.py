@@ -113,11 +113,14 @@ def _mixed_run(stack: Stack) -> list[dict[str, Any]]:
 
 def test_each_request_has_a_line_with_its_true_decision_and_nothing_secret(stack: Audited) -> None:
     done = _mixed_run(stack)
-    wait_until(
-        lambda: sum(1 for line in _lines(stack.log) if line.get("model", "").startswith("m")) >= 14,
-        10,
-        "lines",
-    )
+
+    def written() -> bool:
+        lines = _lines(stack.log)
+        decided = sum(1 for line in lines if line.get("model", "").startswith("m"))
+        return decided >= 14 and sum(1 for line in lines if line["decision"] == "refused") >= 2
+
+    # Each line is written in the log phase, after its answer went out.
+    wait_until(written, 10, "a line for every request")
     lines = _lines(stack.log)
     by_model = {line["model"]: line for line in lines if line.get("model")}
     decided = [d for d in done if d["model"]]
@@ -148,3 +151,35 @@ def test_each_request_has_a_line_with_its_true_decision_and_nothing_secret(stack
     assert not any(
         HEADER_AUDIT.lower() in seen["headers"] for up in (stack.aws, stack.local) for seen in up.seen
     )
+
+
+def test_an_upstream_cannot_write_the_audit_trail(stack: Audited) -> None:
+    """A function (or an on-prem node) answering with its own X-Spillway-Audit neither reaches the
+    client with it nor changes the line: the runner's fields are taken before the request leaves."""
+    forged = "local;local;local_ok;forged;public;forged-model;0"
+    stack.aws.extra_headers["X-Spillway-Audit"] = forged
+    stack.local.extra_headers["X-Spillway-Audit"] = forged
+    try:
+        stack.set_load(500)
+        spilled = _send(
+            stack, "m-hostile-cloud", False, {"x-data-classification": "public", "x-tenant": "acme"}
+        )
+        stack.set_load(0)
+        kept = _send(stack, "m-hostile-local", False, {"x-data-classification": "public", "x-tenant": "acme"})
+    finally:
+        stack.aws.extra_headers.clear()
+        stack.local.extra_headers.clear()
+    for sent in (spilled, kept):
+        assert HEADER_AUDIT.lower() not in sent["answer"]
+    wait_until(
+        lambda: {"m-hostile-cloud", "m-hostile-local"} <= {line.get("model") for line in _lines(stack.log)},
+        10,
+        "lines",
+    )
+    by_model = {line.get("model"): line for line in _lines(stack.log)}
+    assert (
+        by_model["m-hostile-cloud"]["decision"] == "cloud" and by_model["m-hostile-cloud"]["tenant"] == "acme"
+    )
+    assert by_model["m-hostile-local"]["tenant"] == "acme"
+    text = stack.log.read_text()
+    assert "forged-model" not in text and '"tenant":"forged"' not in text

@@ -81,13 +81,14 @@ function _M.access(conf, ctx)
     if ctx.consumer_name then
         clear_header("X-Spillway-Consumer")
     end
+    edge.take_audit(ctx, true)
     edge.pin_path(ctx)
 end
 
 -- The runner's audit fields (X-Spillway-Audit, on every answer when the config has an audit
 -- logger) go into the request's context for the logger, never to the client.
 function _M.header_filter(conf, ctx)
-    edge.take_audit(ctx)
+    edge.take_audit(ctx, false)
 end
 
 return _M

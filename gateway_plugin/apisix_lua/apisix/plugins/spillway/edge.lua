@@ -93,11 +93,19 @@ for _, name in ipairs({ "via", unpack(AUDIT_FIELDS) }) do
     end)
 end
 
--- The runner's audit header, out of the answer and into the request's context.
-function _M.take_audit(ctx)
+-- The runner's audit header, out of the answer and into the request's context: in the access
+-- phase, before an upstream answers (one that sent its own could otherwise write the line), or in
+-- the header filter when the runner answered itself (a Stop: no access phase, no upstream). Any
+-- copy an upstream sent is removed from the answer either way.
+function _M.take_audit(ctx, before_upstream)
     local raw = ngx.header[_M.AUDIT_HEADER]
+    if before_upstream or not ctx.spillway_audit_taken then
+        ctx.spillway_audit_taken = true
+        if raw then
+            ctx.spillway_audit_raw = type(raw) == "table" and raw[1] or raw
+        end
+    end
     if raw then
-        ctx.spillway_audit_raw = type(raw) == "table" and raw[#raw] or raw
         ngx.header[_M.AUDIT_HEADER] = nil
     end
 end
