@@ -167,3 +167,44 @@ def test_the_runners_metrics_keep_clear_of_apisixs_exporter(
     with caplog.at_level(logging.ERROR):
         assert not RunnerMetrics().serve(f"127.0.0.1:{taken_port}")
     assert "set metrics.listen to a free port" in caplog.text
+
+
+def test_costs_prints_a_runners_bill_as_csv_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from http.server import BaseHTTPRequestHandler
+
+    from gateway_plugin.cli import main
+    from tests.support import http_server_thread
+
+    body = (
+        b'spillway_requests_total{tenant="acme",model="add_sub",target="aws"} 4\n'
+        b'spillway_spend_usd_total{tenant="acme",model="add_sub",target="aws"} 0.04\n'
+        b'spillway_requests_total{tenant="acme",model="add_sub",target="local"} 6\n'
+        b"spillway_local_cost_usd_total 0.6\n"
+    )
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http_server_thread(Metrics) as url:
+        assert main(["costs", "--metrics-url", url + "/metrics"]) == 0
+        csv_out = capsys.readouterr()
+        assert main(["costs", "--metrics-url", url + "/metrics", "--format", "json"]) == 0
+        json_out = capsys.readouterr().out
+    assert csv_out.out.splitlines() == [
+        "period,tenant,model,target,requests,cost_usd",
+        "since-start,acme,add_sub,aws,4,0.040000",
+        "since-start,acme,add_sub,local,6,0.600000",
+    ]
+    assert "total 0.6400 USD" in csv_out.err
+    import json
+
+    assert json.loads(json_out)["summary"]["usd_per_1000_requests"] == pytest.approx(64.0)
+    assert main(["costs", "--metrics-url", "http://127.0.0.1:9/metrics"]) == 2
+    assert "cannot read the counters from http://127.0.0.1:9/metrics" in capsys.readouterr().err
