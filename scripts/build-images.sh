@@ -104,7 +104,7 @@ else
   [ -d /etc/ssl/certs ] && mounts=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
   pull=()
   [ $standin = 1 ] && pull=(--pull-never)
-  buildah bud --layers --format docker --platform linux/amd64 \
+  buildah bud --layers --force-rm --format docker --platform linux/amd64 \
     --isolation "${BUILDAH_ISOLATION:-chroot}" "${pull[@]}" "${mounts[@]}" "${args[@]}" .
   # The local manifest lists each layer as the uncompressed tar it is stored as.
   size=$(buildah inspect --type image --format '{{.Manifest}}' "$tag" |
