@@ -24,6 +24,7 @@ from functions.sidecar import free_port
 from functions.signature import sign
 from tests.image_support import (
     Built,
+    build,
     built_image,
     container,
     exec_in,
@@ -144,6 +145,13 @@ def test_size_is_printed_checked_and_documented(image: Built) -> None:
     )
     assert documented, "images/README.md states the measured size"
     assert abs(float(documented.group(1)) - size / 1e9) < 0.05, (documented.group(1), size)
+
+
+def test_the_build_script_fails_over_the_limit(image: Built) -> None:
+    """The same build again (every layer cached), checked against a limit it is over."""
+    result = build("lambda", image.tag, "--limit-gb", "0.1")
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert re.search(r"is [\d.]+ GB, over the 0.1 GB limit", result.stderr), result.stderr[-2000:]
 
 
 def test_warmup_ping_finds_triton_and_the_model_ready(lam: Emulated) -> None:
