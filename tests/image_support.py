@@ -39,7 +39,8 @@ def engine_env() -> dict[str, str]:
     """buildah's and podman's settings for the tests' own store.
 
     runc and cgroupfs: crun refuses this kind of machine's hybrid cgroup layout. No default
-    ulimits: the container keeps the host's, which it may not raise.
+    ulimits: the container keeps the host's, which it may not raise. No network unless a test
+    names one: podman's default bridge would route to private addresses and turn on forwarding.
     """
     STORE.mkdir(parents=True, exist_ok=True)
     storage, engine = STORE / "storage.conf", STORE / "containers.conf"
@@ -47,7 +48,8 @@ def engine_env() -> dict[str, str]:
         f'[storage]\ndriver = "overlay"\ngraphroot = "{STORE / "storage"}"\nrunroot = "{STORE / "run"}"\n'
     )
     engine.write_text(
-        '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
+        '[containers]\ndefault_ulimits = []\nnetns = "none"\n'
+        '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
     )
     return {
         **os.environ,

@@ -99,7 +99,9 @@ def signed_headers(method: str, target: str, body: bytes = b"") -> dict[str, str
 
 
 def listing(image: Built, *command: str) -> list[str]:
-    out = engine("podman", "run", "--rm", "--user=0", "--entrypoint=[]", image.tag, *command).stdout
+    out = engine(
+        "podman", "run", "--rm", "--network=none", "--user=0", "--entrypoint=[]", image.tag, *command
+    ).stdout
     return out.split()
 
 
