@@ -10,7 +10,7 @@ import base64
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,31 +185,28 @@ def test_binary_tensors_travel_base64_both_ways(lam: Emulated) -> None:
     np.testing.assert_allclose(parsed.as_numpy("OUTPUT0"), a + a)
 
 
+def _signed_with_another_key() -> dict[str, Any]:
+    target = "/v2/models/add_sub/infer"
+    signature = sign(b"not the secret", "POST", target, ADD_SUB_BODY)
+    return http_event("POST", target, ADD_SUB_BODY, {"x-spillway-signature": signature})
+
+
+# Events are made when the test runs: a signature made at collection could be stale by the time the
+# image is built and started (the function refuses any older than 300 s).
 @pytest.mark.parametrize(
-    ("event", "status", "words"),
+    ("make", "status", "words"),
     [
-        (http_event("POST", "/v2/models/add_sub/infer", ADD_SUB_BODY), 401, "missing"),
-        (
-            http_event(
-                "POST",
-                "/v2/models/add_sub/infer",
-                ADD_SUB_BODY,
-                {
-                    "x-spillway-signature": sign(
-                        b"not the secret", "POST", "/v2/models/add_sub/infer", ADD_SUB_BODY
-                    )
-                },
-            ),
-            401,
-            "wrong",
-        ),
-        (signed("POST", "/v2/models/add_sub/infer", b'{"inputs": ['), 400, "parse"),
-        (signed("POST", "/v2/models/zzz/infer", ADD_SUB_BODY), 404, "unknown model"),
+        (lambda: http_event("POST", "/v2/models/add_sub/infer", ADD_SUB_BODY), 401, "missing"),
+        (_signed_with_another_key, 401, "wrong"),
+        (lambda: signed("POST", "/v2/models/add_sub/infer", b'{"inputs": ['), 400, "parse"),
+        (lambda: signed("POST", "/v2/models/zzz/infer", ADD_SUB_BODY), 404, "unknown model"),
     ],
     ids=["unsigned", "signed with another key", "malformed json", "unknown model"],
 )
-def test_bad_input_gets_a_clear_error(lam: Emulated, event: dict[str, Any], status: int, words: str) -> None:
-    result = invoke(lam, event)
+def test_bad_input_gets_a_clear_error(
+    lam: Emulated, make: Callable[[], dict[str, Any]], status: int, words: str
+) -> None:
+    result = invoke(lam, make())
     assert result["statusCode"] == status, result
     assert words in json.loads(result["body"])["error"]
 
