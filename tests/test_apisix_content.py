@@ -105,4 +105,6 @@ def test_matches_are_counted_by_detector_and_logged_without_the_text(stack: Stac
     lines = [line for line in stack.gateway.error_log().splitlines() if '"content": "email"' in line]
     # One from each route: the runner's own decision, and the fast path's summary.
     assert sorted('"via": "fast_path"' in line for line in lines) == [False, True], lines
+    # Each names the class the client sent, not the one the request was then decided as.
+    assert all('"classification": "public"' in line for line in lines), lines
     assert "jane.doe" not in stack.gateway.error_log()

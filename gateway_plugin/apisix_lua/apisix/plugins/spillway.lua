@@ -246,22 +246,14 @@ local function release_tenant(tenant)
     counters.release_tenant(dict(), "tif:" .. tenant)
 end
 
--- Content checks before the decision that counts (content.lua): what they found is counted in the
--- shared dict (reported with the next fetch) and named in the residency log when it kept the
--- request home; the text itself never is.
+-- Content checks before the decision that counts (content.lua), counted in the shared dict and
+-- reported with the next fetch.
 local function check_content(ctx, f, tbl, policy)
-    local found, why = content.check(f, tbl, policy, live, function(max_bytes)
+    return content.screen(f, tbl, policy, live, function(max_bytes)
         return core.request.get_body(max_bytes, ctx)
+    end, function(key)
+        counters.add(dict(), key, 1)
     end)
-    if found then
-        counters.add(dict(), "cm:" .. found, 1)
-    elseif why then
-        counters.add(dict(), "cu:" .. why, 1)
-    end
-    if found or (why and policy.content.c.unscannable_stays) then
-        return content.label(found, why)
-    end
-    return nil
 end
 
 -- What the runner learns of this request: counted now, reported from the log phase.
@@ -277,9 +269,11 @@ local function account(ctx, d, f, tbl, policy, kept_by)
         seen.cloud = true
     end
     if d.residency_kept then
-        local classification = policy and f.headers[policy.classification_header]
+        local classification = kept_by and kept_by.classification
+            or (policy and f.headers[policy.classification_header])
         report.kept_home(worker.agg, { path = ctx.var.uri, model = f.model,
-                                       classification = classification, content = kept_by })
+                                       classification = classification,
+                                       content = kept_by and kept_by.label })
     end
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD

@@ -210,6 +210,27 @@ function _M.check(f, tbl, policy, live, read_body)
     return found, why, true
 end
 
+-- check(), with what it found counted (count(key): "cm:<detector>" or "cu:<reason>"). When it
+-- kept the request home: what the residency log names (the detector, never the text) and the
+-- class the request was sent with, before the one it is decided as.
+function _M.screen(f, tbl, policy, live, read_body, count)
+    if policy.content == nil then
+        return nil
+    end
+    local sent = f.headers[policy.classification_header]
+    local found, why, read = _M.check(f, tbl, policy, live, read_body)
+    if not read then
+        return nil
+    end
+    if found or why then
+        count(found and ("cm:" .. found) or ("cu:" .. why))
+    end
+    if found or (why and policy.content.c.unscannable_stays) then
+        return { label = _M.label(found, why), classification = sent }
+    end
+    return nil
+end
+
 -- The label the residency log shows (never the text).
 function _M.label(found, why)
     if found then
