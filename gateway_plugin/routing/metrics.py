@@ -69,6 +69,20 @@ class RunnerMetrics:
             "Requests a rule would have sent out but residency kept on premises.",
             registry=r,
         )
+        self.content_matches = Counter(
+            "spillway_content_matches",
+            "Requests that would have left and whose text a content detector matched (the first that "
+            "did, in order): kept on premises.",
+            ["detector"],
+            registry=r,
+        )
+        self.content_unscannable = Counter(
+            "spillway_content_unscannable",
+            "Requests that would have left and whose text could not be read (too_large, unknown_size, "
+            "not_json, binary_text); content.unscannable says whether they stayed.",
+            ["reason"],
+            registry=r,
+        )
         self.local_wait = Gauge(
             "spillway_local_wait_seconds",
             "Estimated wait of a new request on the cluster.",

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target
 from gateway_plugin.routing.breakers import Breaker, RetryBudget
+from gateway_plugin.routing.content import ContentPolicy, Verdict, content_policy
 from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBook, TenantBooks
 from gateway_plugin.routing.metrics import RunnerMetrics
 from gateway_plugin.routing.policy import (
@@ -104,6 +105,7 @@ class GatewayState:
         """Take a new config; breakers, warm pools and in-flight counts of remaining targets are kept."""
         self.config = config
         self.policy: Policy = build_policy(config)
+        self.content: ContentPolicy = content_policy(config)
         self.targets = {t.name: t for t in config.targets}
         self.breakers = {n: self.breakers.get(n) or Breaker(config.breaker) for n in self.targets}
         self.pools = {n: self.pools.get(n) or WarmPool(t.idle_ttl_s) for n, t in self.targets.items()}
@@ -183,6 +185,13 @@ class GatewayState:
     @property
     def decision_header(self) -> bool:
         return self.config.metrics.decision_header
+
+    def content_read(self, verdict: Verdict) -> None:
+        """Count what reading a request's text found (by detector or reason, never the text)."""
+        if verdict.detector is not None:
+            self.metrics.content_matches.labels(verdict.detector).inc()
+        elif verdict.unscannable is not None:
+            self.metrics.content_unscannable.labels(verdict.unscannable.value).inc()
 
     def commit(self, decision: Decision, model: str | None, seen: RequestSeen | None = None) -> None:
         """Account for a decision before the request leaves; ``seen`` names it in the residency log."""
