@@ -8,8 +8,13 @@
    background rounds (``sync_period_ms``) against a real redis-server, decisions paced on the
    event loop, every cloud decision answered a few milliseconds later. Counts the node's calls
    (one ``EVALSHA`` a round) and the commands the server ran for them (``INFO``), per second.
+3. Overshoot with Redis gone mid-traffic: nodes that lose the store for good and go on alone.
+4. Overshoot with Redis killed mid-load and brought back, empty or with its data
+   (``shared_restart.py``): per scenario, requests over the budget beside the stated bound.
+5. The same on a real runner with two workers and 16 connections (``shared_restart_runners.py``).
 
     python bench/shared_state.py [--calls 100000] [--rate 10000] [--seconds 10] [--json]
+        [--parts cost,paced,overshoot,restart,runners] [--restart-trials 150] [--runner-trials 25]
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Any
 
 import redis
 from harness import ROOT
+from shared_restart import restart_trials, summary
+from shared_restart_runners import runner_trials
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.policy import RequestFeatures, decide
@@ -230,21 +237,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--period-ms", type=int, default=100)
     parser.add_argument("--trials", type=int, default=200, help="trials of the overshoot experiment")
+    parser.add_argument(
+        "--restart-trials", type=int, default=150, help="trials per scenario of the Redis restart experiment"
+    )
+    parser.add_argument("--runner-trials", type=int, default=25, help="runner trials per kind")
+    parser.add_argument("--parts", default="cost,paced,overshoot,restart,runners", help="which parts to run")
     parser.add_argument("--json", action="store_true", help="JSON lines (the default when not on a terminal)")
     args = parser.parse_args(argv)
     as_json = args.json or not sys.stdout.isatty()
-    with redis_server(Path(tempfile.mkdtemp(prefix="spillway-bench-redis-"))) as server:
+    parts = set(args.parts.split(","))
+
+    def show(rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            print(json.dumps(row) if as_json else _line(row), flush=True)
+
+    folder = Path(tempfile.mkdtemp(prefix="spillway-bench-redis-"))
+    with redis_server(folder / "server") as server:
         port = server.port
         url = f"redis://127.0.0.1:{port}/0"
-        print("[decision cost]", file=sys.stderr, flush=True)
-        for row in decision_cost(url, args.calls):
-            print(json.dumps(row) if as_json else _line(row), flush=True)
-        print(f"[{args.rate} decisions/s for {args.seconds:g} s]", file=sys.stderr, flush=True)
-        paced = asyncio.run(_paced(url, port, args.rate, args.seconds, args.period_ms))
-        print(json.dumps(paced) if as_json else _line(paced), flush=True)
-        print("[overshoot: store gone mid-traffic]", file=sys.stderr, flush=True)
-        over = overshoot(url, args.trials)
-        print(json.dumps(over) if as_json else _line(over), flush=True)
+        if "cost" in parts:
+            print("[decision cost]", file=sys.stderr, flush=True)
+            show(decision_cost(url, args.calls))
+        if "paced" in parts:
+            print(f"[{args.rate} decisions/s for {args.seconds:g} s]", file=sys.stderr, flush=True)
+            show([asyncio.run(_paced(url, port, args.rate, args.seconds, args.period_ms))])
+        if "overshoot" in parts:
+            print("[overshoot: store gone mid-traffic]", file=sys.stderr, flush=True)
+            show([overshoot(url, args.trials)])
+    if "restart" in parts:
+        print("[overshoot: Redis killed mid-load and brought back]", file=sys.stderr, flush=True)
+        show(summary(restart_trials(folder, args.restart_trials)))
+    if "runners" in parts:
+        print("[overshoot: Redis killed under a runner with two workers]", file=sys.stderr, flush=True)
+        show(runner_trials(folder, args.runner_trials))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""A real ``redis-server`` (Debian's package) on a free loopback port, no persistence: for the
-shared-state tests and benchmarks."""
+"""A real ``redis-server`` (Debian's package) on a free loopback port: for the shared-state tests
+and benchmarks. No persistence by default (killed, it comes back empty); ``persist`` writes every
+command to an append-only file first, so killed it comes back with its data."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ def answers(port: int) -> bool:
 
 
 class RedisServer:
-    """One server process; ``stop`` kills it (as a crash would), ``start`` brings it back empty."""
+    """One server process; ``stop`` kills it (as a crash would), ``start`` brings it back, empty
+    unless ``persist``."""
 
-    def __init__(self, folder: Path, port: int | None = None) -> None:
-        self.folder, self.port = folder, port or free_port()
+    def __init__(self, folder: Path, port: int | None = None, persist: bool = False) -> None:
+        self.folder, self.port, self.persist = folder, port or free_port(), persist
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,13 +44,17 @@ class RedisServer:
     def start(self, timeout_s: float = 20.0) -> None:
         if REDIS_SERVER is None:
             raise RuntimeError(INSTALL_HINT)
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"redis-server on port {self.port} is already running: stop it first")
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / "redis.log"
+        appendonly = ("yes", "--appendfsync", "always") if self.persist else ("no",)
         self.proc = subprocess.Popen(
             [
                 REDIS_SERVER,
                 *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)),
-                *("--save", "", "--appendonly", "no", "--protected-mode", "yes", "--logfile", str(log)),
+                *("--save", "", "--appendonly", *appendonly),
+                *("--protected-mode", "yes", "--logfile", str(log)),
             ],
             stdout=subprocess.DEVNULL,
         )

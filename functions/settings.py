@@ -207,7 +207,9 @@ def _aws_secret(arn: str) -> str:
             "SPILLWAY_SIGNING_KEY_SECRET_ARN needs boto3 in the image: pip install boto3"
         ) from None
     try:
-        secret = boto3.client("secretsmanager").get_secret_value(SecretId=arn)
+        # A session of its own: boto3's default one keeps the first credentials it resolved.
+        client = boto3.session.Session().client("secretsmanager")
+        secret = client.get_secret_value(SecretId=arn)
     except Exception as exc:  # botocore's errors are many; the init must fail with the reason
         raise SettingsError(f"cannot read the signing key from {arn}: {exc}") from None
     return str(secret.get("SecretString") or "").strip()

@@ -40,14 +40,17 @@ def route(
     uri: str = "/v2/*",
     lambda_iam: str | None = None,
     auth: str | None = None,
+    overrides: dict[str, Any] | None = None,
     prometheus: bool = False,
 ) -> dict[str, Any]:
     """The route object; ``lambda_iam`` names an upstream-mode aws_lambda target that APISIX's
     aws-lambda plugin calls with SigV4 (the function URL's AWS_IAM auth) instead of traffic-split;
     ``auth`` the APISIX plugin that authenticates consumers (``key-auth``, ``jwt-auth``, ...): on
     this route it runs before the edge and the runner, which decide in the rewrite phase, so the
-    runner is told the consumer (``tenants.source: consumer`` needs one); ``prometheus`` adds APISIX's
-    own prometheus plugin (its per-route metrics, exported on ``plugin_attr.prometheus.export_addr``)."""
+    runner is told the consumer (``tenants.source: consumer`` needs one); ``overrides`` the route's
+    conf for the runner (``routing.spillway.RouteOverrides``: ``content_checks``, ``on_prem_only``, ...);
+    ``prometheus`` adds APISIX's own prometheus plugin (its per-route metrics, exported on
+    ``plugin_attr.prometheus.export_addr``)."""
     upstream_targets = [t for t in config.targets if t.mode == "upstream"]
     values = target_values([t.name for t in upstream_targets], token)
     plugins: dict[str, Any] = {}
@@ -62,7 +65,10 @@ def route(
         EDGE_PLUGIN: {},
         # Every target the runner may decide has a way out on this route: traffic-split or
         # aws-lambda for upstream mode, the runner's own Stop for invoke mode.
-        "ext-plugin-pre-req": {"conf": [{"name": "spillway", "value": "{}"}], "allow_degradation": False},
+        "ext-plugin-pre-req": {
+            "conf": [{"name": "spillway", "value": json.dumps(overrides or {})}],
+            "allow_degradation": False,
+        },
     }
     split = [t for t in upstream_targets if t.name != lambda_iam]
     if split:

@@ -62,7 +62,7 @@ class RunnerApp:
         share = config.shared_state.nodes_expected * config.runner.workers if config.shared_state else None
         self.state = GatewayState(config, clock=clock, shared=self._shared_view(config, share))
         self.state.worker = None if worker is None else str(worker)
-        self.state.cost_share = 1 / share if share else 1.0
+        self.state.metrics.cost.share = 1 / share if share else 1.0
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}

@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
         help="add APISIX's own prometheus plugin to the route (its exporter: plugin_attr.prometheus, "
         "127.0.0.1:9091, clear of the runner's metrics.listen)",
     )
+    route.add_argument(
+        "--content-checks",
+        action="store_true",
+        help="read the text inputs of each request that would leave (spillway.yaml's content: detectors; "
+        "a match keeps it on premises): the route's conf gets content_checks",
+    )
     lua = sub.add_parser(
         "apisix-lua-path",
         help="print the directory to name in APISIX's extra_lua_path (Spillway's Lua plugins)",
@@ -181,6 +187,7 @@ def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
 
     fmt, route_id, uri, auth, lambda_iam = args.format, args.id, args.uri, args.auth, args.lambda_iam
     fast_path: bool = args.fast_path
+    overrides = {"content_checks": True} if args.content_checks else None
     try:
         token = route_token(config.runner.route_token_env)
         if fast_path:
@@ -189,7 +196,7 @@ def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
                     "--lambda-iam and --fast-path do not combine: aws-lambda needs the ext-plugin route"
                 )
             fast_id = route_id if route_id != "spillway" else "spillway-fast"
-            made = fast_route(config, token, fast_id, uri, auth=auth, prometheus=args.prometheus)
+            made = fast_route(config, token, fast_id, uri, overrides, auth=auth, prometheus=args.prometheus)
             if invoke_targets(config):
                 print(
                     f"note: targets {invoke_targets(config)} are in invoke mode, which the fast path does "
@@ -197,7 +204,7 @@ def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         else:
-            made = route(config, token, route_id, uri, lambda_iam, auth, args.prometheus)
+            made = route(config, token, route_id, uri, lambda_iam, auth, overrides, args.prometheus)
     except (RouteError, RouteTokenError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

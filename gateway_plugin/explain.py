@@ -35,6 +35,7 @@ def explain(config: SpillwayConfig) -> str:
         f"residency: {residency.header} in [{leaving}] may leave; unclassified "
         f"{'may leave' if residency.unclassified_may_leave else 'stays on premises'}"
     )
+    lines.append(_content(config))
     shared = config.shared_state
     if shared is not None:
         password = f"from ${shared.password_env}" if shared.password_env else "none"
@@ -44,3 +45,16 @@ def explain(config: SpillwayConfig) -> str:
             f"node(s) expected, each alone keeps 1/{shared.nodes_expected} of every budget and cap"
         )
     return "\n".join(lines)
+
+
+def _content(config: SpillwayConfig) -> str:
+    checks = config.content
+    asking = [r.name for r in config.rules if r.content_checks]
+    detectors = [*checks.detectors, *checks.patterns] or ["none"]
+    where = f"rules {', '.join(asking)} and " if asking else ""
+    unreadable = "stay on premises" if checks.unscannable == "stay_home" else "are decided by their label"
+    return (
+        f"content checks (on {where}routes with content_checks): {', '.join(detectors)} over the text "
+        f"inputs of bodies up to {checks.max_scan_bytes} bytes; a match is decided as "
+        f"{checks.classify_as!r} and stays on premises; bodies that cannot be read {unreadable}"
+    )

@@ -1,7 +1,8 @@
 """The shared store at the edge: Redis (standalone, TLS, Sentinel or Cluster) through redis-py.
 
 A round is one ``EVALSHA`` of the script below, atomic on the server: node liveness, lease
-claims and grants, slots, breaker transitions and probe tokens, warm instances. Every key carries
+claims, holds and grants, slots, breaker transitions and probe tokens, warm instances, and which
+nodes told all their claims since a time (the server's clock). Every key carries
 the hash tag ``{prefix}``, so on a Cluster all of them live in one slot and the script may touch
 them together. Every call is bounded by ``timeout_ms`` (connect and read); the password comes from
 the environment and is never part of a message.
@@ -17,20 +18,43 @@ from typing import Any
 from gateway_plugin.config import SharedState
 
 ROUND_SCRIPT = r"""
+if redis.replicate_commands then redis.replicate_commands() end
 local req = cjson.decode(ARGV[1])
 local p, me = req.p, req.node
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local function int(x) return string.format('%d', x) end
 local function live(node)
   return node == me or redis.call('EXISTS', p .. ':node:' .. node) == 1
 end
+local born = tonumber(redis.call('GET', p .. ':born'))
+if not born then
+  born = now
+  redis.call('SET', p .. ':born', int(born))
+end
+local lost = req.born ~= 0 and req.born ~= born
+local rounds = p .. ':rounds'
 if req.bye == 1 then
   redis.call('DEL', p .. ':node:' .. me)
+  redis.call('HDEL', rounds, me)
 else
   redis.call('SET', p .. ':node:' .. me, '1', 'PX', req.node_ttl_ms)
+  if req.complete == 1 then redis.call('HSET', rounds, me, int(now)) end
 end
+local told = 0
+local seen = redis.call('HGETALL', rounds)
+for j = 1, #seen, 2 do
+  local at = tonumber(seen[j + 1])
+  if at < now - req.node_ttl_ms then
+    redis.call('HDEL', rounds, seen[j])
+  elseif at >= req.since then
+    told = told + 1
+  end
+end
+redis.call('PEXPIRE', rounds, req.node_ttl_ms)
 local leases = {}
 for i, l in ipairs(req.leases) do
-  local k = p .. ':lease:' .. l.key
+  local k, hk = p .. ':lease:' .. l.key, p .. ':held:' .. l.key
   local fields = redis.call('HGETALL', k)
   local total, mine = 0, 0
   for j = 1, #fields, 2 do
@@ -38,18 +62,29 @@ for i, l in ipairs(req.leases) do
     total = total + v
     if fields[j] == me then mine = v end
   end
+  local holds = redis.call('HGETALL', hk)
+  for j = 1, #holds, 2 do
+    if holds[j] ~= me then total = total + tonumber(holds[j + 1]) end
+  end
   local before = mine
   if l.claim > mine or l.release == 1 then
     total = total + l.claim - mine
     mine = l.claim
   end
+  total = total + l.hold
   local give = math.min(l.want, l.limit - total)
-  if give > 0 then
+  if give > 0 and not lost then
     total = total + give
     mine = mine + give
   end
   redis.call('HSET', k, me, int(mine))
   redis.call('PEXPIRE', k, l.ttl_ms + 60000)
+  if l.hold > 0 then
+    redis.call('HSET', hk, me, int(l.hold))
+    redis.call('PEXPIRE', hk, l.ttl_ms + 60000)
+  else
+    redis.call('HDEL', hk, me)
+  end
   leases[i] = {mine, total, before}
 end
 local slots = {}
@@ -118,7 +153,7 @@ for i, w in ipairs(req.warm) do
   redis.call('PEXPIRE', k, w.ttl_ms)
   warm[i] = n
 end
-return {leases, slots, breakers, warm}
+return {leases, slots, breakers, warm, {now, told, born}}
 """
 
 

@@ -41,5 +41,10 @@ apt_component redis-server redis-server "the shared-state tests"
 apt_component prometheus prometheus "the monitoring tests"
 # A C compiler for the Lambda image's /dev/shm shim (images/aws-lambda/shm_redirect.c).
 apt_component cc gcc "the Lambda image's shim tests"
+# buildah (builds the function images without a daemon or a registry), mmdebstrap (their stand-in
+# bases from Debian's packages), podman with runc and slirp4netns (runs them as Lambda and FC would).
+for tool in buildah mmdebstrap podman runc slirp4netns; do
+  apt_component "$tool" "$tool" "the image tests (tests/test_images_*.py)"
+done
 # A real Apache APISIX 3.18 for the gateway tests, the demo and the benchmarks (root and apt).
 bash scripts/install-apisix.sh

@@ -34,6 +34,7 @@ SET_UP_INSTALLS: dict[str, re.Pattern[str]] = {
     "Chromium (apt)": re.compile(r"\bchromium is not installed", re.IGNORECASE),
     "a C compiler (apt gcc)": re.compile(r"\bno C compiler\b"),
     "the nvidia-pytriton wheel (pip)": re.compile(r"\bnvidia-pytriton wheel\b.* not installed"),
+    "buildah, podman and mmdebstrap (apt)": re.compile(r"\bbuildah is not installed"),
 }
 
 

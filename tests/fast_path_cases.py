@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import random
 import re
 from dataclasses import dataclass
@@ -11,6 +12,16 @@ from typing import Any
 from functions.contract import PathError, gateway_path
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing import decision_table
+from gateway_plugin.routing.content import (
+    HEADER_JSON_LENGTH,
+    ContentPolicy,
+    Verdict,
+    body_verdict,
+    content_policy,
+    route_checks,
+    size_verdict,
+    tightened,
+)
 from gateway_plugin.routing.policy import (
     BreakerState,
     Decision,
@@ -24,6 +35,7 @@ from gateway_plugin.routing.policy import (
 )
 from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.spillway import RouteOverrides, _route_policy, body_bytes
+from tests import content_cases
 
 _MODEL = re.compile(r"^/v2/models/([^/]+)")  # as routing/spillway.py reads the model
 TARGETS = ("aws", "ali", "fc-b")
@@ -106,6 +118,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
                 "match": match,
                 "action": rng.choice(["local", "overflow", "target", "shed", "overflow", "target"]),
                 "targets": rng.sample(names, rng.randint(0, len(names))),
+                "content_checks": rng.random() < 0.3,
             }
         )
     enter = rng.choice([0.9, 1.0, 1.2])
@@ -116,6 +129,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         "daily_usd": _maybe(rng, rng.choice([0.0, 0.001, 1.0]), 0.2),
     }
     return {
+        "content": content_cases.content_section(rng) if rng.random() < 0.7 else {},
         "local": {
             "latency_target_ms": rng.choice([50, 100, 200]),
             "model_latency_targets_ms": _drop_none({"resnet": _maybe(rng, rng.choice([30, 300]))}),
@@ -187,6 +201,13 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
     return Snapshot(local, targets, tenants)
 
 
+def hot_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
+    """Every model overflowing and every target free and warm: public requests want out."""
+    load = LocalLoad(fresh=True, queue_ms=600.0, compute_ms=30.0, overflowing=True)
+    targets = {n: TargetState(warm_instances=rng.randint(0, 4)) for n in policy.targets}
+    return Snapshot({m: load for m in ("", *MODELS)}, targets, {})
+
+
 def random_route(rng: random.Random, policy: Policy) -> dict[str, Any]:
     return _drop_none(
         {
@@ -194,6 +215,7 @@ def random_route(rng: random.Random, policy: Policy) -> dict[str, Any]:
             "targets": _maybe(rng, rng.sample([*TARGETS, "nope"], rng.randint(0, 3)), 0.3),
             "rules": _maybe(rng, [r.name for r in policy.rules if rng.random() < 0.5], 0.3),
             "on_prem_only": _maybe(rng, True, 0.15),
+            "content_checks": _maybe(rng, True, 0.4),
         }
     )
 
@@ -212,22 +234,49 @@ def random_request(rng: random.Random, residency_header: str) -> dict[str, Any]:
     tenant = rng.choice((None, *TENANTS, ""))
     if tenant is not None:
         headers["x-tenant"] = tenant
+    body = b""
+    if rng.random() < 0.6:
+        body, framing = content_cases.body(rng)
+        headers = {k: v for k, v in headers.items() if k not in ("content-length", "transfer-encoding")}
+        headers |= framing
     args: dict[str, Any] = {}
     if rng.random() < 0.5:
         args["mode"] = rng.choice(["high", "low", True, "", ["a", "high"]])
-    return {"uri": rng.choice(PATHS), "headers": headers, "args": args}
+    return {
+        "uri": rng.choice(PATHS),
+        "headers": headers,
+        "args": args,
+        "body": base64.b64encode(body).decode(),
+    }
 
 
 def python_decision(
-    request: dict[str, Any], route: dict[str, Any], policy: Policy, snap: Snapshot
-) -> Decision:
-    """What the runner decides: features as ``SpillwayPlugin.request_filter`` builds them."""
+    request: dict[str, Any],
+    route: dict[str, Any],
+    policy: Policy,
+    snap: Snapshot,
+    content: ContentPolicy | None = None,
+) -> tuple[Decision, Verdict | None]:
+    """What the runner decides: features as ``SpillwayPlugin.request_filter`` builds them, the text
+    read (and the request decided again) when it would leave and its route or rule asks. With what
+    reading found (None: not read)."""
     headers = {k: ", ".join(v) if isinstance(v, list) else v for k, v in request["headers"].items()}
     args = {k: ("" if v is True else v[-1] if isinstance(v, list) else v) for k, v in request["args"].items()}
     path = gateway_path(request["uri"])
     match = _MODEL.match(path)
     features = RequestFeatures(path, headers, args, match.group(1) if match else None, body_bytes(headers))
-    return decide(features, snap, _route_policy(policy, RouteOverrides(**route)))
+    overrides = RouteOverrides(**route)
+    route_policy = _route_policy(policy, overrides)
+    decision = decide(features, snap, route_policy)
+    checks = None if content is None else route_checks(content, route_policy, overrides.content_checks)
+    if not (decision.is_cloud and checks is not None and checks.applies(route_policy, features)):
+        return decision, None
+    verdict = size_verdict(checks.content, features.body_bytes) or body_verdict(
+        checks.content, base64.b64decode(request["body"]), headers.get(HEADER_JSON_LENGTH)
+    )
+    if checks.content.keeps_home(verdict):
+        features = tightened(features, route_policy, checks.content)
+    return decide(features, snap, route_policy), verdict
 
 
 @dataclass
@@ -238,34 +287,68 @@ class Group:
     snapshot: Snapshot
     table: str
     cases: list[dict[str, Any]]
+    content: ContentPolicy | None = None
 
 
-def random_group(rng: random.Random, requests: int) -> Group:
+def random_group(rng: random.Random, requests: int, content_focus: bool = False) -> Group:
+    """``content_focus``: a hot cluster, every route asking for content checks and most requests
+    labelled public, so that many would leave and have their text read."""
     config = SpillwayConfig.model_validate(random_config(rng))
     policy = build_policy(config)
-    snap = random_snapshot(rng, policy)
+    content = content_policy(config)
+    snap = hot_snapshot(rng, policy) if content_focus else random_snapshot(rng, policy)
     wiring = {t.name: decision_table.TargetWiring(f"{t.name}:mac") for t in config.targets}
-    table = decision_table.encode(decision_table.build_table(policy, snap, wiring, 1, 0.0)).decode()
+    built = decision_table.build_table(policy, snap, wiring, 1, 0.0, content=content)
+    table = decision_table.encode(built).decode()
     cases = []
     for _ in range(requests):
         request = random_request(rng, config.residency.header)
+        route = random_route(rng, policy)
+        if content_focus:
+            route["content_checks"] = True
+            route.pop("on_prem_only", None)
+            request["headers"][config.residency.header.lower()] = rng.choice(("public", "public", "internal"))
         cases.append(
             {
                 **request,
-                "route": random_route(rng, policy),
+                "route": route,
                 "in_flight": {n: s.in_flight for n, s in snap.targets.items()},
                 "tenant_in_flight": {n: s.in_flight for n, s in snap.tenants.items()},
             }
         )
-    return Group(policy, snap, table, cases)
+    return Group(policy, snap, table, cases, content)
+
+
+def bodies_group(config: dict[str, Any], bodies: list[tuple[bytes, dict[str, str]]]) -> Group:
+    """One public request per body on a hot cluster whose route reads every request's text."""
+    validated = SpillwayConfig.model_validate(config)
+    policy, content = build_policy(validated), content_policy(validated)
+    snap = hot_snapshot(random.Random(0), policy)
+    wiring = {t.name: decision_table.TargetWiring(f"{t.name}:mac") for t in validated.targets}
+    built = decision_table.build_table(policy, snap, wiring, 1, 0.0, content=content)
+    cases = [
+        {
+            "uri": "/v2/models/add_sub/infer",
+            "headers": {"x-data-classification": "public", **headers},
+            "args": {},
+            "body": base64.b64encode(body).decode(),
+            "route": {"content_checks": True},
+            "in_flight": {},
+            "tenant_in_flight": {},
+        }
+        for body, headers in bodies
+    ]
+    return Group(policy, snap, decision_table.encode(built).decode(), cases, content)
 
 
 def expected(group: Group, case: dict[str, Any]) -> dict[str, Any]:
     try:
-        d = python_decision(case, case["route"], group.policy, group.snapshot)
+        d, verdict = python_decision(case, case["route"], group.policy, group.snapshot, group.content)
     except PathError:
         return {"refused": True}
     return {
+        "read": verdict is not None,
+        "content": None if verdict is None else verdict.label,
         "target": d.target,
         "label": d.label,
         "status": d.status,

@@ -11,6 +11,7 @@ from devtools import apisix
 from devtools import prometheus as prometheus_server
 from devtools.redis import INSTALL_HINT
 from tests.conftest import SKIPS_KEPT_IN_CI, missing_set_up_component, why_not_skipped_in_ci
+from tests.image_support import MISSING_TOOLS
 from tests.test_demo_report_browser import needs_chromium
 
 TESTS = Path(__file__).resolve().parent
@@ -42,6 +43,7 @@ def test_every_skip_reason_in_the_suite_is_known_to_ci(
         INSTALL_HINT: "redis-server (apt)",
         prometheus_server.INSTALL_HINT: "prometheus (apt)",
         needs_chromium.kwargs["reason"]: "Chromium (apt)",
+        MISSING_TOOLS: "buildah, podman and mmdebstrap (apt)",
     }
     for reason, component in made_at_run_time.items():
         assert missing_set_up_component(reason) == component, reason

@@ -112,7 +112,7 @@ def test_the_on_prem_cluster_costs_its_gpus_by_the_hour_shared_among_runners() -
         clock,
         local={"cost": {"gpus": 4, "usd_per_gpu_hour": 2.5}, "model_latency_targets_ms": {"add_sub": 50}},
     )
-    state.cost_share = 0.5  # one of two runners
+    state.metrics.cost.share = 0.5  # one of two runners
     clock.now += 3600
     state.refresh_gauges()
     metrics = generate_latest(state.metrics.registry).decode()

@@ -4,10 +4,11 @@ residency rule keeps home is given a cloud target by the Lua side.
 
 The cases go through a test-only plugin (``tests/lua/apisix/plugins/spillway-cases.lua``) that runs
 the plugin's own modules on each: the table as the runner encodes it, parsed and compiled by the
-plugin; the route's overrides; the request's features; the decision. Thousands of cases per request
-keep CI time sane. Not covered: invoke mode (the fast path serves upstream-mode targets only) and
-the plugin's reservation of cap, budget and probe (counted in the shared dict, exercised on the
-route by ``test_apisix_fast_path``).
+plugin; the route's overrides; the request's features; its body's text read where the route or a
+rule asks for content checks; the decision. Thousands of cases per request keep CI time sane. Not
+covered: invoke mode (the fast path serves upstream-mode targets only) and the plugin's reservation
+of cap, budget and probe (counted in the shared dict, exercised on the route by
+``test_apisix_fast_path``).
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.apisix_fast_route import lua_path
 from gateway_plugin.routing import decision_table
+from gateway_plugin.routing.content import HEADER_JSON_LENGTH, Unscannable
 from gateway_plugin.routing.policy import LOCAL, SHED, Reason, RequestFeatures, may_leave
 from gateway_plugin.routing.spillway import RouteOverrides, _route_policy
 from tests.apisix_support import needs_apisix
-from tests.fast_path_cases import Group, expected, random_group
+from tests.fast_path_cases import Group, bodies_group, expected, random_group
 from tests.support import ROOT, http
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
 SEED = 20261201
 GROUPS, PER_GROUP, PER_BATCH = 400, 48, 50  # 19,200 cases in eight requests
+CONTENT_GROUPS = 200  # 9,600 more on a hot cluster, every route reading its requests' text
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +76,10 @@ def _leaves_allowed(group: Group, case: dict[str, object]) -> bool:
 def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apisix.Apisix) -> None:
     rng = random.Random(SEED)
     groups = [random_group(rng, PER_GROUP) for _ in range(GROUPS)]
+    groups += [random_group(rng, PER_GROUP, content_focus=True) for _ in range(CONTENT_GROUPS)]
     checked, cloud, kept, refused = 0, 0, 0, 0
     labels: set[str] = set()
+    found: dict[str, int] = {}
     mismatches: list[str] = []
     for start in range(0, len(groups), PER_BATCH):
         batch = groups[start : start + PER_BATCH]
@@ -90,9 +95,14 @@ def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apis
                 if "refused" in got:
                     refused += 1
                     continue
+                if got["read"]:
+                    found[str(got["content"])] = found.get(str(got["content"]), 0) + 1
                 if got["target"] not in (LOCAL, SHED):
                     cloud += 1
                     assert _leaves_allowed(group, case), f"Lua sent an on-prem-only request out: {case}"
+                    assert not (got["read"] and _kept_by_content(group, got)), (
+                        f"text matched, sent out: {case}"
+                    )
                 kept += bool(got["residency_kept"])
                 labels.add(str(got["label"]).partition(":")[0])
     assert not mismatches, f"{len(mismatches)} of {checked} differ; first:\n" + "\n".join(mismatches[:5])
@@ -101,6 +111,107 @@ def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apis
     assert cloud > 500 and kept > 500 and refused > 500, (cloud, kept, refused)
     every = {r.value for r in Reason} - {Reason.INVOKE_FAILED.value}
     assert every | {"rule", "residency+local_saturated", "no_target+local_saturated"} <= labels, labels
+    # Read bodies reach every verdict: each built-in and some operator pattern found, each reason a
+    # text could not be read, and nothing found.
+    every_verdict = {"card", "iban", "email", "phone", "None", *(f"unscannable:{r}" for r in Unscannable)}
+    assert every_verdict <= set(found), found
+    assert any(k.startswith("p") for k in found), found
+
+
+def _framed(body: bytes, **headers: str) -> tuple[bytes, dict[str, str]]:
+    return body, {"content-length": str(len(body)), **headers}
+
+
+def _tensor(*texts: str, datatype: str = "BYTES") -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "t", "datatype": datatype, "shape": [1], "data": list(texts)}]}
+    ).encode()
+
+
+DEEP = b'{"inputs": [], "deep": ' + b"[" * 31 + b"1" + b"]" * 31 + b"}"  # 32 levels: the most read
+# Bodies where two JSON decoders could part, each with the verdict both must reach.
+BODIES: dict[str, tuple[tuple[bytes, dict[str, str]], str | None]] = {
+    "a card": (_framed(_tensor("pay 4111 1111 1111 1111")), "card"),
+    "a card as an escape": (
+        _framed(b'{"inputs":[{"datatype":"BYTES","data":["\\u0034111111111111111"]}]}'),
+        "card",
+    ),
+    "numbers only": (_framed(_tensor("4111111111111111", datatype="FP32")), None),
+    "a number JSON allows not (1.)": (_framed(b'{"n": 1., "inputs": []}'), "unscannable:not_json"),
+    "a number JSON allows not (-.5)": (_framed(b'{"n": -.5, "inputs": []}'), "unscannable:not_json"),
+    "a number JSON allows not (1.e5)": (_framed(b'{"n": [1.e5], "inputs": []}'), "unscannable:not_json"),
+    "a dot inside a string": (_framed(b'{"p": "1. -.5", "inputs": []}'), None),
+    "NaN": (_framed(b'{"n": NaN}'), "unscannable:not_json"),
+    "a hex number": (_framed(b'{"n": 0x10}'), "unscannable:not_json"),
+    "a leading zero": (_framed(b'{"n": 01}'), "unscannable:not_json"),
+    "an integer of 5000 digits": (_framed(b'{"n": ' + b"9" * 5000 + b', "inputs": []}'), None),
+    "1e999": (_framed(b'{"n": 1e999}'), None),
+    "invalid UTF-8": (_framed(b'{"p": "\xff"}'), "unscannable:not_json"),
+    "an encoded surrogate": (_framed(b'{"p": "\xed\xa0\x80"}'), "unscannable:not_json"),
+    "a lone surrogate escape": (_framed(b'{"p": "\\ud800"}'), "unscannable:not_json"),
+    "a surrogate pair": (_framed(b'{"p": "\\ud83d\\ude00"}'), None),
+    "a raw NUL after the object": (_framed(b"{}\x00garbage"), "unscannable:not_json"),
+    "a raw NUL in a string": (_framed(b'{"p": "a\x00b"}'), "unscannable:not_json"),
+    "an escaped NUL": (_framed(b'{"parameters": {"p": "a\\u0000b a@b.org"}}'), "email"),
+    "control characters in a string": (_framed(b'{"parameters": {"p": "\x01 a@b.org \x1f"}}'), "email"),
+    "a BOM": (_framed(b"\xef\xbb\xbf{}"), "unscannable:not_json"),
+    "an array at the top": (_framed(b'[{"parameters": {"p": "a@b.org"}}]'), "unscannable:not_json"),
+    "trailing garbage": (_framed(b"{} x"), "unscannable:not_json"),
+    "JSON whitespace around": (_framed(b' \t\r\n{"parameters": {"p": "a@b.org"}}\n'), "email"),
+    "32 levels": (_framed(DEEP), None),
+    "33 levels": (_framed(DEEP.replace(b"[1]", b"[[1]]")), "unscannable:not_json"),
+    "a duplicate key, the last clean": (
+        _framed(b'{"inputs": [{"datatype": "BYTES", "data": ["4111111111111111"]}], "inputs": []}'),
+        None,
+    ),
+    "text in a binary BYTES tensor": (
+        _framed(b'{"inputs": [{"datatype": "BYTES", "parameters": {"binary_data_size": 20}}]}'),
+        "unscannable:binary_text",
+    ),
+    "the binary part is not read": (
+        _framed(b'{"inputs": []}4111111111111111', **{HEADER_JSON_LENGTH: "14"}),
+        None,
+    ),
+    "the JSON header is": (
+        _framed(
+            _tensor("a@b.org") + b"\x00\xff",
+            **{"inference-header-content-length": str(len(_tensor("a@b.org")))},
+        ),
+        "email",
+    ),
+    "a JSON header longer than the body": (
+        _framed(b"{}", **{HEADER_JSON_LENGTH: "3"}),
+        "unscannable:not_json",
+    ),
+    "no size (chunked)": ((_tensor("x"), {"transfer-encoding": "chunked"}), "unscannable:unknown_size"),
+    "over the bound": (_framed(_tensor("x" * 70000)), "unscannable:too_large"),
+    "no body": ((b"", {}), None),
+}
+
+
+def test_python_and_lua_read_the_same_bodies_alike(gateway: apisix.Apisix) -> None:
+    """Where the runner's and the plugin's JSON decoders differ (numbers strtod reads and JSON does
+    not, NUL bytes, surrogates, depth, UTF-8), both reach the same verdict, and it is the one named."""
+    config = {
+        "local": {"latency_target_ms": 200},
+        "targets": [{"name": "aws", "kind": "http", "url": "http://127.0.0.1:1", "cold_start_ms": 0}],
+    }
+    group = bodies_group(config, [framed for framed, _ in BODIES.values()])
+    (answer,) = _lua(gateway, [group])
+    for (what, (_, verdict)), case, got in zip(BODIES.items(), group.cases, answer["results"], strict=True):  # type: ignore[call-overload]
+        want = expected(group, case)
+        got["cost_usd"] = float(got["cost_usd"])
+        assert got == want, f"{what}: python {want}, lua {got}"
+        assert got["read"] and got["content"] == verdict, f"{what}: {got}"
+        assert got["target"] == ("local" if verdict is not None else "aws"), f"{what}: {got}"
+
+
+def _kept_by_content(group: Group, got: dict[str, object]) -> bool:
+    verdict = str(got["content"])
+    assert group.content is not None
+    return got["content"] is not None and (
+        not verdict.startswith("unscannable:") or group.content.unscannable_stays
+    )
 
 
 def test_the_plugin_lives_where_apisix_lua_path_says() -> None:

@@ -46,7 +46,7 @@ def test_a_malformed_part_of_a_summary_costs_only_itself_and_is_counted(
     assert summary.tenants == {tenant_key(long): (1, 0.1), "t1": (2, 0.0)}
     assert summary.instances == {"aws": {"i-1": False}}
     assert [r.model_dump() for r in summary.residency] == [
-        {"path": None, "model": None, "classification": "pii"}
+        {"path": None, "model": None, "classification": "pii", "content": None}
     ]
     with caplog.at_level("WARNING", "spillway.fast_path"):
         apply_outcomes(state, summary)

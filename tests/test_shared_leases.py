@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway_plugin.routing.leases import Lease, SharedBreaker, Slots, usd_units
+from gateway_plugin.routing.leases import Comeback, Lease, SharedBreaker, Slots, usd_units
 from gateway_plugin.routing.policy import BreakerState
 
 WALL = 3600 * 100 + 10.0
@@ -77,6 +77,60 @@ def test_a_new_window_starts_empty() -> None:
     assert held.leased == 0, "an answer about the previous window changes nothing"
 
 
+def test_back_from_alone_a_lease_asks_for_nothing_and_holds_its_share_until_settled() -> None:
+    held = lease(limit=1000, block=100, share=4)
+    held.request(WALL)
+    held.granted(held.window, mine=100, total=600)
+    held.take(30, WALL)
+    asked = held.request(WALL, back=WALL)
+    assert asked is not None and (asked["claim"], asked["want"], asked["hold"]) == (100, 0, 100), (
+        "its claim, no block, and the rest of its alone share (100 + 400 / 4) held"
+    )
+    held.granted(held.window, mine=100, total=700, held=100)
+    assert held.remaining(WALL, connected=True) == 200 - 30, "back, it spends its alone share"
+    assert held.take(150, WALL) is False, "and asks for no block until settled"
+    asked = held.request(WALL)
+    assert asked is not None and (asked["claim"], asked["hold"]) == (200, 0), (
+        "settled: a block of what is left of its share stays (spent 180, so 200), the hold goes"
+    )
+    held.granted(held.window, mine=200, total=600, held=0)
+    assert held.remaining(WALL, connected=True) == 20 and held.request(WALL) is not None, "low: a block"
+
+
+def test_a_lease_made_after_the_node_came_back_gets_no_alone_share() -> None:
+    made = lease(limit=1000, share=4)
+    asked = made.request(WALL, back=WALL - 1)
+    assert asked is not None and (asked["claim"], asked["want"], asked["hold"]) == (0, 0, 0)
+    assert made.remaining(WALL, connected=True) == 0, "never answered: nothing to spend until settled"
+
+
+def test_a_store_that_lost_its_data_keeps_a_node_to_what_it_was_leased() -> None:
+    held = lease(limit=1000, block=100, share=4)
+    held.request(WALL)
+    held.granted(held.window, mine=100, total=600)
+    held.keep_to_claim()
+    assert held.remaining(WALL, connected=True) == 100
+    asked = held.request(WALL, back=WALL)
+    assert asked is not None and (asked["claim"], asked["want"], asked["hold"]) == (100, 0, 0), (
+        "no share of what was left"
+    )
+
+
+def test_a_node_back_settles_once_as_many_nodes_as_share_told_their_claims() -> None:
+    way = Comeback(share=3)
+    assert not way.away(connected=False), "not yet reached: the first round is no way back"
+    assert not way.answered(WALL, away=False, now=5_000, told=1, born=4_000)
+    assert way.away(connected=False)
+    assert not way.answered(WALL, away=True, now=6_000, told=1, born=4_000)
+    assert way.back == WALL and way.asked() == {"since": 6_000, "born": 4_000}
+    way.answered(WALL, away=False, now=6_100, told=2, born=4_000)
+    assert way.back == WALL, "two of three told since"
+    way.answered(WALL, away=False, now=6_200, told=3, born=4_000)
+    assert way.back is None and way.asked()["since"] == 0
+    assert way.answered(WALL + 1, away=False, now=9_000, told=1, born=8_500), "a store born again"
+    assert way.back == WALL + 1 and way.since == 9_000
+
+
 @given(
     st.integers(1, 10_000),
     st.integers(1, 8),
@@ -112,9 +166,9 @@ def test_slots_connected_and_alone() -> None:
     assert slots.request(in_flight=0) == asked, "unanswered: asked again"
     slots.granted(2, others_busy=5)
     assert slots.request(in_flight=0) is None, "nothing changed"
-    assert slots.allowed(connected=True) == 2
-    assert slots.allowed(connected=False) == 3
-    assert Slots("t", cap=2, block=1, share=5).allowed(connected=False) == 1, "never less than one"
+    assert slots.allowed(together=True) == 2
+    assert slots.allowed(together=False) == 3
+    assert Slots("t", cap=2, block=1, share=5).allowed(together=False) == 1, "never less than one"
     asked = slots.request(in_flight=9)
     assert asked is not None and asked["want"] == 10, "never more than the cap"
 

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from gateway_plugin.config.audit import AuditSettings
 from gateway_plugin.config.cluster import LocalCluster, LocalCost, LocalEndpoint
+from gateway_plugin.config.content import ContentChecks
 from gateway_plugin.config.model import Model
 from gateway_plugin.config.policy import (
     BreakerSettings,
@@ -45,6 +46,7 @@ __all__ = [
     "BreakerSettings",
     "Budgets",
     "ConfigError",
+    "ContentChecks",
     "LocalCluster",
     "LocalCost",
     "LocalEndpoint",
@@ -79,6 +81,10 @@ class SpillwayConfig(Model):
     targets: list[Target] = Field(default_factory=list)
     rules: list[Rule] = Field(default_factory=list)
     residency: Residency = Field(default_factory=Residency)
+    content: ContentChecks = Field(
+        default_factory=ContentChecks,
+        description="what keeps a request home by its text (routes and rules with content_checks)",
+    )
     overflow: Overflow = Field(default_factory=Overflow)
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     budgets: Budgets = Field(default_factory=Budgets)
@@ -113,6 +119,11 @@ class SpillwayConfig(Model):
         for section, named in (("simulation", self.simulation.targets), ("warmup", self.warmup.targets)):
             if set(named) - set(names):
                 raise ValueError(f"{section} names unknown targets {sorted(set(named) - set(names))}")
+        if self.content.classify_as.strip().lower() in {c.lower() for c in self.residency.cloud_allowed}:
+            raise ValueError(
+                f"content.classify_as {self.content.classify_as!r} is a class residency.cloud_allowed lets "
+                "leave: a request whose text matched must stay home; name a class that may not leave"
+            )
         if self.residency.consumer_ceilings and self.tenants.source != "consumer":
             raise ValueError(
                 "residency.consumer_ceilings needs tenants.source: consumer (else no consumer is known)"

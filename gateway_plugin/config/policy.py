@@ -42,6 +42,11 @@ class Rule(Model):
         description="local: stay; overflow: local until the load says otherwise; target: cloud first; shed"
     )
     targets: list[str] = Field(default_factory=list, description="fallback chain, first eligible wins")
+    content_checks: bool = Field(
+        default=False,
+        description="read the text inputs of the requests this rule decides: one the content: detectors "
+        "match stays on premises",
+    )
 
 
 class Residency(Model):

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway_plugin.routing.policy import LOCAL, SHED
+
 OTHER = "other"
 NONE = "none"
 # Stands for a name that is known to be there but not which (the fast path's overflow entry): a
@@ -91,7 +93,9 @@ class TopLabels:
 
 
 class CostSeries:
-    """``spillway_requests_total`` and ``spillway_spend_usd_total`` by tenant, model and target."""
+    """``spillway_requests_total`` and ``spillway_spend_usd_total`` by tenant, model and target, and
+    what the on-prem cluster has cost (``spillway_local_cost_usd_total``). Several runners (gateways,
+    workers) each count ``share`` of the cluster's cost, so their sum is the cluster's."""
 
     def __init__(self, registry: CollectorRegistry, tenants: int, models: int) -> None:
         self.requests = Counter(
@@ -108,9 +112,38 @@ class CostSeries:
             ["tenant", "model", "target"],
             registry=registry,
         )
+        self.local_cost = Counter(
+            "spillway_local_cost_usd",
+            "What the on-prem cluster has cost since the runner started (local.cost: GPUs x price an "
+            "hour, busy or not).",
+            registry=registry,
+        )
         self.tenants = TopLabels(tenants)
         self.models = TopLabels(models)
+        self.share = 1.0
         self._children: dict[tuple[str, str, str], tuple[Counter, Counter]] = {}
+        self._accrued_at: float | None = None
+        self._local_usd = 0.0
+        self._local_requests = 0
+
+    def accrue(self, now: float, usd_per_hour: float) -> None:
+        """The cluster's cost since the last call, ``now`` on a monotonic clock."""
+        if self._accrued_at is not None and usd_per_hour > 0:
+            usd = max(0.0, now - self._accrued_at) / 3600 * usd_per_hour * self.share
+            self._local_usd += usd
+            self.local_cost.inc(usd)
+        self._accrued_at = now
+
+    def counted(self, tenant: str | None, model: str | None, target: str, count: int, usd: float) -> None:
+        """Requests decided for a tenant and model (shed ones cost nothing). Local ones weigh what
+        the cluster has cost per local request so far."""
+        if target == SHED or count <= 0:
+            return
+        if target == LOCAL:
+            self._local_requests += count
+            self.add(tenant, model, target, count, 0.0, self._local_usd / self._local_requests * count)
+        else:
+            self.add(tenant, model, target, count, usd, usd)
 
     def resize(self, tenants: int, models: int) -> None:
         """A reload may give more names a series (never fewer: those given keep theirs)."""

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from gateway_plugin.routing.content import ContentPolicy
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
 from gateway_plugin.routing.policy import (
     LocalLoad,
@@ -32,7 +33,7 @@ from gateway_plugin.routing.policy import (
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 2
+FORMAT = 3
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -102,6 +103,19 @@ def _policy(policy: Policy) -> dict[str, Any]:
     }
 
 
+def _content(content: ContentPolicy) -> dict[str, Any]:
+    return {
+        "detectors": [
+            {"name": d.name, "kind": d.kind, **({"pattern": d.pattern} if d.pattern is not None else {})}
+            for d in content.detectors
+        ],
+        "max_bytes": content.max_bytes,
+        "unscannable_stays": content.unscannable_stays,
+        "classify_as": content.classify_as,
+        "rules": sorted(content.rules),
+    }
+
+
 def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
     return {
         "fresh": load.fresh,
@@ -150,13 +164,15 @@ def build_table(
     spent_marks: Mapping[str, float] | None = None,
     decision_header: bool = True,
     caps: Mapping[str, int] | None = None,
+    content: ContentPolicy | None = None,
 ) -> dict[str, Any]:
     """The table for ``snapshot`` (every model's load, every target's state, tracked tenants).
 
     ``spent_marks``: per target, the plugin's cumulative spend counter as of the spend this
     snapshot includes; the plugin adds what it spent past the mark. ``caps``: per target, the
     concurrency cap this node may fill (its slots of a cap shared by several nodes); the
-    configured cap where absent.
+    configured cap where absent. ``content``: the detectors and the rules that ask for them
+    (``routing.content``); none where absent.
     """
     marks, node_caps = spent_marks or {}, caps or {}
     return {
@@ -165,6 +181,7 @@ def build_table(
         "built_at": built_at,
         "decision_header": decision_header,
         "policy": _policy(policy),
+        "content": _content(content or ContentPolicy()),
         "local": {model: _load(load, policy) for model, load in snapshot.local.items()},
         "targets": {
             name: _target(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_plugin.routing import decision_table
+from gateway_plugin.routing.content import Unscannable
 from gateway_plugin.routing.cost_series import UNNAMED
 from gateway_plugin.routing.fast_summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing.ledger import TenantBook
@@ -52,6 +53,9 @@ class FastPathReport(BaseModel):
     hot: dict[str, bool] = Field(default_factory=dict, max_length=MAX_KEYS)
     fail_safe: float = Field(default=0.0, ge=0)
     dropped: float = Field(default=0.0, ge=0)
+    # Requests content checks kept home, per detector, and found unreadable, per reason.
+    content: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
+    unscannable: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
     # Tables the plugin could not store (its shared dict full), and the most it can store now.
     store_failed: float = Field(default=0.0, ge=0)
     room: int | None = Field(default=None, ge=0)
@@ -60,6 +64,8 @@ class FastPathReport(BaseModel):
 @dataclass
 class _Node:
     spent: _Counters = field(default_factory=dict)
+    content: _Counters = field(default_factory=dict)
+    unscannable: _Counters = field(default_factory=dict)
     fail_safe: float = 0.0
     dropped: float = 0.0
     store_failed: float = 0.0
@@ -135,6 +141,7 @@ class FastPathBook:
             marks,
             state.decision_header,
             {name: state.cap(name) for name in state.targets},
+            state.content,
         )
 
     def _take(self, report: FastPathReport) -> _Node:
@@ -156,12 +163,30 @@ class FastPathBook:
                     state.metrics.spend.labels(name).inc(usd)
         for model, hot in report.hot.items():
             state.load.set_overflowing(model or None, hot)
+        _content_counts(state, node, report)
         state.metrics.fast_path_fail_safe.inc(_growth(report.fail_safe, node.fail_safe))
         state.metrics.fast_path_dropped.inc(_growth(report.dropped, node.dropped))
         state.metrics.fast_path_store_failed.inc(_growth(report.store_failed, node.store_failed))
         node.fail_safe, node.dropped = report.fail_safe, report.dropped
         node.store_failed = report.store_failed
         return node
+
+
+def _content_counts(state: GatewayState, node: _Node, report: FastPathReport) -> None:
+    """What the node's content checks found since its last report, under the names the config
+    knows (the metric's labels stay bounded whatever a report says)."""
+    known = {d.name for d in state.content.detectors}
+    reasons = {r.value for r in Unscannable}
+    for counts, seen, names, family in (
+        (report.content, node.content, known, state.metrics.content_matches),
+        (report.unscannable, node.unscannable, reasons, state.metrics.content_unscannable),
+    ):
+        for name, total in counts.items():
+            if name in names:
+                grown = _growth(total, seen.get(name, 0.0))
+                seen[name] = total
+                if grown > 0:
+                    family.labels(name).inc(grown)
 
 
 def _labels(state: GatewayState) -> set[str]:
@@ -201,12 +226,16 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
         target, _, rest = key.partition("\t")
         tenant, _, model = rest.partition("\t")
         if target in state.targets or target == LOCAL:
-            state.counted(tenant_key(tenant) if tenant else None, model or None, target, count, usd)
+            state.metrics.cost.counted(
+                tenant_key(tenant) if tenant else None, model or None, target, count, usd
+            )
     for target, (count, usd) in summary.usage_other.items():
         if target in state.targets or target == LOCAL:
-            state.counted(UNNAMED, UNNAMED, target, count, usd)
+            state.metrics.cost.counted(UNNAMED, UNNAMED, target, count, usd)
     for kept in summary.residency:
-        seen = {"event": "residency_kept", **kept.model_dump(), "via": "fast_path"}
+        seen = {"event": "residency_kept", **kept.model_dump(exclude={"content"}), "via": "fast_path"}
+        if kept.content is not None:
+            seen["content"] = kept.content
         residency_log.info(json.dumps(seen))
     for model, sent in summary.sent_local.items():
         state.load.sent_local_many(model or None, sent)

@@ -24,6 +24,7 @@ class KeptHome(BaseModel):
     path: _Text | None = None
     model: _Text | None = None
     classification: _Text | None = None
+    content: _Text | None = None
 
 
 _COUNT: TypeAdapter[int] = TypeAdapter(_Count)
@@ -115,7 +116,7 @@ def _kept_home(residency: list[Any]) -> tuple[list[dict[str, str | None]], int]:
         if not isinstance(raw, dict):
             lost += 1
             continue
-        texts = {name: _text(raw.get(name)) for name in ("path", "model", "classification")}
+        texts = {name: _text(raw.get(name)) for name in ("path", "model", "classification", "content")}
         lost += sum(1 for name, text in texts.items() if text is None and raw.get(name) is not None)
         kept.append(texts)
     return kept, lost

@@ -6,9 +6,13 @@ shares of each limit ahead of use, so no two nodes can spend the same unit:
 - ``Lease``: a windowed limit (a budget in nano-dollars, requests per minute). A node is leased
   blocks of it; it may spend what it was leased. All leases together never exceed the limit, so
   while the store answers the limit holds exactly. Away from the store, a node may also spend
-  ``1/share`` of what was left at its last round; back, it claims what it spent beyond its
-  leases. Claims are a node's own field, set to the larger value, never added, so a claim sent
-  twice (a reply lost) counts once.
+  ``1/share`` of what was left at its last round (its alone share); back, it claims what it spent
+  beyond its leases. Claims are a node's own field, set to the larger value, never added, so a
+  claim sent twice (a reply lost) counts once. A node back is leased nothing more until every
+  node has told the store its claims since (the others may have spent their alone shares, which
+  a store that lost its data, or never heard of them, cannot count); meanwhile it goes on with
+  its own alone share and holds in the store what it has not spent of it, so that no one else is
+  leased that either. Settled, it keeps a block of that share at most and gives back the rest.
 - ``Slots``: a concurrency cap. A node holds slots, all nodes together at most the cap, and
   dispatches only while its in-flight count is under what it holds; away, it holds
   ``cap // share`` (at least one).
@@ -21,7 +25,7 @@ Plain values, no I/O: ``shared_state`` builds the rounds, the store runs them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_plugin.routing.policy import BreakerState
@@ -54,6 +58,8 @@ class Lease:
     starts: float = 0.0
     ends: float = 0.0
     known: bool = False
+    entitled: int = -1  # back from being alone, not yet settled: the most it may spend (else -1)
+    held: int = 0  # what the store holds for this node beyond its claim, as last told
 
     def roll(self, wall: float) -> None:
         if self.starts <= wall < self.ends:
@@ -62,58 +68,115 @@ class Lease:
         self.starts, self.ends = window * self.window_s, (window + 1) * self.window_s
         if window != self.window:
             self.window, self.leased, self.spent, self.total = window, 0, 0, 0
+            self.entitled, self.held = -1, 0
+
+    def alone_share(self) -> int:
+        """What this node may spend in the window away from the store: its leases plus
+        ``1/share`` of what was left at its last round."""
+        return self.leased + max(0, self.limit - max(self.total, self.leased)) // self.share
 
     def remaining(self, wall: float, connected: bool) -> int:
         """What this node may still spend in the current window."""
         if not self.starts <= wall < self.ends:
             self.roll(wall)
+        if self.entitled >= 0:
+            return self.entitled - self.spent
         if connected:
             return self.leased - self.spent
-        return self.leased + max(0, self.limit - max(self.total, self.leased)) // self.share - self.spent
+        return self.alone_share() - self.spent
 
     def take(self, units: int, wall: float) -> bool:
         """Spend ``units``; whether the node should ask for more now (below half a block)."""
         if not self.starts <= wall < self.ends:
             self.roll(wall)
         self.spent += units
+        if self.entitled >= 0:
+            return False
         return self.leased - self.spent < self.block // 2 + 1 and self.total < self.limit
 
-    def request(self, wall: float, release: bool = False) -> dict[str, Any] | None:
+    def request(self, wall: float, release: bool = False, back: float | None = None) -> dict[str, Any] | None:
         """This lease's part of a round: a claim for what was spent beyond the leases, and a block
-        when less than half a block is left; ``release`` hands back what is unused (at exit)."""
+        when less than half a block is left; ``release`` hands back what is unused (at exit).
+        ``back``: when this node found the store again, while not every node has told its claims
+        since; a lease whose window was open then asks for nothing, spends its alone share and
+        holds the rest of it in the store."""
         self.roll(wall)
         claim = max(self.leased, self.spent)
         if release:
-            return {
-                "key": f"{self.key}:{self.window}",
-                "limit": self.limit,
-                "claim": self.spent,
-                "want": 0,
-                "release": 1,
-                "ttl_ms": self.window_s * 1000,
-            }
+            return self._asked(self.spent, 0, release=1)
+        if back is not None and self.starts <= back:
+            if self.entitled < 0:  # a lease never answered may have been made since: no share
+                self.entitled = max(self.alone_share(), claim) if self.known else claim
+            self.held = max(0, self.entitled - claim)
+            return self._asked(claim, 0, self.held)
+        if self.entitled >= 0:  # every node has told its claims: of the alone share, a block stays
+            self.leased = claim = max(claim, min(self.entitled, self.spent + self.block))
+            self.entitled = -1
         want = self.block if claim - self.spent < self.block // 2 + 1 else 0
-        if want == 0 and claim == self.leased:
+        if want == 0 and claim == self.leased and self.held == 0:
             return None
+        return self._asked(claim, want)
+
+    def _asked(self, claim: int, want: int, hold: int = 0, release: int = 0) -> dict[str, Any]:
         return {
             "key": f"{self.key}:{self.window}",
             "limit": self.limit,
             "claim": claim,
             "want": want,
-            "release": 0,
+            "hold": hold,
+            "release": release,
             "ttl_ms": self.window_s * 1000,
         }
 
-    def granted(self, window: int, mine: int, total: int, before: int = 0) -> None:
-        """The store's answer: this node's leases in the window, all nodes' together, and this
-        node's claim as it stood before this round. The first answer a lease gets counts that
-        earlier claim as spent: a lease made anew (a reload, a tenant forgotten and seen again)
-        never spends again what an earlier one of this node was granted."""
+    def keep_to_claim(self) -> None:
+        """The store lost what this node told it (it restarted empty) while the node was not deciding
+        alone: until settled, the node spends no more than it had been leased."""
+        if self.entitled < 0:
+            self.entitled = max(self.leased, self.spent)
+
+    def granted(self, window: int, mine: int, total: int, before: int = 0, held: int = 0) -> None:
+        """The store's answer: this node's leases in the window, all nodes' together (holds
+        included), this node's claim as it stood before this round, and what it now holds. The
+        first answer a lease gets counts that earlier claim as spent: a lease made anew (a reload,
+        a tenant forgotten and seen again) never spends again what an earlier one of this node
+        was granted."""
         if window == self.window:
             if not self.known:
                 self.spent += before
                 self.known = True
-            self.leased, self.total = mine, total
+            self.leased, self.total, self.held = mine, total, held
+
+
+@dataclass
+class Comeback:
+    """This node's way back to the store. Back from deciding alone, or finding a store that lost
+    what the node told it (restarted empty: a new ``born``), the node is leased nothing more until
+    ``share`` nodes have each told the store all their claims since it came back (``told``, counted
+    by the store on its own clock): the others may have spent alone what the store has not heard
+    of yet, and a block leased on top of that would be spent twice."""
+
+    share: int
+    reached: bool = False  # a round has been answered since start
+    back: float | None = None  # the wall time this node came back, until settled
+    since: int = 0  # the store's clock (ms) then
+    born: int = 0  # the store's clock when it first answered with no state: which store this is
+
+    def away(self, connected: bool) -> bool:
+        """Whether a round sent now is this node's way back from deciding alone."""
+        return self.reached and not connected
+
+    def asked(self) -> dict[str, int]:
+        return {"since": self.since if self.back is not None else 0, "born": self.born}
+
+    def answered(self, wall: float, away: bool, now: int, told: int, born: int) -> bool:
+        """A round's answer; whether it shows a store that lost what this node told it."""
+        lost = self.born != 0 and born != self.born
+        self.born, self.reached = born, True
+        if away or lost:
+            self.back, self.since = wall, now
+        elif self.back is not None and told >= self.share:
+            self.back = None
+        return lost
 
 
 class Limits:
@@ -139,6 +202,37 @@ class Limits:
 
 
 @dataclass
+class Asked:
+    """A round's lines for leases and slots, and the lease or slots each line is for."""
+
+    leases: list[dict[str, Any]] = field(default_factory=list)
+    lease_refs: list[Lease] = field(default_factory=list)
+    slots: list[dict[str, Any]] = field(default_factory=list)
+    slot_refs: list[Slots] = field(default_factory=list)
+
+    def add(
+        self, limits: Limits, busy: int, wall: float, release: bool, back: float | None, always: bool = False
+    ) -> None:
+        """What ``limits`` has to tell or ask (``busy``: its in-flight count; ``back``: see
+        ``Lease.request``)."""
+        for lease in limits.leases():
+            asked = lease.request(wall, release, back)
+            if asked is not None:
+                self.leases.append(asked)
+                self.lease_refs.append(lease)
+        slots = limits.slots
+        if slots is not None:
+            line = (
+                {"key": slots.key, "cap": slots.cap, "want": 0, "busy": 0}
+                if release
+                else slots.request(busy, always, back is not None)
+            )
+            if line is not None:
+                self.slots.append(line)
+                self.slot_refs.append(slots)
+
+
+@dataclass
 class Slots:
     key: str
     cap: int
@@ -148,14 +242,16 @@ class Slots:
     others_busy: int = 0
     asked: int = -1
 
-    def allowed(self, connected: bool) -> int:
-        """Slots this node may fill."""
-        return self.held if connected else max(1, self.cap // self.share)
+    def allowed(self, together: bool) -> int:
+        """Slots this node may fill: those it holds while it decides with the store (connected,
+        and settled if it came back), else its share of the cap."""
+        return self.held if together else max(1, self.cap // self.share)
 
-    def request(self, in_flight: int, always: bool = False) -> dict[str, Any] | None:
+    def request(self, in_flight: int, always: bool = False, settling: bool = False) -> dict[str, Any] | None:
         """Ask for in-flight plus a block (the cap at most); nothing when that is already asked,
-        unless ``always`` (a target's slots come in every round, with the others' busy counts)."""
-        want = min(self.cap, in_flight + self.block)
+        unless ``always`` (a target's slots come in every round, with the others' busy counts).
+        ``settling`` (back, not yet settled): ask to hold the share of the cap it fills meanwhile."""
+        want = min(self.cap, max(in_flight, self.allowed(False)) if settling else in_flight + self.block)
         if want == self.held and want == self.asked and not always:
             return None
         self.asked = want

@@ -71,6 +71,20 @@ class RunnerMetrics:
             "Requests a rule would have sent out but residency kept on premises.",
             registry=r,
         )
+        self.content_matches = Counter(
+            "spillway_content_matches",
+            "Requests that would have left and whose text a content detector matched (the first that "
+            "did, in order): kept on premises.",
+            ["detector"],
+            registry=r,
+        )
+        self.content_unscannable = Counter(
+            "spillway_content_unscannable",
+            "Requests that would have left and whose text could not be read (too_large, unknown_size, "
+            "not_json, binary_text); content.unscannable says whether they stayed.",
+            ["reason"],
+            registry=r,
+        )
         self.local_wait = Gauge(
             "spillway_local_wait_seconds",
             "Estimated wait of a new request on the cluster.",
@@ -179,12 +193,6 @@ class RunnerMetrics:
             registry=r,
         )
         self.cost = CostSeries(r, tenants=20, models=20)
-        self.local_cost = Counter(
-            "spillway_local_cost_usd",
-            "What the on-prem cluster has cost since the runner started (local.cost: GPUs x price an "
-            "hour, busy or not).",
-            registry=r,
-        )
         self.local_cost_rate = Gauge(
             "spillway_local_cost_usd_per_hour", "What the on-prem cluster costs an hour.", registry=r
         )

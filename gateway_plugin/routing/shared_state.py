@@ -18,7 +18,16 @@ from typing import Any, NamedTuple
 
 from gateway_plugin.config import SharedState, SpillwayConfig
 from gateway_plugin.routing.breakers import Breaker
-from gateway_plugin.routing.leases import Lease, Limits, SharedBreaker, Slots, lease_block, usd_units
+from gateway_plugin.routing.leases import (
+    Asked,
+    Comeback,
+    Lease,
+    Limits,
+    SharedBreaker,
+    Slots,
+    lease_block,
+    usd_units,
+)
 from gateway_plugin.routing.policy import (
     SHED,
     BreakerState,
@@ -44,11 +53,14 @@ def _tenant_key(tenant: str) -> str:
 
 class Round(NamedTuple):
     """One exchange with the store: what is sent, and which of this node's leases and slots each
-    line of the answer belongs to."""
+    line of the answer belongs to; when (``wall``), and whether the node was deciding alone as it
+    sent it (``away``: an answer brings it back)."""
 
     payload: dict[str, Any]
     leases: list[Lease]
     slots: list[Slots]
+    wall: float = 0.0
+    away: bool = False
 
 
 class SharedView:
@@ -64,6 +76,7 @@ class SharedView:
         self.node = node
         self.share = share or settings.nodes_expected
         self.connected = False
+        self.comeback = Comeback(self.share)
         self.wake: Callable[[], None] = lambda: None
         self.breakers: dict[str, SharedBreaker] = {}
         self.targets: dict[str, Limits] = {}
@@ -114,13 +127,13 @@ class SharedView:
         block = lease_block(limit, self.share, self.settings.lease_share, unit)
         lease = Lease(key, window_s, limit, block, self.share)
         if old is not None and old.key == key:
-            lease.window, lease.leased, lease.spent, lease.total, lease.known = (
+            lease.window, lease.leased, lease.spent, lease.total = (
                 old.window,
                 old.leased,
                 old.spent,
                 old.total,
-                old.known,
             )
+            lease.known, lease.entitled, lease.held = old.known, old.entitled, old.held
         return lease
 
     def _slots(self, old: Slots | None, key: str, cap: int | None) -> Slots | None:
@@ -165,7 +178,7 @@ class SharedView:
         warm = max(warm, self.warm.get(name, 0))
         slots = limits.slots
         if slots is not None:
-            shown = in_flight + slots.cap - (slots.held if connected else max(1, slots.cap // slots.share))
+            shown = in_flight + slots.cap - slots.allowed(self._together())
             warm -= in_flight + (slots.others_busy if connected else 0) - shown
             in_flight = shown
         hour, day = limits.hour, limits.day
@@ -207,7 +220,7 @@ class SharedView:
         if minute is not None:
             requests = minute.limit - minute.remaining(wall, connected)
         if slots is not None:
-            in_flight += slots.cap - slots.allowed(connected)
+            in_flight += slots.cap - slots.allowed(self._together())
         return TenantState(
             requests,
             in_flight,
@@ -263,7 +276,11 @@ class SharedView:
     def cap(self, target: str) -> int | None:
         """The part of the target's concurrency cap this node may fill now (its slots)."""
         slots = self.targets[target].slots
-        return None if slots is None else slots.allowed(self.connected)
+        return None if slots is None else slots.allowed(self._together())
+
+    def _together(self) -> bool:
+        """Whether this node fills the slots the store gave it: connected, and settled if back."""
+        return self.connected and self.comeback.back is None
 
     def _wake_if(self, more: bool) -> None:
         if more and self.connected:
@@ -294,20 +311,19 @@ class SharedView:
         self, wall: float, in_flight: dict[str, int], tenants_in_flight: dict[str, int], release: bool = False
     ) -> Round:
         settings, breaker = self.settings, self.config.breaker
-        leases: list[dict[str, Any]] = []
-        lease_refs: list[Lease] = []
-        slots: list[dict[str, Any]] = []
-        slot_refs: list[Slots] = []
+        away = self.comeback.away(self.connected) and not release
+        if away:  # every lease tells its claim and holds its share: the tenants' too
+            self.dirty.update(self.tenants)
+        back = wall if away else self.comeback.back
+        asked = Asked()
         for name, limits in self.targets.items():
-            busy = in_flight.get(name, 0)
-            self._gather(limits, busy, wall, release, leases, lease_refs, slots, slot_refs, always=True)
+            asked.add(limits, in_flight.get(name, 0), wall, release, back, always=True)
         dirty = list(self.tenants) if release else list(itertools.islice(self.dirty, MAX_TENANTS_PER_ROUND))
         for tenant in dirty:
             self.dirty.discard(tenant)
             tenant_limits = self.tenants.get(tenant)
             if tenant_limits is not None:
-                busy = tenants_in_flight.get(tenant, 0)
-                self._gather(tenant_limits, busy, wall, release, leases, lease_refs, slots, slot_refs)
+                asked.add(tenant_limits, tenants_in_flight.get(tenant, 0), wall, release, back)
         timeouts = {t.name: t.timeout_s for t in self.config.targets}
         breakers = [
             shared.request(
@@ -337,49 +353,33 @@ class SharedView:
             "node": self.node,
             "node_ttl_ms": max(3000, 30 * settings.sync_period_ms),
             "bye": 1 if release else 0,
-            "leases": leases,
-            "slots": slots,
+            "complete": 0 if self.dirty else 1,
+            **self.comeback.asked(),
+            "leases": asked.leases,
+            "slots": asked.slots,
             "breakers": breakers,
             "warm": warm,
         }
-        return Round(payload, lease_refs, slot_refs)
-
-    @staticmethod
-    def _gather(
-        limits: Limits,
-        busy: int,
-        wall: float,
-        release: bool,
-        leases: list[dict[str, Any]],
-        lease_refs: list[Lease],
-        slots: list[dict[str, Any]],
-        slot_refs: list[Slots],
-        always: bool = False,
-    ) -> None:
-        for lease in limits.leases():
-            asked = lease.request(wall, release)
-            if asked is not None:
-                leases.append(asked)
-                lease_refs.append(lease)
-        if limits.slots is not None:
-            asked_slots = (
-                {"key": limits.slots.key, "cap": limits.slots.cap, "want": 0, "busy": 0}
-                if release
-                else limits.slots.request(busy, always)
-            )
-            if asked_slots is not None:
-                slots.append(asked_slots)
-                slot_refs.append(limits.slots)
+        return Round(payload, asked.lease_refs, asked.slot_refs, wall, away)
 
     def round_done(self, sent: Round, reply: list[Any]) -> list[str]:
         """The store's answers, in the order of the request; the targets whose breaker this round
         opened for every node."""
-        request, lease_refs, slot_refs = sent
-        lease_replies, slot_replies, breaker_replies, warm_replies = reply
+        request, lease_refs, slot_refs, wall, away = sent
+        lease_replies, slot_replies, breaker_replies, warm_replies, (now, told, born) = reply
         for lease, asked, (mine, total, before) in zip(
             lease_refs, request["leases"], lease_replies, strict=True
         ):
-            lease.granted(int(asked["key"].rsplit(":", 1)[1]), int(mine), int(total), int(before))
+            window = int(asked["key"].rsplit(":", 1)[1])
+            lease.granted(window, int(mine), int(total), int(before), int(asked["hold"]))
+        was_back = self.comeback.back is not None
+        if self.comeback.answered(wall, away, int(now), int(told), int(born)) and not away:
+            self.dirty.update(self.tenants)  # a store that lost them: every claim is told again
+            for limits in itertools.chain(self.targets.values(), self.tenants.values()):
+                for lease in limits.leases():
+                    lease.keep_to_claim()
+        elif was_back and self.comeback.back is None:
+            self.dirty.update(self.tenants)  # settled: every tenant hands back what it held
         for slots, (held, others_busy) in zip(slot_refs, slot_replies, strict=True):
             slots.granted(int(held), int(others_busy))
         opened = []

@@ -1,7 +1,9 @@
 """``spillway``: the routing plugin. Turns each APISIX call into a decision and acts on it.
 
 Request filter: one reading of the request (``request_reading``; 400 when none is possible) →
-features → snapshot from the live state → ``policy.decide`` → ``X-Spillway-Target`` (and a
+features → snapshot from the live state → ``policy.decide`` (where the route or rule asks and the
+decision is a cloud one, the request's text is read first and a match decides it as a class that
+may not leave: ``routing.content``) → ``X-Spillway-Target`` (and a
 signature, and only the headers the target may receive) for the route's edge to hand to APISIX's
 traffic-split, a Stop carrying the function's answer in invoke mode, or a Stop with 429/503 and
 Retry-After when shedding. No spelling of the client's own ``X-Spillway-*`` survives.
@@ -25,6 +27,16 @@ from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.routing.audit import HEADER_AUDIT, audit_header, refused_header
+from gateway_plugin.routing.content import (
+    HEADER_JSON_LENGTH,
+    ContentPolicy,
+    RouteChecks,
+    Verdict,
+    body_verdict,
+    route_checks,
+    size_verdict,
+    tightened,
+)
 from gateway_plugin.routing.header_names import HEADER_CONSUMER, HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.request_reading import as_decided, forget, forward_only, read_headers, settle
@@ -50,6 +62,11 @@ class RouteOverrides(BaseModel):
     targets: list[str] | None = Field(default=None, description="this route's overflow chain")
     rules: list[str] | None = Field(default=None, description="names of the global rules that apply here")
     on_prem_only: bool = Field(default=False, description="nothing on this route may leave the premises")
+    content_checks: bool = Field(
+        default=False,
+        description="read the text inputs of a request that would leave: one the content: detectors "
+        "match stays on premises",
+    )
 
 
 def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
@@ -68,15 +85,17 @@ def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
 
 class PreparedRoute:
     """A route's overrides, prepared once per conf token, with the policy they give under the
-    current global config and the headers that policy reads (rebuilt only when a reload changed it)."""
+    current global config, the headers that policy reads and the content checks the route has
+    (rebuilt only when a reload changed them)."""
 
-    __slots__ = ("overrides", "policy", "read", "version")
+    __slots__ = ("checks", "overrides", "policy", "read", "version")
 
     def __init__(self, overrides: RouteOverrides) -> None:
         self.overrides = overrides
         self.version = -1
         self.policy: Policy | None = None
         self.read: frozenset[str] = frozenset()
+        self.checks: RouteChecks | None = None
 
 
 class SpillwayPlugin(Plugin[PreparedRoute]):
@@ -101,7 +120,10 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
     def policy_for(self, route: PreparedRoute) -> Policy:
         if route.policy is None or route.version != self.state.version:
             route.policy = _route_policy(self.state.policy, route.overrides)
-            route.read = read_headers(route.policy)
+            route.checks = route_checks(self.state.content, route.policy, route.overrides.content_checks)
+            # A binary body's JSON is located by a header, read as one value like the others.
+            content_read = (HEADER_JSON_LENGTH,) if route.checks is not None else ()
+            route.read = read_headers(route.policy) | frozenset(content_read)
             route.version = self.state.version
         return route.policy
 
@@ -132,6 +154,15 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         )
         snapshot = self.state.snapshot(tenant, model)
         decision = decide(features, snapshot, policy)
+        kept_by = None
+        if decision.is_cloud and conf.checks is not None and conf.checks.applies(policy, features):
+            content = conf.checks.content
+            verdict = await _read_content(content, request, features.body_bytes)
+            self.state.content_read(verdict)
+            if content.keeps_home(verdict):
+                features, kept_by = tightened(features, policy, content), verdict.label
+            # Decided again, on the state as it is once the body has been read.
+            decision = decide(features, self.state.snapshot(tenant, model), policy)
         seen = None
         if decision.residency_kept:
             seen = {
@@ -140,6 +171,8 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
                 "model": model,
                 "classification": headers.get(policy.classification_header),
             }
+            if kept_by is not None:
+                seen["content"] = kept_by
         self.state.commit(decision, model, seen)
         if self.state.decision_header:
             action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
@@ -221,6 +254,16 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         self.state.invoke_answered(name, decision.tenant, answer.status, answer_headers, seconds)
         action.stop(answer.status, answer.body, answer.headers)
         return decision
+
+
+async def _read_content(content: ContentPolicy, request: HttpRequest, declared: int | None) -> Verdict:
+    """The verdict on a request's text; the body is asked of APISIX only when its declared size is
+    within the bound (a larger one is not read at all)."""
+    verdict = size_verdict(content, declared)
+    if verdict is None:
+        body = await request.body()
+        verdict = body_verdict(content, body, request.headers.get(HEADER_JSON_LENGTH))
+    return verdict
 
 
 def body_bytes(headers: Mapping[str, str]) -> int | None:

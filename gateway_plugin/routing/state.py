@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target
 from gateway_plugin.routing.breakers import Breaker, RetryBudget
+from gateway_plugin.routing.content import ContentPolicy, Verdict, content_policy
 from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBook, TenantBooks
 from gateway_plugin.routing.metrics import RunnerMetrics
 from gateway_plugin.routing.policy import (
@@ -99,18 +100,14 @@ class GatewayState:
         # Where several runner workers share the socket: this one's index, sent with each decision.
         self.worker: str | None = None
         self.metrics.cost.models.eligible = self.load.known
-        # The on-prem cost accrued since the last gauge refresh, and what it has cost per local request;
-        # several runners (gateways, workers) each accrue their share, so their sum is the cluster's.
-        self.cost_share = 1.0
-        self._cost_accrued_at = clock()
-        self._local_usd = 0.0
-        self._local_requests = 0
+        self.metrics.cost.accrue(clock(), 0.0)
         self.apply(config)
 
     def apply(self, config: SpillwayConfig) -> None:
         """Take a new config; breakers, warm pools and in-flight counts of remaining targets are kept."""
         self.config = config
         self.policy: Policy = build_policy(config)
+        self.content: ContentPolicy = content_policy(config)
         self.targets = {t.name: t for t in config.targets}
         self.breakers = {n: self.breakers.get(n) or Breaker(config.breaker) for n in self.targets}
         self.pools = {n: self.pools.get(n) or WarmPool(t.idle_ttl_s) for n, t in self.targets.items()}
@@ -212,6 +209,13 @@ class GatewayState:
     def decision_header(self) -> bool:
         return self.config.metrics.decision_header
 
+    def content_read(self, verdict: Verdict) -> None:
+        """Count what reading a request's text found (by detector or reason, never the text)."""
+        if verdict.detector is not None:
+            self.metrics.content_matches.labels(verdict.detector).inc()
+        elif verdict.unscannable is not None:
+            self.metrics.content_unscannable.labels(verdict.unscannable.value).inc()
+
     def commit(self, decision: Decision, model: str | None, seen: RequestSeen | None = None) -> None:
         """Account for a decision before the request leaves; ``seen`` names it in the residency log."""
         now, wall = self.clock(), self.wall()
@@ -227,7 +231,7 @@ class GatewayState:
             if self.policy.quota_of(decision.tenant).requests_per_minute is not None:
                 book.arrivals.append(wall)
             book.in_flight.add(now)
-        self.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
+        self.metrics.cost.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
         if decision.target == LOCAL:
             self.load.sent_local(model)
         elif decision.is_cloud:
@@ -241,18 +245,6 @@ class GatewayState:
         if self.shared is not None:
             in_flight = len(self.outstanding[decision.target].started) if decision.is_cloud else 0
             self.shared.committed(decision, wall, in_flight)
-
-    def counted(self, tenant: str | None, model: str | None, target: str, count: int, usd: float) -> None:
-        """Requests decided for a tenant and model, in the cost series (shed ones cost nothing).
-        Local ones weigh what the cluster has cost per local request so far."""
-        if target == SHED or count <= 0:
-            return
-        if target == LOCAL:
-            self._local_requests += count
-            usd_each = self._local_usd / self._local_requests
-            self.metrics.cost.add(tenant, model, target, count, 0.0, usd_each * count)
-        else:
-            self.metrics.cost.add(tenant, model, target, count, usd, usd)
 
     def _tenant_book(self, decision: Decision) -> TenantBook | None:
         """Only tenants under a quota are kept, and only as many as ``tenants.max_tracked``. A shed
@@ -371,12 +363,7 @@ class GatewayState:
     def refresh_gauges(self) -> None:
         now = self.clock()
         m = self.metrics
-        elapsed = max(0.0, now - self._cost_accrued_at)
-        accrued = elapsed / 3600 * self.config.local.cost.usd_per_hour * self.cost_share
-        self._cost_accrued_at = now
-        if accrued > 0:
-            self._local_usd += accrued
-            m.local_cost.inc(accrued)
+        m.cost.accrue(now, self.config.local.cost.usd_per_hour)
         m.signals_fresh.set(1 if self.load.fresh else 0)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"

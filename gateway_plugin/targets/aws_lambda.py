@@ -15,7 +15,9 @@ class LambdaInvoker:
     def __init__(self, target: Target, client: Any = None) -> None:
         self.function_name = target.function_name or ""
         self.qualifier = target.qualifier
-        self._client = client or boto3.client(
+        # A session per invoker: boto3's default one keeps the first credentials it resolved, so a
+        # reload with new credentials in the environment would go on signing with the old ones.
+        self._client = client or boto3.session.Session().client(
             "lambda",
             region_name=target.region,
             endpoint_url=target.endpoint_url,

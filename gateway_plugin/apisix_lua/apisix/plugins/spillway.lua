@@ -19,6 +19,7 @@ local report = require("apisix.plugins.spillway.report")
 local link = require("apisix.plugins.spillway.link")
 local counters = require("apisix.plugins.spillway.counters")
 local edge = require("apisix.plugins.spillway.edge")
+local content = require("apisix.plugins.spillway.content")
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -42,6 +43,9 @@ local schema = {
         latency_target_ms = { type = "number", exclusiveMinimum = 0 },
         on_prem_only = { type = "boolean", default = false,
                          description = "nothing on this route may leave the premises" },
+        content_checks = { type = "boolean", default = false,
+                           description = "read the text inputs of a request that would leave: one "
+                                         .. "the content detectors match stays on premises" },
     },
     additionalProperties = false,
 }
@@ -99,7 +103,7 @@ end
 local function route_policy(tbl, conf)
     local p = worker.policies[conf]
     if p == nil then
-        p = decide.route_policy(tbl, conf)
+        p = content.attach(decide.route_policy(tbl, conf), tbl, conf)
         worker.policies[conf] = p
     end
     return p
@@ -242,8 +246,18 @@ local function release_tenant(tenant)
     counters.release_tenant(dict(), "tif:" .. tenant)
 end
 
+-- Content checks before the decision that counts (content.lua), counted in the shared dict and
+-- reported with the next fetch.
+local function check_content(ctx, f, tbl, policy)
+    return content.screen(f, tbl, policy, live, function(max_bytes)
+        return core.request.get_body(max_bytes, ctx)
+    end, function(key)
+        counters.add(dict(), key, 1)
+    end)
+end
+
 -- What the runner learns of this request: counted now, reported from the log phase.
-local function account(ctx, d, f, tbl, policy)
+local function account(ctx, d, f, tbl, policy, kept_by)
     local d_ = dict()
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
     local label = decide.label(d)
@@ -253,16 +267,20 @@ local function account(ctx, d, f, tbl, policy)
                    usage_model = f.model and (model_key ~= "" and model_key or "*") or "",
                    -- For the audit trail, keyed only if a logger asks (spillway/edge.lua).
                    request_model = f.model,
-                   class = policy and f.headers[policy.classification_header] }
+                   -- The class the client sent (content checks may have decided on a stricter one).
+                   class = kept_by and kept_by.classification
+                           or (policy and f.headers[policy.classification_header]) }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
     elseif d.target ~= decide.SHED then
         seen.cloud = true
     end
     if d.residency_kept then
-        local classification = policy and f.headers[policy.classification_header]
+        local classification = kept_by and kept_by.classification
+            or (policy and f.headers[policy.classification_header])
         report.kept_home(worker.agg, { path = ctx.var.uri, model = f.model,
-                                       classification = classification })
+                                       classification = classification,
+                                       content = kept_by and kept_by.label })
     end
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
@@ -298,13 +316,14 @@ function _M.access(conf, ctx)
             return 401, { error = NO_CONSUMER }
         end
     end
-    local d
+    local d, kept_by
     if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
         d = fail_safe(tbl, f, conf)
         policy = nil
     else
         keyed_tenant(f, policy.tenant_header)
         local reserved = reserve_tenant(f, policy)
+        kept_by = check_content(ctx, f, tbl, policy)
         d = decide_and_reserve(f, tbl, policy)
         slot.tenant = nil
         if reserved and d.target == decide.SHED then
@@ -313,7 +332,7 @@ function _M.access(conf, ctx)
         end
         ctx.spillway_slot = reserved
     end
-    account(ctx, d, f, tbl, policy)
+    account(ctx, d, f, tbl, policy, kept_by)
     if tbl then
         ctx.spillway.table_age_s = math.max(0, ngx_now() - tbl.built_at)
     end

@@ -1,12 +1,14 @@
 -- Test-only plugin: evaluates batches of equivalence cases with the spillway plugin's own code
--- (edge.gateway_path, table.parse, decide.route_policy, decide.features, decide.decide), so one
--- request to APISIX checks thousands of decisions. Each group carries a decision table as the runner encodes it and
--- the cases to decide under it; each case its route conf, request and live counters.
+-- (edge.gateway_path, table.parse, decide.route_policy, decide.features, content.check,
+-- decide.decide), so one request to APISIX checks thousands of decisions. Each group carries a
+-- decision table as the runner encodes it and the cases to decide under it; each case its route
+-- conf, request (with its body, base64) and live counters.
 
 local core = require("apisix.core")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local edge = require("apisix.plugins.spillway.edge")
+local content = require("apisix.plugins.spillway.content")
 local json = require("cjson").new()
 -- Costs go back as "%.17g" text: this cjson writes at most 16 significant digits.
 
@@ -25,10 +27,17 @@ local function live_of(case)
     return live
 end
 
+-- As the plugin's access phase: the route's policy with its content checks, the text read (from
+-- the case's body) when the request would leave, then the decision.
 local function decide_one(tbl, case, path)
     local f = decide.features(path, case.headers, function(c) return c.args end, case)
-    local d = decide.decide(f, tbl, decide.route_policy(tbl, case.route), live_of(case))
+    local policy = content.attach(decide.route_policy(tbl, case.route), tbl, case.route)
+    local live = live_of(case)
+    local body = ngx.decode_base64(case.body)
+    local found, why, read = content.check(f, tbl, policy, live, function() return body end)
+    local d = decide.decide(f, tbl, policy, live)
     return {
+        read = read or false, content = read and content.label(found, why) or json.null,
         target = d.target, label = decide.label(d), status = d.status,
         retry_after_s = d.retry_after_s or 0, cost_usd = string.format("%.17g", d.cost_usd or 0),
         residency_kept = d.residency_kept or false, overflowing = d.overflowing or false,

@@ -64,6 +64,7 @@ local function rule_matches(rule, f)
     end
     return true
 end
+_M.rule_matches = rule_matches
 
 local function may_leave(f, policy)
     local label = f.headers[policy.classification_header]

@@ -1,7 +1,7 @@
 -- The plugins' link to the runner: where it is (plugin_attr.spillway), whether it still answers,
 -- and, for the fast path, the decision table one worker fetches (POSTing this node's counters:
 -- spend per target, the overflow flag it last decided, fail-safe decisions, dropped outcomes,
--- tables it could not store and the room it has) into the shared dict (table.lua says how), and
+-- what content checks found, tables it could not store and the room it has) into the shared dict (table.lua says how), and
 -- the summaries of outcomes every worker posts.
 --
 -- Whether it answers: one worker asks GET /spillway/alive every alive_interval_s (the runner
@@ -25,6 +25,7 @@ local ngx = ngx
 local pairs, pcall, tostring, type = pairs, pcall, tostring, type
 -- How long a table is asked to fit the room left after a store failed, before a whole one is tried.
 local ROOM_HELD_S = 10
+local UNSCANNABLE = require("apisix.plugins.spillway.content").UNSCANNABLE
 
 local _M = {}
 
@@ -173,6 +174,8 @@ function _M.start(worker, with)
             node = shared_counters.node(d_),
             spent = counters("sp:", targets),
             hot = counters("hot:", models),
+            content = counters("cm:", tbl and tbl.content.names or {}),
+            unscannable = counters("cu:", UNSCANNABLE),
             fail_safe = d_:get("failsafe") or 0,
             dropped = d_:get("dropped") or 0,
             store_failed = d_:get("store_failed") or 0,

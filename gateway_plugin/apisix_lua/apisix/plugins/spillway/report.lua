@@ -155,7 +155,8 @@ end
 function _M.kept_home(agg, request)
     if #agg.residency < MAX_RESIDENCY then
         agg.residency[#agg.residency + 1] = { path = clipped(request.path), model = clipped(request.model),
-                                              classification = clipped(request.classification) }
+                                              classification = clipped(request.classification),
+                                              content = request.content }
     else
         agg.dropped = agg.dropped + 1
     end

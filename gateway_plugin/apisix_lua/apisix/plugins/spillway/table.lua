@@ -7,10 +7,11 @@
 -- towards stale.
 
 local cjson = require("cjson.safe")
+local detect = require("apisix.plugins.spillway.detect")
 local re_find = ngx.re.find
 local type, pairs, ipairs, tonumber = type, pairs, ipairs, tonumber
 
-local _M = { FORMAT = 2 }
+local _M = { FORMAT = 3 }
 
 local ACTIONS = { ["local"] = true, overflow = true, target = true, shed = true }
 local BREAKERS = { closed = true, open = true, half_open = true }
@@ -90,6 +91,16 @@ local function tenant_ok(t)
         and is_num(t.spent_day_usd)
 end
 
+local function detector_ok(d)
+    return type(d) == "table" and is_str(d.name) and detect.KINDS[d.kind]
+        and ((d.kind ~= "search" and d.kind ~= "pattern") or regex_ok(d.pattern, false))
+end
+
+local function content_ok(c)
+    return type(c) == "table" and list_of(c.detectors, detector_ok) and is_num(c.max_bytes)
+        and is_bool(c.unscannable_stays) and is_str(c.classify_as) and list_of(c.rules, is_str)
+end
+
 local function policy_ok(p)
     return type(p) == "table" and is_str(p.classification_header) and list_of(p.cloud_allowed, is_str)
         and is_bool(p.unclassified_may_leave) and is_str(p.tenant_header)
@@ -114,6 +125,9 @@ function _M.problem(t)
     end
     if not policy_ok(t.policy) then
         return "policy section malformed (or a rule pattern PCRE does not compile)"
+    end
+    if not content_ok(t.content) then
+        return "content section malformed (or a detector's pattern PCRE does not compile)"
     end
     if not map_of(t["local"], load_ok) then
         return "local section malformed"
@@ -146,6 +160,12 @@ function _M.compile(t)
     end
     for _, target in pairs(t.targets) do
         target.forward_set = set_of(target.forward)
+    end
+    local c = t.content
+    c.rules_set = set_of(c.rules)
+    c.names = {}
+    for _, d in ipairs(c.detectors) do
+        c.names[d.name] = true
     end
     return t
 end

@@ -1,0 +1,323 @@
+"""What content checks cost: CPU per request with and without them, on both routes, through a real
+Apache APISIX 3.18, for bodies of 1 KiB, 64 KiB and over ``content.max_scan_bytes``.
+
+One APISIX (``devtools/apisix.py``, one nginx worker) carries four routes, told apart by the Host
+header: the ext-plugin route (``apisix_route.route``: the runner decides, and reads the body over
+ExtraInfo) and the fast path's (``apisix_fast_route.fast_route``: the ``spillway`` Lua plugin
+decides, and reads the body in the access phase), each with ``content_checks`` and without. The
+runner (``python -m gateway_plugin run``) scrapes an overloaded feed (500 ms queueing against a
+200 ms target), so every public request is one that would leave, which is the only kind whose text
+is read. The upstreams are one Debian nginx answering ``return 200`` (``bench/apisix_gateway.py``).
+
+Each body is a KServe v2 JSON request with one BYTES tensor of sentences that no detector matches
+(words, numbers, dates, versions, prices: what real text holds), so every detector reads all of it:
+
+    1k     about 1 KiB
+    64k    just under 64 KiB (the default max_scan_bytes)
+    over   256 KiB: over the bound, so it is not read. content.unscannable is as_labelled here,
+           so that it leaves with checks as without them and the ratio is the cost of the check
+           alone (with the default, stay_home, it would stay on the overloaded cluster, where the
+           runner sheds most such requests with 503: another path, not a cost)
+
+For each body, route kind and round, ``wrk -t1 -c<connections>`` posts it to the route with checks
+and to the same route without them (the order alternating between rounds): CPU per request is
+user+system time from /proc over the measured window (APISIX's master and worker, and the runner
+with all its threads) divided by the requests wrk completed. Ratios are medians of per-round
+ratios (with checks / without); "added" is the median per-round difference in µs. Every
+measurement checks from the upstreams' logs that its requests went where they should.
+
+    python bench/content_checks.py [--rounds 3] [--seconds 5] [--connections 8] [--json-out F]
+
+Needs APISIX in a prefix of its own (--prefix, else $SPILLWAY_APISIX_PREFIX, else
+/opt/spillway-apisix-bench), ``wrk`` and ``nginx`` (both come with scripts/install-apisix.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from apisix_gateway import (
+    Upstreams,
+    apisix_cpu,
+    metrics_feed,
+    run_wrk,
+    stop_leftover_runners,
+    upstream_nginx,
+    wrk_command,
+)
+from harness import LOOPBACK, ROOT, cpu_seconds, free_port, machine_note, median, render_table, say
+
+from gateway_plugin.apisix_fast_route import config_snippet, fast_route
+from gateway_plugin.apisix_route import route
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.content import body_verdict, content_policy
+
+sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
+from devtools import apisix
+
+INFER_PATH = "/v2/models/add_sub/infer"
+PLUGINS = ["spillway-edge", "spillway", "ext-plugin-pre-req", "traffic-split", "http-logger"]
+SENTENCE = "On 2024-05-17 the build v3.12.1 ran 42 jobs in 7.5 minutes for 19.99 EUR, then rested. "
+SIZES = {"1k": 1024, "64k": 65_000, "over": 256 * 1024}
+ROUTES = ("ext-plugin", "fast path")
+
+
+def body_of(size: int) -> bytes:
+    """A KServe request of about ``size`` bytes: one BYTES tensor of 512-byte texts."""
+    texts, total = [], 80
+    while total < size:
+        text = (SENTENCE * 6)[: min(512, size - total)]
+        texts.append(text)
+        total += len(text) + 4
+    tensor = {"name": "TEXT", "datatype": "BYTES", "shape": [len(texts)], "data": texts}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def config(ups: Upstreams, feed_url: str) -> dict[str, Any]:
+    return {
+        "local": {
+            "endpoints": [{"url": f"http://{LOOPBACK}:{ups.local_port}", "metrics_url": feed_url}],
+            "latency_target_ms": 200,
+        },
+        "targets": [
+            {
+                "name": "aws",
+                "kind": "aws_lambda",
+                "mode": "upstream",
+                "url": f"http://{LOOPBACK}:{ups.aws_port}",
+                "signing_key_env": None,
+                "cold_start_ms": 0,
+                "concurrency_cap": 1000,
+            }
+        ],
+        "content": {"unscannable": "as_labelled"},
+        "metrics": {"listen": f"{LOOPBACK}:{free_port()}"},
+        "outcomes": {"listen": f"{LOOPBACK}:{free_port()}"},
+    }
+
+
+def host(kind: str, checks: bool) -> str:
+    return f"{'fast' if kind == 'fast path' else 'ext'}-{'checks' if checks else 'plain'}"
+
+
+def routes(validated: SpillwayConfig, token: bytes) -> str:
+    made = []
+    for checks in (True, False):
+        overrides = {"content_checks": True} if checks else None
+        ext = route(validated, token, host("ext-plugin", checks), overrides=overrides)
+        fast = fast_route(validated, token, host("fast path", checks), overrides=overrides)
+        made += [
+            {**ext, "hosts": [host("ext-plugin", checks)]},
+            {**fast, "hosts": [host("fast path", checks)]},
+        ]
+    return yaml.safe_dump({"routes": made}, sort_keys=False) + "#END\n"
+
+
+def _lua_string(data: bytes) -> str:
+    return '"' + "".join(f"\\{b:03d}" for b in data) + '"'
+
+
+def wrk_script(work: Path, name: str, body: bytes, host_header: str) -> Path:
+    path = work / f"{name}.lua"
+    headers = {"Host": host_header, "Content-Type": "application/json", "X-Data-Classification": "public"}
+    lines = [f"wrk.method = {_lua_string(b'POST')}", f"wrk.body = {_lua_string(body)}"]
+    lines += [
+        f"wrk.headers[{_lua_string(k.encode())}] = {_lua_string(v.encode())}" for k, v in headers.items()
+    ]
+    lines.append(
+        'done = function(s, l, r) io.write(string.format("WRKJSON {\\"requests\\":%d,\\"duration_us\\":%d,'
+        '\\"non2xx\\":%d,\\"errors\\":%d}\\n", s.requests, s.duration, s.errors.status, '
+        "s.errors.connect + s.errors.read + s.errors.write + s.errors.timeout)) end"
+    )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def wait_spilling(gateway: apisix.Apisix, timeout_s: float = 30.0) -> None:
+    """Until every route sends a small public request to the cloud (the runner has scraped the
+    overloaded feed, the fast path has its table)."""
+    body = body_of(200)
+    deadline = time.monotonic() + timeout_s
+    pending = [host(kind, checks) for kind in ROUTES for checks in (True, False)]
+    while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"routes {pending} not spilling within {timeout_s:.0f} s")
+        conn = http.client.HTTPConnection(LOOPBACK, gateway.settings.port, timeout=5)
+        try:
+            headers = {"Host": pending[0], "X-Data-Classification": "public"}
+            conn.request("POST", INFER_PATH, body=body, headers=headers)
+            answer = conn.getresponse()
+            answer.read()
+            if answer.getheader("x-bench-upstream") == "aws":
+                pending.pop(0)
+        finally:
+            conn.close()
+        time.sleep(0.05)
+
+
+def measure(gateway: apisix.Apisix, ups: Upstreams, script: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One wrk run; every request must go out (to "aws")."""
+    want = "aws"
+    url = f"http://{LOOPBACK}:{gateway.settings.port}{INFER_PATH}"
+    run_wrk(wrk_command(url, args.connections, 1, script), 1)
+    runner = gateway.runner_pids()[-1]
+    offsets = ups.offsets()
+    before = cpu_seconds(runner), apisix_cpu(gateway)
+    got, _ = run_wrk(wrk_command(url, args.connections, args.seconds, script), args.seconds)
+    after = cpu_seconds(runner), apisix_cpu(gateway)
+    served = ups.served_since(offsets)
+    n = int(got["requests"]) or 1
+    went = {name: sum(counts.values()) for name, counts in served.items()}
+    # The upstreams' logs also hold the tail of the warm-up that finished after the offsets.
+    if got["non2xx"] or got["errors"] or went.get(want, 0) < 0.99 * sum(went.values()):
+        raise RuntimeError(f"{script.name}: expected the requests at {want}; wrk {got}, upstreams {served}")
+    return {
+        "served": went,
+        "requests": n,
+        "req_per_s": n / (got["duration_us"] / 1e6),
+        "runner_us": (after[0] - before[0]) / n * 1e6,
+        "apisix_us": (after[1] - before[1]) / n * 1e6,
+        "total_us": (after[0] - before[0] + after[1] - before[1]) / n * 1e6,
+    }
+
+
+def in_process(validated: SpillwayConfig) -> dict[str, float]:
+    """The runner's reading and detectors alone (body_verdict), µs per body, for reference."""
+    content = content_policy(validated)
+    timings = {}
+    for name, size in SIZES.items():
+        body, n = body_of(size), 200 if size < 10_000 else 20
+        started = time.perf_counter()
+        for _ in range(n):
+            body_verdict(content, body, None)
+        timings[name] = (time.perf_counter() - started) / n * 1e6
+    return timings
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    token = secrets.token_hex(32)
+    samples: list[dict[str, Any]] = []
+    with upstream_nginx(work) as ups, metrics_feed() as feed:
+        feed.mode = "overloaded"
+        settings = config(ups, feed.url)
+        validated = SpillwayConfig.model_validate(settings)
+        config_path = work / "spillway.yaml"
+        config_path.write_text(yaml.safe_dump(settings))
+        snippet = config_snippet(validated)
+        gateway = apisix.Apisix(
+            apisix.ApisixSettings(
+                port=free_port(),
+                routes_yaml=routes(validated, token.encode()),
+                runner_cmd=[
+                    sys.executable,
+                    "-m",
+                    "gateway_plugin",
+                    "run",
+                    "--config",
+                    str(work / "spillway.yaml"),
+                ],
+                plugins=PLUGINS,
+                envs=["SPILLWAY_ROUTE_TOKEN"],
+                env={"SPILLWAY_ROUTE_TOKEN": token},
+                extra_lua_path=Path(snippet["apisix"]["extra_lua_path"]).parent,
+                shared_dicts=snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
+                plugin_attr=snippet["plugin_attr"],
+            )
+        )
+        runners: list[int] = []
+        try:
+            gateway.start()
+            wait_spilling(gateway)
+            for rnd in range(args.rounds):
+                for size_name, size in SIZES.items():
+                    body = body_of(size)
+                    for kind in ROUTES:
+                        order = (True, False) if rnd % 2 == 0 else (False, True)
+                        for checks in order:
+                            name = f"{size_name}-{host(kind, checks)}"
+                            script = wrk_script(work, name, body, host(kind, checks))
+                            say(f"round {rnd + 1}: {name}")
+                            got = measure(gateway, ups, script, args)
+                            samples.append(
+                                {"round": rnd, "body": size_name, "route": kind, "checks": checks, **got}
+                            )
+            runners = gateway.runner_pids()
+        finally:
+            gateway.stop()
+            stop_leftover_runners(gateway, runners)
+    return {"samples": samples, "in_process_us": in_process(validated), "machine": machine_note()}
+
+
+def summary(result: dict[str, Any]) -> list[list[object]]:
+    rows = []
+    samples = result["samples"]
+    for size_name in SIZES:
+        for kind in ROUTES:
+            mine = [s for s in samples if s["body"] == size_name and s["route"] == kind]
+            by_round: dict[int, dict[bool, dict[str, Any]]] = {}
+            for s in mine:
+                by_round.setdefault(s["round"], {})[s["checks"]] = s
+            pairs = [r for r in by_round.values() if len(r) == 2]
+            ratio = median([r[True]["total_us"] / r[False]["total_us"] for r in pairs])
+            added = median([r[True]["total_us"] - r[False]["total_us"] for r in pairs])
+            rows.append(
+                [
+                    size_name,
+                    kind,
+                    round(median([r[False]["total_us"] for r in pairs])),
+                    round(median([r[True]["total_us"] for r in pairs])),
+                    f"{ratio:.2f}",
+                    round(added),
+                    f"{median([r[True]['req_per_s'] / r[False]['req_per_s'] for r in pairs]):.2f}",
+                ]
+            )
+    return rows
+
+
+HEADERS = [
+    "body",
+    "route",
+    "cpu µs/req without",
+    "cpu µs/req with checks",
+    "ratio",
+    "added µs",
+    "throughput ratio",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--prefix", type=Path, default=None)
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    prefix = args.prefix or Path(os.environ.get("SPILLWAY_APISIX_PREFIX") or "/opt/spillway-apisix-bench")
+    os.environ["SPILLWAY_APISIX_PREFIX"] = str(prefix)
+    reason = apisix.missing_reason()
+    if reason is not None:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="spillway-content-bench-") as tmp:
+        result = run(args, Path(tmp))
+    print(render_table(HEADERS, summary(result)))
+    print("runner alone, reading and detectors per body (µs):", json.dumps(result["in_process_us"]))
+    if args.json_out is not None:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

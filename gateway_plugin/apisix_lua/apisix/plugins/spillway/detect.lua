@@ -1,0 +1,152 @@
+-- What counts as sensitive text: gateway_plugin/routing/content_detectors.py in Lua.
+--
+-- The detectors come in the decision table, in the order they are tried: card and iban (a run of
+-- digits or words found by a regex, then a checksum: Luhn, ISO 13616 mod 97), search (a built-in
+-- regex, run once over every text joined by newlines, which none of them matches across) and
+-- pattern (an operator's regex, run over each text on its own). Regexes run on PCRE over the
+-- texts' bytes, without UTF-8 mode: the same bytes and the same ASCII classes Python's re reads,
+-- in the syntax both read alike (content_syntax.py checks operators' patterns when the config is
+-- loaded). So every detector finds what the runner's finds.
+
+local re_find, re_gmatch = ngx.re.find, ngx.re.gmatch
+local byte, sub, upper, gsub = string.byte, string.sub, string.upper, string.gsub
+local concat = table.concat
+local ipairs = ipairs
+
+local _M = { JOIN = "\n" }
+
+-- Kept in step with content_detectors.py (the table carries the search patterns themselves).
+local CARD_RUN = [=[[0-9](?:[ -]?[0-9]){12,}]=]
+local IBAN_RUN = [=[(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9])+]=]
+local DOUBLED = { [0] = 0, 2, 4, 6, 8, 1, 3, 5, 7, 9 }
+
+local function luhn(digits)
+    local total, n = 0, #digits
+    for i = n, 1, -1 do
+        local d = byte(digits, i) - 48
+        if (n - i) % 2 == 1 then
+            d = DOUBLED[d]
+        end
+        total = total + d
+    end
+    return total % 10 == 0
+end
+_M.luhn = luhn
+
+local function card_number(digits)
+    return #digits >= 13 and #digits <= 19 and luhn(digits)
+end
+
+local function card(blob)
+    for m in re_gmatch(blob, CARD_RUN, "jo") do
+        local text = m[0]
+        local digits = gsub(text, "[ -]", "")
+        if card_number(digits) then
+            return true
+        end
+        if #digits ~= #text then
+            for group in text:gmatch("[0-9]+") do
+                if card_number(group) then
+                    return true
+                end
+            end
+        end
+    end
+    return false
+end
+
+local function mod97(iban)
+    local remainder = 0
+    local moved = sub(iban, 5) .. sub(iban, 1, 4)
+    for i = 1, #moved do
+        local c = byte(moved, i)
+        if c <= 57 then
+            remainder = (remainder * 10 + c - 48) % 97
+        else
+            remainder = (remainder * 100 + c - 55) % 97
+        end
+    end
+    return remainder == 1
+end
+_M.mod97 = mod97
+
+-- An IBAN starting at word start: that word alone, or it and the groups of four after it (the
+-- last of 1 to 4 characters).
+local function iban_from(tokens, start)
+    local head = tokens[start]
+    if #head >= 15 and #head <= 34 and mod97(head) then
+        return true
+    end
+    if #head ~= 4 then
+        return false
+    end
+    local joined = head
+    for i = start + 1, #tokens do
+        local group = tokens[i]
+        if #group < 1 or #group > 4 or #joined + #group > 34 then
+            return false
+        end
+        joined = joined .. group
+        if #joined >= 15 and mod97(joined) then
+            return true
+        end
+        if #group < 4 then
+            return false
+        end
+    end
+    return false
+end
+
+local function iban(blob)
+    for m in re_gmatch(blob, IBAN_RUN, "jo") do
+        local tokens = {}
+        for token in upper(m[0]):gmatch("[^ ]+") do
+            tokens[#tokens + 1] = token
+        end
+        for i, token in ipairs(tokens) do
+            if token:find("^%u%u%d%d") and iban_from(tokens, i) then
+                return true
+            end
+        end
+    end
+    return false
+end
+
+local CHECKS = { card = card, iban = iban }
+
+-- Whether the detector finds anything; a regex PCRE gives up on (its backtracking limit) counts
+-- as a find: text that could not be read through stays home.
+local function finds(d, texts, blob)
+    local check = CHECKS[d.kind]
+    if check then
+        return check(blob)
+    end
+    if d.kind == "search" then
+        local from, _, err = re_find(blob, d.pattern, "jo")
+        return from ~= nil or err ~= nil
+    end
+    for _, text in ipairs(texts) do
+        local from, _, err = re_find(text, d.pattern, "jo")
+        if from or err then
+            return true
+        end
+    end
+    return false
+end
+
+-- The name of the first detector, in order, that finds something in any text; nil when none does.
+function _M.first_found(detectors, texts)
+    if #texts == 0 then
+        return nil
+    end
+    local blob = concat(texts, _M.JOIN)
+    for _, d in ipairs(detectors) do
+        if finds(d, texts, blob) then
+            return d.name
+        end
+    end
+    return nil
+end
+
+_M.KINDS = { card = true, iban = true, search = true, pattern = true }
+return _M

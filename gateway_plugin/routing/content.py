@@ -1,0 +1,258 @@
+"""Residency by content: a request whose text inputs hold what a detector looks for stays home.
+
+A label is what the client says of its data; a request labelled ``public`` may still carry an
+e-mail address or a card number. On the routes and rules that ask for it (a route's
+``content_checks``, a rule's ``content_checks``), the request's text inputs are read and the
+detectors (``content_detectors``) run over them; a match makes the request decided as
+``content.classify_as``, a class that may not leave, the way ``request_reading.as_decided`` holds a
+consumer's requests to its ceiling. So ``decide()`` is handed a classification the request may not
+leave with: a match can only keep a request home, never send one out.
+
+The text inputs are those of a KServe v2 JSON request: the elements of every ``BYTES`` tensor's
+``data`` and the string values of the request's, each input's and each output's ``parameters``.
+With the binary tensor extension only the JSON header is read (``Inference-Header-Content-Length``
+bytes), the tensors after it skipped; a ``BYTES`` tensor sent there holds text that is not read.
+Only what is read is checked: a body over ``max_scan_bytes``, of unknown size (chunked), not JSON
+(compressed, malformed, nested deeper than ``MAX_DEPTH``) or with text in binary tensors follows
+``content.unscannable`` (stay home by default).
+
+Reading costs CPU on the request's path, so it happens only for a request that would otherwise
+leave: the caller decides first and reads only when that decision is a cloud one (a request staying
+home anyway has nothing to protect), then decides again. The Lua plugin
+(``apisix_lua/.../spillway/content.lua``) reads the same bytes the same way on the fast path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.content_detectors import Detector, built_in, first_found, pattern_detector
+from gateway_plugin.routing.policy import Policy, RequestFeatures
+
+HEADER_JSON_LENGTH = "inference-header-content-length"
+# Deepest nesting of arrays and objects read (a KServe request needs a few levels, one per tensor
+# dimension); the fast path's JSON decoder is held to the same.
+MAX_DEPTH = 32
+_DIGITS = re.compile(rb"[0-9]+")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class Unscannable(StrEnum):
+    """Why a body's text could not be read (the label of ``spillway_content_unscannable_total``)."""
+
+    TOO_LARGE = "too_large"
+    UNKNOWN_SIZE = "unknown_size"
+    NOT_JSON = "not_json"
+    BINARY_TEXT = "binary_text"
+
+
+class Verdict(NamedTuple):
+    """What reading a request's text found: the first detector that matched, or why the text could
+    not be read (both None: read, nothing found)."""
+
+    detector: str | None = None
+    unscannable: Unscannable | None = None
+
+    @property
+    def label(self) -> str | None:
+        """As the residency log shows it; never the text itself."""
+        if self.detector is not None:
+            return self.detector
+        return None if self.unscannable is None else f"unscannable:{self.unscannable}"
+
+
+CLEAN = Verdict()
+
+
+@dataclass(frozen=True)
+class ContentPolicy:
+    """``content:`` compiled once: the detectors in the order they are tried, and the rules that ask."""
+
+    detectors: tuple[Detector, ...] = ()
+    max_bytes: int = 65536
+    unscannable_stays: bool = True
+    classify_as: str = "confidential"
+    rules: frozenset[str] = frozenset()
+
+    def keeps_home(self, verdict: Verdict) -> bool:
+        return verdict.detector is not None or (verdict.unscannable is not None and self.unscannable_stays)
+
+
+def content_policy(config: SpillwayConfig) -> ContentPolicy:
+    checks = config.content
+    detectors = (
+        *(built_in(name) for name in checks.detectors),
+        *(pattern_detector(name, pattern) for name, pattern in checks.patterns.items()),
+    )
+    return ContentPolicy(
+        detectors,
+        checks.max_scan_bytes,
+        checks.unscannable == "stay_home",
+        checks.classify_as.strip().lower(),
+        frozenset(r.name for r in config.rules if r.content_checks),
+    )
+
+
+@dataclass(frozen=True)
+class RouteChecks:
+    """Which of a route's requests are read: all of them (the route asks), or those whose deciding
+    rule asks."""
+
+    content: ContentPolicy
+    every_request: bool
+    rules: frozenset[str]
+
+    def applies(self, policy: Policy, features: RequestFeatures) -> bool:
+        if self.every_request:
+            return True
+        rule = next((r for r in policy.rules if r.matches(features)), None)
+        return rule is not None and rule.name in self.rules
+
+
+def route_checks(content: ContentPolicy, policy: Policy, route_asks: bool) -> RouteChecks | None:
+    """None when nothing on the route is read (it pays nothing for the feature)."""
+    rules = frozenset(r.name for r in policy.rules if r.name in content.rules)
+    if not route_asks and not rules:
+        return None
+    return RouteChecks(content, route_asks, rules)
+
+
+def tightened(features: RequestFeatures, policy: Policy, content: ContentPolicy) -> RequestFeatures:
+    """The request as ``decide()`` is to see it once its text kept it home: of a class that may not leave."""
+    return features._replace(headers={**features.headers, policy.classification_header: content.classify_as})
+
+
+def size_verdict(content: ContentPolicy, declared: int | None) -> Verdict | None:
+    """What the body's declared size settles before it is read (None: read it)."""
+    if declared is None:
+        return Verdict(unscannable=Unscannable.UNKNOWN_SIZE)
+    if declared > content.max_bytes:
+        return Verdict(unscannable=Unscannable.TOO_LARGE)
+    return CLEAN if declared == 0 else None
+
+
+def body_verdict(content: ContentPolicy, body: bytes, json_length: str | None) -> Verdict:
+    """What the detectors find in the body's text inputs."""
+    if len(body) > content.max_bytes:
+        return Verdict(unscannable=Unscannable.TOO_LARGE)
+    header = json_header(body, json_length)
+    document = None if header is None else json_document(header)
+    if document is None:
+        return Verdict(unscannable=Unscannable.NOT_JSON)
+    texts, binary_text = text_inputs(document)
+    found = first_found(content.detectors, texts)
+    if found is not None:
+        return Verdict(found)
+    return Verdict(unscannable=Unscannable.BINARY_TEXT) if binary_text else CLEAN
+
+
+def json_header(body: bytes, json_length: str | None) -> bytes | None:
+    """The JSON part of the body: all of it, or the first ``Inference-Header-Content-Length`` bytes
+    (the binary tensors after them are skipped); None when that header is not a size within the body."""
+    if json_length is None:
+        return body
+    value = json_length.strip(" \t").encode("utf-8", "surrogateescape")
+    if not _DIGITS.fullmatch(value) or int(value) > len(body):
+        return None
+    return body[: int(value)]
+
+
+def _refuse(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def json_document(text: bytes) -> dict[str, Any] | None:
+    """The JSON object ``text`` holds, read as strictly as the fast path's decoder reads it; None
+    when it holds none. UTF-8 only, no NUL byte, no NaN or Infinity, no lone surrogate escape, at
+    most MAX_DEPTH levels; control characters inside strings are allowed, as both decoders allow
+    them."""
+    if b"\x00" in text:
+        return None
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    try:
+        document = json.loads(decoded, strict=False, parse_constant=_refuse)
+    except RecursionError:
+        return None
+    except json.JSONDecodeError:
+        return None
+    except ValueError:  # an integer too long for int(): the fast path reads it as a float
+        try:
+            document = json.loads(decoded, strict=False, parse_constant=_refuse, parse_int=float)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(document, dict):
+        return None
+    if _SURROGATE_ESCAPE.search(text) and not _encodable(document):
+        return None
+    if text.count(b"[") + text.count(b"{") > MAX_DEPTH and _deeper_than(document, MAX_DEPTH):
+        return None
+    return document
+
+
+def _encodable(document: dict[str, Any]) -> bool:
+    """No string in it holds a lone surrogate (which no UTF-8 holds, and the fast path refuses)."""
+    try:
+        json.dumps(document, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _deeper_than(document: dict[str, Any], limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def _parameters(owner: Mapping[str, Any], texts: list[bytes]) -> None:
+    parameters = owner.get("parameters")
+    if isinstance(parameters, dict):
+        texts.extend(v.encode() for v in parameters.values() if isinstance(v, str))
+
+
+def _strings(data: Any, texts: list[bytes]) -> None:
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            texts.append(item.encode())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def text_inputs(document: dict[str, Any]) -> tuple[list[bytes], bool]:
+    """The text inputs of a KServe v2 request, and whether a BYTES tensor holds its text in the
+    binary part (which is not read)."""
+    texts: list[bytes] = []
+    binary_text = False
+    _parameters(document, texts)
+    inputs = document.get("inputs")
+    for tensor in inputs if isinstance(inputs, list) else ():
+        if not isinstance(tensor, dict):
+            continue
+        _parameters(tensor, texts)
+        if tensor.get("datatype") != "BYTES":
+            continue
+        parameters = tensor.get("parameters")
+        if isinstance(parameters, dict) and "binary_data_size" in parameters:
+            binary_text = True
+        _strings(tensor.get("data"), texts)
+    outputs = document.get("outputs")
+    for tensor in outputs if isinstance(outputs, list) else ():
+        if isinstance(tensor, dict):
+            _parameters(tensor, texts)
+    return texts, binary_text

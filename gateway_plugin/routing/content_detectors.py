@@ -1,0 +1,179 @@
+"""What counts as sensitive text: the built-in detectors and the operator's patterns.
+
+Each detector says whether any of a request's texts (UTF-8 bytes) holds what it looks for; the
+``spillway`` Lua plugin (``apisix_lua/.../spillway/detect.lua``) runs the same detectors the same
+way on the fast path. Everything is defined over bytes with ASCII classes, so that Python's ``re``
+and PCRE agree: the regexes below are plain ones whose match, wherever it starts, both engines
+find, and the checksums are arithmetic.
+
+- ``card``: 13 to 19 digits, written together or in groups split by single spaces or hyphens
+  (``4111 1111 1111 1111``), that pass the Luhn check; a run of groups counts whole, and each of its
+  groups on its own.
+- ``iban``: two letters, two check digits and 11 to 30 letters or digits (15 to 34 in all), written
+  together or in groups of four split by single spaces, whose ISO 13616 mod-97 checksum is 1.
+- ``email``: ``local@domain.tld``.
+- ``phone``: ``+`` and 8 to 15 digits (single spaces, dots, hyphens or parentheses between them);
+  ``(555) 123-4567``-style ten-digit numbers; and national numbers that start with a trunk 0
+  (``020 7946 0958``).
+
+Operator patterns (``content.patterns``) run on each text on its own, in the syntax both engines
+read alike (``content_syntax``). Built-ins run once over every text joined by newlines, which none
+of them matches across.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# Between two texts when built-ins read them at once: no built-in pattern matches a newline.
+JOIN = b"\n"
+
+# Anchored on the "@" (a character before it looked back at): a regex that starts with a class
+# of many characters is tried at nearly every position of a text.
+EMAIL = r"@(?<=[A-Za-z0-9._%+-]@)[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+PHONE = (
+    r"\+[0-9](?:[ .()-]{0,2}[0-9]){7,14}(?![0-9])"
+    r"|(?<![0-9])(?:\([0-9]{3}\) ?|[0-9]{3}[ .-])[0-9]{3}[ .-][0-9]{4}(?![0-9])"
+    r"|(?<![0-9])0[0-9]{2,4}[ .-][0-9]{3,4}[ .-]?[0-9]{3,4}(?![0-9])"
+)
+# A run of 13 digits or more, single spaces or hyphens allowed between them.
+CARD_RUN = r"[0-9](?:[ -]?[0-9]){12,}"
+# From a word that starts like an IBAN (country, check digits) to the end of its run of words.
+IBAN_RUN = r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9])+"
+
+_CARD_RUN = re.compile(CARD_RUN.encode())
+_IBAN_RUN = re.compile(IBAN_RUN.encode())
+_PHONE = re.compile(PHONE.encode())
+_EMAIL = re.compile(EMAIL.encode())
+# Python's re tries a regex at every position a match may start from, slowly; these find, in one
+# cheaper pass, the stretches every match lies within (or a part every match holds), and the
+# detector runs on those alone. What it finds is the same: a stretch ends where a match could not
+# go on, at a character no match holds. (PCRE, on the fast path, runs the regexes whole.)
+_CARD_STRETCH = re.compile(rb"[0-9][0-9 -]{11,}[0-9]")  # 13 or more of what a card run is made of
+_PHONE_STRETCH = re.compile(rb"[+(0-9][0-9 .()+-]{7,}[0-9]")  # the shortest phone match is 9 long
+_IBAN_PART = re.compile(rb"[0-9][0-9](?<=[A-Za-z]{2}[0-9]{2})")  # two letters, two digits
+_IBAN_HEAD = re.compile(rb"[A-Z]{2}[0-9]{2}")
+_SEPARATOR = re.compile(rb"[ -]")
+_DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)
+
+
+def luhn(digits: bytes) -> bool:
+    """The Luhn check of a run of ASCII digits: from the right, every second digit doubled."""
+    total = 0
+    for i, c in enumerate(reversed(digits)):
+        total += _DOUBLED[c - 48] if i % 2 else c - 48
+    return total % 10 == 0
+
+
+def _card_number(digits: bytes) -> bool:
+    return 13 <= len(digits) <= 19 and luhn(digits)
+
+
+def card(blob: bytes) -> bool:
+    return any(_card_in(stretch.group()) for stretch in _CARD_STRETCH.finditer(blob))
+
+
+def _card_in(stretch: bytes) -> bool:
+    for run in _CARD_RUN.finditer(stretch):
+        text = run.group()
+        digits = _SEPARATOR.sub(b"", text)
+        if _card_number(digits):
+            return True
+        if len(digits) != len(text) and any(_card_number(g) for g in _SEPARATOR.split(text)):
+            return True
+    return False
+
+
+def mod97(iban: bytes) -> bool:
+    """ISO 13616: the first four characters moved to the end, letters read as 10 to 35, mod 97 is 1."""
+    remainder = 0
+    for c in iban[4:] + iban[:4]:
+        # A digit shifts the remainder by one decimal place, a letter (two digits) by two.
+        shift, value = (10, c - 48) if c <= 57 else (100, c - 55)
+        remainder = (remainder * shift + value) % 97
+    return remainder == 1
+
+
+def _iban_from(tokens: Sequence[bytes], start: int) -> bool:
+    """An IBAN starting at word ``start``: that word alone, or it and the groups of four after it
+    (the last of 1 to 4 characters)."""
+    head = tokens[start]
+    if 15 <= len(head) <= 34 and mod97(head):
+        return True
+    if len(head) != 4:
+        return False
+    joined = head
+    for group in tokens[start + 1 :]:
+        if not 1 <= len(group) <= 4 or len(joined) + len(group) > 34:
+            return False
+        joined += group
+        if len(joined) >= 15 and mod97(joined):
+            return True
+        if len(group) < 4:
+            return False
+    return False
+
+
+def iban(blob: bytes) -> bool:
+    if _IBAN_PART.search(blob) is None:
+        return False
+    for run in _IBAN_RUN.finditer(blob):
+        tokens = run.group().upper().split(b" ")
+        if any(_IBAN_HEAD.match(t) and _iban_from(tokens, i) for i, t in enumerate(tokens)):
+            return True
+    return False
+
+
+def phone(blob: bytes) -> bool:
+    return any(_PHONE.search(stretch.group()) for stretch in _PHONE_STRETCH.finditer(blob))
+
+
+def email(blob: bytes) -> bool:
+    return _EMAIL.search(blob) is not None
+
+
+# Each built-in: its kind as the fast path runs it, the regex it carries there, and the runner's check.
+BUILT_IN: dict[str, tuple[str, str | None, Callable[[bytes], bool]]] = {
+    "card": ("card", None, card),
+    "iban": ("iban", None, iban),
+    "email": ("search", EMAIL, email),
+    "phone": ("search", PHONE, phone),
+}
+
+
+@dataclass(frozen=True)
+class Detector:
+    """One detector: ``kind`` is ``card`` or ``iban`` (a checksum), ``search`` (a built-in regex,
+    over every text at once) or ``pattern`` (an operator's regex, over each text on its own)."""
+
+    name: str
+    kind: str
+    pattern: str | None = None
+    check: Callable[[bytes], bool] | None = field(default=None, compare=False, repr=False)
+    regex: re.Pattern[bytes] | None = field(default=None, compare=False, repr=False)
+
+    def finds(self, texts: Sequence[bytes], blob: bytes) -> bool:
+        if self.check is not None:
+            return self.check(blob)
+        regex = self.regex or re.compile((self.pattern or "").encode())
+        return any(regex.search(t) is not None for t in texts)
+
+
+def pattern_detector(name: str, pattern: str) -> Detector:
+    """An operator's pattern (checked by ``content_syntax`` when the config was loaded)."""
+    return Detector(name, "pattern", pattern, regex=re.compile(pattern.encode()))
+
+
+def built_in(name: str) -> Detector:
+    kind, pattern, check = BUILT_IN[name]
+    return Detector(name, kind, pattern, check)
+
+
+def first_found(detectors: Sequence[Detector], texts: Sequence[bytes]) -> str | None:
+    """The first detector, in order, that finds something in any text; None when none does."""
+    if not texts:
+        return None
+    blob = JOIN.join(texts)
+    return next((d.name for d in detectors if d.finds(texts, blob)), None)

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Stand-in bases for the function images, made here from Debian's own packages (mmdebstrap) and
+# committed with buildah, for machines that cannot pull the official ones (no registry, no daemon):
+#
+#   lambda: python:3.11.11-bookworm and python:3.11.11-slim-bookworm  ->  Debian bookworm's Python 3.11
+#   fc:     nvcr.io/nvidia/tritonserver:24.10-py3  ->  Debian bookworm with /opt/tritonserver laid out as
+#           NGC lays it out, from the nvidia-pytriton wheel's server (CPU only), and placeholders for
+#           what the FC recipe prunes; ghcr.io/astral-sh/uv:0.5.11  ->  /uv from PyPI's uv wheel
+#
+# Prints the build arguments that select them (NAME=IMAGE, one a line). Each image's tag carries a
+# hash of this script, so one already in the store is reused until the recipe changes (--refresh
+# rebuilds). images/README.md says how close each is to the image it stands in for.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+usage() {
+  echo "usage: images/standin/bases.sh [--refresh] lambda|fc" >&2
+  exit 2
+}
+refresh=0
+case "${1:-}" in --refresh) refresh=1 && shift ;; esac
+[ $# -eq 1 ] || usage
+which=$1
+
+RECIPE=$(sha256sum "$0" | cut -c1-12)
+PREFIX=localhost/spillway-standin
+CACHE=${SPILLWAY_IMAGES_CACHE:-$PWD/.cache/images}
+PYTRITON=nvidia-pytriton==0.7.0
+UV=uv==0.5.11
+START=$SECONDS
+
+log() { printf '[standin %3ds] %s\n' $((SECONDS - START)) "$*" >&2; }
+
+for tool in mmdebstrap buildah; do
+  command -v "$tool" >/dev/null || {
+    echo "error: $tool is not installed: apt-get install -y $tool (Debian 12, as root)" >&2
+    exit 1
+  }
+done
+
+have() { buildah inspect --type image "$1" >/dev/null 2>&1; }
+
+# Debian's security and point-release updates too, as the official images have them.
+MIRRORS=(
+  "deb http://deb.debian.org/debian bookworm main"
+  "deb http://deb.debian.org/debian bookworm-updates main"
+  "deb http://deb.debian.org/debian-security bookworm-security main"
+)
+# What Debian's slim images leave out (documentation, manuals, translations), copyrights kept.
+SLIM=(
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
+  --dpkgopt='path-exclude=/usr/share/locale/*'
+)
+
+rootfs() {  # rootfs DIR PACKAGES: a minimal bookworm with PACKAGES, merged /usr, apt lists dropped
+  log "mmdebstrap bookworm + $2 (about a minute: it downloads and unpacks each package)"
+  rm -rf "$1"
+  mmdebstrap --quiet --variant=minbase --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr "${SLIM[@]}" \
+    --include="$2" --customize-hook='rm -rf "$1"/var/lib/apt/lists/*' bookworm "$1" "${MIRRORS[@]}"
+}
+
+commit() {  # commit DIR IMAGE [buildah config options...]: the folder as a one-layer image
+  local dir=$1 image=$2 c
+  shift 2
+  c=$(buildah from scratch)
+  buildah add --quiet "$c" "$dir" / >/dev/null
+  buildah config --env LANG=C.UTF-8 "$@" "$c"
+  buildah commit --quiet --rm "$c" "$image" >/dev/null
+  rm -rf "$dir"
+  log "committed $image"
+}
+
+wheel() {  # wheel SPEC: the path of the downloaded wheel (kept in the cache)
+  mkdir -p "$CACHE/wheels"
+  local name=${1%%==*} version=${1##*==}
+  local found=("$CACHE/wheels/${name//-/_}-$version-"*.whl)
+  if [ ! -e "${found[0]}" ]; then
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$CACHE/wheels" "$1" >&2
+    found=("$CACHE/wheels/${name//-/_}-$version-"*.whl)
+  fi
+  echo "${found[0]}"
+}
+
+PATH_ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+work=$(mktemp -d "${TMPDIR:-/tmp}/spillway-standin.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+python_bases() {
+  local slim=$PREFIX/python:3.11-slim-bookworm-$RECIPE full=$PREFIX/python:3.11-bookworm-$RECIPE
+  # python:3.11.11-slim-bookworm: Python with its shared library, certificates, netbase, tzdata.
+  if [ $refresh = 1 ] || ! have "$slim"; then
+    rootfs "$work/slim" python3,libpython3.11,python-is-python3,python3-venv,ca-certificates,netbase,tzdata
+    commit "$work/slim" "$slim" --env "$PATH_ENV" --cmd python3
+  fi
+  # python:3.11.11-bookworm: the same with a C compiler (the image's /dev/shm shim is built with it).
+  if [ $refresh = 1 ] || ! have "$full"; then
+    rootfs "$work/full" python3,libpython3.11,python-is-python3,python3-venv,ca-certificates,netbase,tzdata,gcc,libc6-dev
+    commit "$work/full" "$full" --env "$PATH_ENV" --cmd python3
+  fi
+  echo "PYTHON_BUILD_IMAGE=$full"
+  echo "PYTHON_IMAGE=$slim"
+}
+
+placeholder() {  # placeholder FILE MB: stands for a library the FC recipe prunes (zeros, real blocks)
+  mkdir -p "$(dirname "$1")"
+  head -c "$(($2 * 1024 * 1024))" /dev/zero >"$1"
+}
+
+triton_layout() {  # triton_layout ROOT: /opt/tritonserver as NGC has it, from the pytriton wheel
+  local root=$1 unpacked=$work/pytriton
+  python3 -m zipfile -e "$(wheel "$PYTRITON")" "$unpacked"
+  local bundle=$unpacked/pytriton/tritonserver opt=$root/opt/tritonserver
+  mkdir -p "$opt/backends"
+  cp -r "$bundle/bin" "$bundle/caches" "$opt/"
+  cp -r "$bundle/backends/python" "$opt/backends/"
+  cp "$bundle/python_backend_stubs/3.11/triton_python_backend_stub" "$opt/backends/python/"
+  cp -r "$unpacked/nvidia_pytriton.libs" "$opt/lib"
+  rm -f "$opt"/lib/libpython3-*.so*
+  chmod 0755 "$opt/bin/tritonserver" "$opt/backends/python/triton_python_backend_stub"
+  # The backends and libraries NGC's image carries and the recipe prunes (sizes made up, small).
+  local backend
+  for backend in onnxruntime:24 pytorch:32 tensorrt:4 openvino:8 fil:4 dali:4 identity:1; do
+    placeholder "$opt/backends/${backend%%:*}/libtriton_${backend%%:*}.so" "${backend##*:}"
+  done
+  local lib=$root/usr/lib/x86_64-linux-gnu
+  placeholder "$lib/libnvinfer.so.10.5.0" 16
+  placeholder "$lib/libnvonnxparser.so.10.5.0" 2
+  placeholder "$lib/libcudnn.so.9.5.0" 16
+  placeholder "$root/usr/local/cuda-12.6/targets/x86_64-linux/lib/libcublas_static.a" 8
+  ln -s cuda-12.6 "$root/usr/local/cuda"
+  placeholder "$root/usr/src/tensorrt/samples/placeholder" 1
+  chroot "$root" useradd --uid 1000 --create-home --shell /bin/bash triton-server
+}
+
+fc_bases() {
+  local triton=$PREFIX/tritonserver:24.10-py3-$RECIPE uv=$PREFIX/uv:0.5.11-$RECIPE
+  if [ $refresh = 1 ] || ! have "$triton"; then
+    # NGC's image runs Triton's Python backend on its python3 with numpy (3.10 there, 3.11 here).
+    rootfs "$work/triton" python3,libpython3.11,python3-numpy,python3-venv,ca-certificates
+    log "laying out /opt/tritonserver from $PYTRITON"
+    triton_layout "$work/triton"
+    commit "$work/triton" "$triton" --env "PATH=/opt/tritonserver/bin:${PATH_ENV#PATH=}" \
+      --env LD_LIBRARY_PATH=/opt/tritonserver/lib --env TRITON_SERVER_VERSION=2.51.0 --cmd /bin/bash
+  fi
+  if [ $refresh = 1 ] || ! have "$uv"; then
+    python3 -m zipfile -e "$(wheel "$UV")" "$work/uv-wheel"
+    mkdir -p "$work/uv"
+    install -m 0755 "$work/uv-wheel/uv-0.5.11.data/scripts/uv" "$work/uv/uv"
+    commit "$work/uv" "$uv" --cmd /uv
+  fi
+  echo "TRITON_IMAGE=$triton"
+  echo "UV_IMAGE=$uv"
+  # The stand-in has Python 3.11 (Debian's): the venv uses it instead of downloading one.
+  echo "FUNCTION_PYTHON=3.11"
+  echo "UV_PYTHON_PREFERENCE=only-system"
+}
+
+case "$which" in
+  lambda) python_bases ;;
+  fc) fc_bases ;;
+  *) usage ;;
+esac
