@@ -36,6 +36,9 @@ apt_component chromium chromium "the report's browser tests"
 # A real redis-server for the shared-state tests. Only the binary is used: the tests start their
 # own servers.
 apt_component redis-server redis-server "the shared-state tests"
+# A real Prometheus and promtool for the monitoring tests (rules, dashboards' queries, the bill) and
+# the demo. Only the binaries are used: the tests and the demo start their own on loopback.
+apt_component prometheus prometheus "the monitoring tests"
 # A C compiler for the Lambda image's /dev/shm shim (images/aws-lambda/shm_redirect.c).
 apt_component cc gcc "the Lambda image's shim tests"
 # buildah (builds the function images without a daemon or a registry), mmdebstrap (their stand-in

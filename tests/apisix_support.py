@@ -48,6 +48,8 @@ class Upstream:
     url: str = ""
     in_flight: int = 0
     max_in_flight: int = 0
+    # Headers it adds to every answer (what a hostile upstream might send).
+    extra_headers: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -81,6 +83,8 @@ def upstream(
             self.send_header("content-length", str(len(reply)))
             if state.instance is not None:
                 self.send_header("x-spillway-instance", state.instance)
+            for header, value in state.extra_headers.items():
+                self.send_header(header, value)
             self.end_headers()
             self.wfile.write(reply)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from devtools import apisix
+from devtools import prometheus as prometheus_server
 from devtools.redis import INSTALL_HINT
 from tests.conftest import SKIPS_KEPT_IN_CI, missing_set_up_component, why_not_skipped_in_ci
 from tests.image_support import MISSING_TOOLS
@@ -40,6 +41,7 @@ def test_every_skip_reason_in_the_suite_is_known_to_ci(
     made_at_run_time = {
         apisix.missing_reason() or "": "APISIX (scripts/install-apisix.sh)",
         INSTALL_HINT: "redis-server (apt)",
+        prometheus_server.INSTALL_HINT: "prometheus (apt)",
         needs_chromium.kwargs["reason"]: "Chromium (apt)",
         MISSING_TOOLS: "buildah, podman and mmdebstrap (apt)",
     }

@@ -39,6 +39,9 @@ _SHAPES: dict[str, tuple[tuple[TypeAdapter[Any], bool], ...]] = {
     "local_s": ((_COUNT, False), (_AMOUNT, False)),
     "cloud": ((_COUNT, False), (_COUNT, False), (_AMOUNT, True)),
     "tenants": ((_COUNT, False), (_AMOUNT, True)),
+    # Requests and spend per "target\ttenant\tmodel"; past the plugin's bound, per target alone.
+    "usage": ((_COUNT, False), (_AMOUNT, True)),
+    "usage_other": ((_COUNT, False), (_AMOUNT, True)),
 }
 
 
@@ -138,6 +141,8 @@ class FastOutcomes(BaseModel):
     cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
     tenants: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    usage: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    usage_other: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     residency: list[KeptHome] = Field(default_factory=list, max_length=MAX_KEYS)
     table_ages: list[_Count] = Field(default_factory=list, max_length=64)
     table_age_sum: _Amount = 0.0

@@ -162,6 +162,10 @@ class LoadTracker:
             entry.observed_ms = entry.observed_ms + weight * (ms - entry.observed_ms) if fresh else ms
             entry.observed_at = now
 
+    def known(self, model: str) -> bool:
+        """Whether the cluster reports ``model`` or the config names it (not merely a client's path)."""
+        return model != ALL_MODELS and model in self._models
+
     def set_overflowing(self, model: str | None, hot: bool) -> None:
         self._entry(model).overflowing = hot
 

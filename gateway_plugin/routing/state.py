@@ -99,6 +99,8 @@ class GatewayState:
         self.shared = shared
         # Where several runner workers share the socket: this one's index, sent with each decision.
         self.worker: str | None = None
+        self.metrics.cost.models.eligible = self.load.known
+        self.metrics.cost.accrue(clock(), 0.0)
         self.apply(config)
 
     def apply(self, config: SpillwayConfig) -> None:
@@ -121,8 +123,29 @@ class GatewayState:
         self.tenants.max_tenants = config.tenants.max_tracked
         if self.shared is not None:
             self.shared.apply(config, self.policy)
+        self.metrics.cost.resize(config.metrics.tenant_series, config.metrics.model_series)
+        self.metrics.local_cost_rate.set(config.local.cost.usd_per_hour)
+        self.metrics.local_gpus.set(config.local.cost.gpus)
+        self._publish_limits(config)
         self.version += 1
         log.info("config %d applied: targets %s", self.version, sorted(self.targets))
+
+    def _publish_limits(self, config: SpillwayConfig) -> None:
+        """What dashboards draw the gauges against: latency targets and budgets; and every target's
+        counters from zero, so a rate of them is 0 rather than no data until the first event."""
+        m = self.metrics
+        for name in self.targets:
+            m.cold_hits.labels(name)
+            m.spend.labels(name)
+        m.latency_target.labels("*").set(config.local.latency_target_ms / 1000)
+        for model, ms in config.local.model_latency_targets_ms.items():
+            m.latency_target.labels(model).set(ms / 1000)
+        for window, budgets in (
+            ("hour", config.budgets.per_target_hourly_usd),
+            ("day", config.budgets.per_target_daily_usd),
+        ):
+            for name, usd in budgets.items():
+                m.budget.labels(name, window).set(usd)
 
     @staticmethod
     def route_values(config: SpillwayConfig) -> dict[str, str]:
@@ -208,6 +231,7 @@ class GatewayState:
             if self.policy.quota_of(decision.tenant).requests_per_minute is not None:
                 book.arrivals.append(wall)
             book.in_flight.add(now)
+        self.metrics.cost.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
         if decision.target == LOCAL:
             self.load.sent_local(model)
         elif decision.is_cloud:
@@ -295,6 +319,19 @@ class GatewayState:
     def scrape_failed(self) -> None:
         self.metrics.scrape_errors.inc()
 
+    def warm_counts(self, counts: dict[str, dict[str, float]], ended: float | None) -> None:
+        """The warm-up's last round as it reported it: verified warm and wanted, per known target."""
+        m = self.metrics
+        for family, gauge in (
+            ("spillway_warmup_warm_instances", m.warmup_warm),
+            ("spillway_warmup_wanted_instances", m.warmup_wanted),
+        ):
+            for target, value in counts.get(family, {}).items():
+                if target in self.targets:
+                    gauge.labels(target).set(value)
+        if ended is not None:
+            m.warmup_round.set(ended)
+
     def warm_report(self, target: str, instances: list[str]) -> None:
         """Instances a warm-up ping reached count as warm from now."""
         now = self.clock()
@@ -326,6 +363,7 @@ class GatewayState:
     def refresh_gauges(self) -> None:
         now = self.clock()
         m = self.metrics
+        m.cost.accrue(now, self.config.local.cost.usd_per_hour)
         m.signals_fresh.set(1 if self.load.fresh else 0)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
@@ -333,8 +371,12 @@ class GatewayState:
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
         wall = self.wall()
         for name in self.targets:
-            breaker = self.target_state(name, now, wall).breaker
+            taken = self.target_state(name, now, wall)
+            breaker = taken.breaker
             m.breaker_open.labels(name).set(0 if breaker is BreakerState.CLOSED else 1)
+            m.cap.labels(name).set(self.cap(name))
+            m.spent.labels(name, "hour").set(taken.spent_hour_usd)
+            m.spent.labels(name, "day").set(taken.spent_day_usd)
             m.in_flight.labels(name).set(self.outstanding[name].count(now))
             m.warm.labels(name).set(self.pools[name].warm(now))
 

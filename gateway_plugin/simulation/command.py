@@ -258,6 +258,8 @@ COLUMNS = (
     ("p99_ms", "{:.0f}"),
     ("cloud_share", "{:.1%}"),
     ("cloud_cost_usd", "{:.4f}"),
+    ("usd_per_1000_requests", "{:.4f}"),
+    ("bursting_saved_pct", "{:.1f}%"),
     ("cold_hits", "{}"),
     ("flaps_per_min", "{:.1f}"),
     ("shed", "{}"),
@@ -278,7 +280,9 @@ def table(result: dict[str, Any]) -> str:
 def _rows(policies: dict[str, dict[str, Any]]) -> str:
     rows = [[name for name, _ in COLUMNS]]
     for name, figures in policies.items():
-        rows.append([name, *(fmt.format(figures[key]) for key, fmt in COLUMNS[1:])])
+        rows.append(
+            [name, *("-" if figures[key] is None else fmt.format(figures[key]) for key, fmt in COLUMNS[1:])]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     return "\n".join(
         "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))

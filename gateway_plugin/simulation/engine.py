@@ -66,7 +66,7 @@ class Engine:
         self.cluster = Cluster(config.local.parallelism, sim.cluster)
         target_ms = config.local.model_latency_targets_ms.get(sim.model, config.local.latency_target_ms)
         self.world = World(self.cluster, self.clouds, target_ms, features=features(config))
-        self.measures = Measures(target_ms)
+        self.measures = Measures(target_ms, local_cost=config.local.cost)
         self.local_net_s = sim.cluster.network_ms / 1000
         self.lag_s = sim.outcome_lag_s if sim.outcome_lag_s is not None else float(config.outcomes.batch_s)
         self.invoke = {t.name for t in config.targets if t.mode == "invoke"}

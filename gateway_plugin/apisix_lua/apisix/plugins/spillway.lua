@@ -262,7 +262,14 @@ local function account(ctx, d, f, tbl, policy, kept_by)
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
     local label = decide.label(d)
     local seen = { target = d.target, label = label, decision = d.target .. ";" .. label,
-                   tenant = d.tenant, cost = d.cost_usd, model = model_key }
+                   tenant = d.tenant, cost = d.cost_usd, model = model_key,
+                   -- For the cost series: a model the table does not know is "*" (the runner's other).
+                   usage_model = f.model and (model_key ~= "" and model_key or "*") or "",
+                   -- For the audit trail, keyed only if a logger asks (spillway/edge.lua).
+                   request_model = f.model,
+                   -- The class the client sent (content checks may have decided on a stricter one).
+                   class = kept_by and kept_by.classification
+                           or (policy and f.headers[policy.classification_header]) }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
     elseif d.target ~= decide.SHED then
@@ -291,6 +298,7 @@ end
 function _M.access(conf, ctx)
     local raw, path, odd = edge.admit(ctx)
     if not raw then
+        ctx.spillway_refused, ctx.spillway_via = path, "fast_path"
         return path, { error = odd }
     end
     local tbl = current()
@@ -300,9 +308,11 @@ function _M.access(conf, ctx)
         policy = route_policy(tbl, conf)
         local status, why = edge.settle(ctx, raw, odd, policy.read, policy.tenant_header)
         if status then
+            ctx.spillway_refused, ctx.spillway_via = status, "fast_path"
             return status, { error = why }
         end
         if not edge.identify(ctx, raw, f.headers, policy) then
+            ctx.spillway_refused, ctx.spillway_via = 401, "fast_path"
             return 401, { error = NO_CONSUMER }
         end
     end
