@@ -110,14 +110,13 @@ class Target(_Model):
     cold_start_ms: float = Field(default=5000.0, ge=0, description="expected start of a cold instance")
     timeout_s: float = Field(default=30.0, gt=0)
     signing_key_env: str | None = Field(
-        default="SPILLWAY_SIGNING_KEY",
-        description="environment variable holding the X-Spillway-Signature key",
+        default="SPILLWAY_SIGNING_KEY", description="environment variable with the X-Spillway-Signature key"
     )
     sign_body: bool = Field(
-        default=False,
-        description="hash the body into the signature (fetches it from APISIX; else UNSIGNED-PAYLOAD)",
+        default=False, description="hash the body into the signature (else UNSIGNED-PAYLOAD)"
     )
     idle_ttl_s: float = Field(default=300.0, gt=0, description="how long an idle instance stays warm")
+    instance_concurrency: int = Field(default=1, ge=1, le=1000, description="requests one instance serves")
     max_request_bytes: int | None = Field(
         default=None,
         ge=1,
@@ -200,10 +199,12 @@ class Residency(_Model):
 
 
 class Overflow(_Model):
-    enter_ratio: float = Field(default=1.0, gt=0, description="overflow when estimate > target x this")
-    exit_ratio: float = Field(default=0.8, gt=0, description="stop when estimate < target x this")
+    enter_ratio: float = Field(default=0.8, gt=0, description="overflow when estimate > target x this")
+    exit_ratio: float = Field(default=0.7, gt=0, description="stop when estimate < target x this")
     saturation_ratio: float = Field(default=4.0, gt=0, description="local is saturated past target x this")
     retry_after_s: int = Field(default=1, ge=1)
+    # Spill sooner by this many times the queueing that on-prem-only arrivals alone would cause.
+    onprem_headroom: float = Field(default=4.0, ge=0, le=100)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Overflow:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
+from gateway_plugin.routing.overflow import backlog_ms, scraped_latency_ms
 from gateway_plugin.routing.policy import (
     LocalLoad,
     Policy,
@@ -28,11 +29,10 @@ from gateway_plugin.routing.policy import (
     TargetPolicy,
     TargetState,
     TenantState,
-    estimated_latency_ms,
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 2
+FORMAT = 3
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -95,17 +95,23 @@ def _policy(policy: Policy) -> dict[str, Any]:
         "exit_ratio": policy.exit_ratio,
         "saturation_ratio": policy.saturation_ratio,
         "retry_after_s": policy.retry_after_s,
+        "parallelism": policy.parallelism,
+        "onprem_headroom": policy.onprem_headroom,
         "default_chain": list(policy.default_chain),
         "rules": [_rule(r) for r in policy.rules],
     }
 
 
 def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
+    """The scrape's estimates: ``latency_ms`` where the plugin counts nothing, ``backlog_ms`` to
+    take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``)."""
     return {
         "fresh": load.fresh,
-        "latency_ms": estimated_latency_ms(load, policy),
+        "latency_ms": scraped_latency_ms(load, policy),
+        "backlog_ms": backlog_ms(load, policy),
         "compute_ms": load.compute_ms,
         "overflowing": load.overflowing,
+        "onprem_rps": load.onprem_rps,
     }
 
 
@@ -114,6 +120,7 @@ def _target(
 ) -> dict[str, Any]:
     target: dict[str, Any] = {
         "cap": cap,
+        "slots": spec.slots,
         "cold_start_ms": spec.cold_start_ms,
         "cost_usd": spec.cost_usd,
         "cold_cost_usd": spec.cold_cost_usd,

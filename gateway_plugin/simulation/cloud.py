@@ -43,7 +43,7 @@ class CloudTarget:
         self.name = target.name
         self.idle_ttl_s = target.idle_ttl_s
         self.cap = target.concurrency_cap
-        self.slots = model.instance_concurrency
+        self.slots = model.instance_concurrency or target.instance_concurrency
         self.max_instances = model.max_instances
         self.network_s = model.network_ms / 1000
         self.error_rate = model.error_rate

@@ -46,11 +46,11 @@ class SimulatedTarget(_Model):
     network_ms: float = Field(
         default=20.0, ge=0, description="round trip from the gateway, added to each request"
     )
-    instance_concurrency: int = Field(
-        default=1,
+    instance_concurrency: int | None = Field(
+        default=None,
         ge=1,
         le=1000,
-        description="requests one instance runs at once (Lambda: 1; FC: configurable)",
+        description="requests one instance runs at once (default: the target's instance_concurrency)",
     )
     max_instances: int = Field(
         default=1000, ge=1, description="the platform's concurrency limit; past it, 429"

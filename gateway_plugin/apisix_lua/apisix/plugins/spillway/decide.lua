@@ -15,7 +15,8 @@ local _M = {}
 
 local LOCAL, SHED = "local", "shed"
 _M.LOCAL, _M.SHED = LOCAL, SHED
-local NO_LOAD = { fresh = false, latency_ms = 0, compute_ms = 0, overflowing = false }
+local NO_LOAD = { fresh = false, latency_ms = 0, backlog_ms = 0, compute_ms = 0, overflowing = false,
+                  onprem_rps = 0 }
 local NO_TARGET_STATE = { breaker = "closed", probe_allowed = false, warm = 0,
                           spent_hour_usd = 0, spent_day_usd = 0 }
 local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd = 0 }
@@ -74,12 +75,38 @@ local function may_leave(f, policy)
 end
 _M.may_leave = may_leave
 
-local function overflowing(load, target_ms, policy)
-    local latency = load.latency_ms
-    if latency > target_ms * policy.enter_ratio then
+-- routing/overflow.py's estimated_latency_ms: the table's estimate from the scrape, or, where
+-- this node counts what it has at the cluster, the larger of the count's (all but
+-- parallelism - 1 of them finish first) and the scrape's backlog (other gateways' requests).
+local function latency_of(load, policy, in_flight)
+    if in_flight == nil or in_flight < 0 or load.compute_ms <= 0 then
+        return load.latency_ms
+    end
+    local c = policy.parallelism
+    local own = math.max(0, in_flight - c + 1) * load.compute_ms / c + load.compute_ms
+    return math.max(own, load.backlog_ms)
+end
+_M.latency_of = latency_of
+
+-- routing/overflow.py's onprem_reserve_ms: the latency kept free for on-prem-only requests.
+local function reserve_of(load, policy)
+    local headroom, c = policy.onprem_headroom, policy.parallelism
+    if load.compute_ms <= 0 or load.onprem_rps <= 0 or headroom <= 0 then
+        return 0
+    end
+    local rho = load.onprem_rps * load.compute_ms / 1000 / c
+    if rho >= 1 then
+        return math.huge
+    end
+    return headroom * load.compute_ms / c * rho / (1 - rho)
+end
+
+local function overflowing(load, target_ms, policy, latency)
+    local need = latency + reserve_of(load, policy)
+    if need > target_ms * policy.enter_ratio then
         return true
     end
-    if latency < target_ms * policy.exit_ratio then
+    if need < target_ms * policy.exit_ratio then
         return false
     end
     return load.overflowing
@@ -92,9 +119,10 @@ local function decision(target, reason, extra)
     return d
 end
 
-local function stay_local(load, policy, reason, tenant, hot, residency_kept)
+-- latency: the estimate decide() made (the table's alone when omitted, as on the fail-safe path).
+local function stay_local(load, policy, reason, tenant, hot, residency_kept, latency)
     if load.fresh then
-        local latency = load.latency_ms
+        latency = latency or load.latency_ms
         if latency - load.compute_ms > policy.max_queue_ms
             or latency > policy.latency_target_ms * policy.saturation_ratio then
             return decision(SHED, reason, { status = 503, retry_after_s = policy.retry_after_s,
@@ -175,16 +203,13 @@ local function takes(spec, f)
     return f.body_bytes ~= nil and f.body_bytes <= limit
 end
 
--- The chain's first cold target may start an instance though the local queue is shorter than
--- its start: one at a time, when local misses its target anyway and the target's warm instances
--- are all busy, or local is saturated (policy.py's _may_start).
-local function may_start(warm, in_flight, misses, saturated)
-    return in_flight <= warm and (saturated or (misses and warm > 0))
-end
-
-local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, misses, saturated)
-    local first, first_warm
-    local grow = true
+-- The cheapest eligible target with a free warm instance (the chain's order among equals), else
+-- the chain's first eligible cold one. A cold target whose start is longer than the local queue
+-- is not worth it, except the first such target of the chain when grow (local would miss the
+-- target anyway, or is saturated): policy.py's _pick_target. A warm instance is free when the
+-- warm ones' slots outnumber the requests in flight that were not sent there cold.
+local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, grow)
+    local first, first_cost, best, best_cost
     for _, name in ipairs(chain) do
         local spec = tbl.targets[name]
         if spec and not spec.invoke and takes(spec, f) then
@@ -193,11 +218,10 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, m
                 or (breaker == "half_open" and not live:probe_allowed(name, spec))
             local in_flight = live:in_flight(name)
             if not blocked and in_flight < spec.cap then
-                local warm_instances = spec.warm or 0
-                local warm = warm_instances > in_flight
+                local warm = (spec.warm or 0) * spec.slots > in_flight - live:starting(name)
                 local startable = warm or local_wait_ms >= spec.cold_start_ms
                 if not startable then
-                    startable = grow and may_start(warm_instances, in_flight, misses, saturated)
+                    startable = grow
                     grow = false
                 end
                 if startable then
@@ -207,25 +231,31 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, m
                         and within(spec.spent_day_usd + extra + cost, spec.daily_usd)
                         and tenant_budget_allows(tenant, cost, tbl, policy) then
                         if warm then
-                            return name, "overflow_warm", cost
-                        end
-                        if not first then
-                            first, first_warm = name, cost
+                            if best == nil or cost < best_cost then
+                                best, best_cost = name, cost
+                            end
+                        elseif not first then
+                            first, first_cost = name, cost
                         end
                     end
                 end
             end
         end
     end
+    if best then
+        return best, "overflow_warm", best_cost
+    end
     if first then
-        return first, "overflow_cold", first_warm
+        return first, "overflow_cold", first_cost
     end
     return nil
 end
 
 -- f: {path, headers (lower-case names, string values), args (string values), model}
 -- tbl: the decision table (compiled by the table module); policy: the route's policy;
--- live: in_flight(name), spent(name), tenant_in_flight(tenant), probe_allowed(name, spec).
+-- live: in_flight(name), starting(name) (those sent there cold), spent(name),
+-- tenant_in_flight(tenant), probe_allowed(name, spec), local_in_flight(model_key): this node's
+-- requests at the cluster (nil: not counted).
 function _M.decide(f, tbl, policy, live)
     local tenant = f.headers[policy.tenant_header]
     if tenant == "" then
@@ -246,11 +276,16 @@ function _M.decide(f, tbl, policy, live)
     local chain = (rule and #rule.targets > 0) and rule.targets or policy.default_chain
     local rule_name = rule and rule.name
     local model_key = f.model or ""
-    local load = tbl["local"][model_key] or tbl["local"][""] or NO_LOAD
-    local target_ms = policy.model_targets_ms[model_key] or policy.latency_target_ms
-    local hot = false
+    local load = tbl["local"][model_key]
+    if load == nil then
+        model_key = ""
+        load = tbl["local"][""] or NO_LOAD
+    end
+    local target_ms = policy.model_targets_ms[f.model or ""] or policy.latency_target_ms
+    local hot, latency = false, 0
     if load.fresh then
-        hot = overflowing(load, target_ms, policy)
+        latency = latency_of(load, policy, live:local_in_flight(model_key))
+        hot = overflowing(load, target_ms, policy, latency)
     end
     if action == "shed" then
         return decision(SHED, "rule", { status = 503, retry_after_s = policy.retry_after_s,
@@ -258,11 +293,15 @@ function _M.decide(f, tbl, policy, live)
     end
     local wants_out = #chain > 0 and (action == "target" or (action == "overflow" and hot))
     if not may_leave(f, policy) then
+        local d
         if wants_out then
-            return stay_local(load, policy, "residency", tenant, hot, true)
+            d = stay_local(load, policy, "residency", tenant, hot, true, latency)
+        else
+            d = decision(LOCAL, load.fresh and "local_ok" or "signals_missing",
+                         { overflowing = hot, tenant = tenant })
         end
-        return decision(LOCAL, load.fresh and "local_ok" or "signals_missing",
-                        { overflowing = hot, tenant = tenant })
+        d.on_prem_only = true
+        return d
     end
     if action == "local" then
         return decision(LOCAL, "rule", { overflowing = hot, tenant = tenant, rule = rule_name })
@@ -275,18 +314,16 @@ function _M.decide(f, tbl, policy, live)
     end
     local local_wait = math.huge
     if action == "overflow" then
-        local_wait = load.latency_ms - load.compute_ms
+        local_wait = latency - load.compute_ms
     end
-    local latency = load.latency_ms
-    local misses = latency > target_ms
-    local saturated = latency - load.compute_ms > policy.max_queue_ms
+    local grow = latency > target_ms
+        or latency - load.compute_ms > policy.max_queue_ms
         or latency > policy.latency_target_ms * policy.saturation_ratio
-    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live, f, misses,
-                                           saturated)
+    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live, f, grow)
     if name then
         return decision(name, reason, { overflowing = hot, cost_usd = cost, tenant = tenant })
     end
-    return stay_local(load, policy, "no_target", tenant, hot)
+    return stay_local(load, policy, "no_target", tenant, hot, false, latency)
 end
 
 -- What operators see in X-Spillway-Decision after the target: rule:<name>, +local_saturated.
