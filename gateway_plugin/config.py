@@ -90,6 +90,7 @@ class TargetCost(_Model):
     usd_per_gpu_second: float = Field(default=0.0, ge=0)
     expected_duration_ms: float = Field(default=100.0, gt=0, description="billed time of one inference")
     billed_init: bool = Field(default=True, description="a cold start's init time is billed (Lambda images)")
+    usd_per_idle_second: float = Field(default=0.0, ge=0, description="a live idle instance (FC's idle GPUs)")
 
 
 class Target(_Model):

@@ -86,6 +86,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "cost": {
                 "memory_gb": rng.choice([1, 2, 4, 10]),
                 "expected_duration_ms": rng.choice([20, 100, 900]),
+                "usd_per_idle_second": rng.choice([0.0, 0.0, 0.00002]),
             },
         }
         for n in names

@@ -121,6 +121,7 @@ def _target(
     target: dict[str, Any] = {
         "cap": cap,
         "slots": spec.slots,
+        "idle_usd": spec.idle_usd,
         "cold_start_ms": spec.cold_start_ms,
         "cost_usd": spec.cost_usd,
         "cold_cost_usd": spec.cold_cost_usd,

@@ -150,7 +150,9 @@ _NO_QUOTA = Quota()
 @dataclass(frozen=True)
 class TargetPolicy:
     """A target as the policy prices and fills it; ``slots``: requests one warm instance serves at
-    once (FC's instance concurrency; 1 on Lambda)."""
+    once (FC's instance concurrency; 1 on Lambda); ``idle_usd``: what using one of its slots may
+    keep billed as idle time (an instance used is kept alive up to its idle TTL: FC bills idle
+    GPUs), which weighs in choosing among warm targets."""
 
     name: str
     concurrency_cap: int
@@ -161,6 +163,7 @@ class TargetPolicy:
     daily_usd: float | None = None
     max_request_bytes: int | None = None
     slots: int = 1
+    idle_usd: float = 0.0
 
     def takes(self, body_bytes: int | None) -> bool:
         """Whether the platform accepts a body this size (an unknown size only where none is set)."""
@@ -341,8 +344,8 @@ def _pick_target(
     body_bytes: int | None,
     grow: bool,
 ) -> tuple[str, Reason, float] | None:
-    """The cheapest eligible target with a free warm instance (the chain's order among equals),
-    else the chain's first eligible cold one.
+    """The cheapest eligible target with a free warm instance (its price and the idle time using it
+    may keep billed; the chain's order among equals), else the chain's first eligible cold one.
 
     A cold target whose start is longer than the local queue is not worth it, except the first
     such target of the chain when ``grow`` (local would miss the target anyway, or is saturated):
@@ -380,5 +383,7 @@ def _pick_target(
     if not eligible:
         return None
     warm_ones = [e for e in eligible if e[1]]
-    name, warm, cost = min(warm_ones, key=lambda e: e[2]) if warm_ones else eligible[0]
+    name, warm, cost = (
+        min(warm_ones, key=lambda e: e[2] + policy.targets[e[0]].idle_usd) if warm_ones else eligible[0]
+    )
     return name, Reason.OVERFLOW_WARM if warm else Reason.OVERFLOW_COLD, cost

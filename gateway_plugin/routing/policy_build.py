@@ -26,6 +26,7 @@ def build_policy(config: SpillwayConfig) -> Policy:
             daily_usd=config.budgets.per_target_daily_usd.get(t.name),
             max_request_bytes=t.request_limit_bytes,
             slots=t.instance_concurrency,
+            idle_usd=t.cost.usd_per_idle_second * t.idle_ttl_s / t.instance_concurrency,
         )
         for t in config.targets
     }

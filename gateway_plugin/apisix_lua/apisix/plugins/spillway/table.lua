@@ -77,7 +77,8 @@ local function load_ok(l)
 end
 
 local function target_ok(t)
-    return type(t) == "table" and is_num(t.cap) and is_num(t.slots) and is_num(t.cold_start_ms)
+    return type(t) == "table" and is_num(t.cap) and is_num(t.slots) and is_num(t.idle_usd)
+        and is_num(t.cold_start_ms)
         and is_num(t.cost_usd)
         and is_num(t.cold_cost_usd) and BREAKERS[t.breaker] and is_bool(t.probe_allowed)
         and is_num(t.warm) and is_num(t.spent_hour_usd) and is_num(t.spent_day_usd)
