@@ -10,6 +10,7 @@ on-prem-only traffic), each baseline's sweep (``baselines.SWEEPS``: static_thres
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,21 @@ SPILLWAY_KNOBS: tuple[tuple[float | None, float | None, float | None], ...] = (
 )
 # The oracle's (price USD per request met, pool) grid.
 # 1e9 USD a request met: the cloud is never worth it, and a pool of 0 starts nothing.
-ORACLE_GRID: tuple[tuple[float, float], ...] = ((0.0, 0.5), (0.0, 1.0), (0.0, 2.0), (1e5, 1.0), (1e9, 0.0))
+# The oracle's (price USD per request met, pool, spread, eager) grid; 1e9 USD a request: the cloud is
+# never worth it, and a pool of 0 starts nothing.
+ORACLE_GRID: tuple[tuple[float, float, bool, bool], ...] = (
+    (0.0, 0.5, False, True),
+    (0.0, 1.0, False, True),
+    (0.0, 2.0, False, True),
+    (0.0, 1.0, True, True),
+    (0.0, 2.0, True, True),
+    (0.0, 1.0, False, False),
+    (0.0, 2.0, True, False),
+    (1e5, 1.0, False, True),
+    (1e9, 0.0, False, True),
+)
+# Where a baseline point is left unbounded: pools between and past the grid's, then smaller ones.
+POOLS_BETWEEN = (0.6, 0.7, 0.8, 0.9, 1.25, 1.5, 3.0, 4.0, 6.0)
 Tick = Callable[[str], Callable[[float], None] | None]
 POOL_STEP, MIN_POOL = 0.8, 0.05
 
@@ -131,16 +146,17 @@ def sweep(
     ]
     oracles: list[Point] = []
     if oracle:
-        for price, pool in ORACLE_GRID:
-            made = Oracle(config, arrivals, price, pool)
+        for price, pool, spread, eager in ORACLE_GRID:
+            made = Oracle(config, arrivals, price, pool, spread, eager)
             oracles.append(run(made, made.params))
-        # Where a baseline point is left unbounded, the oracle plans again with a smaller pool
-        # (fewer instances started: its spend's main part), down to the spend of that point.
-        for point in baselines:
-            pool = min(p for _, p in ORACLE_GRID if p > 0)
-            while point.spend > 0 and not bounded_by(point, oracles) and pool > MIN_POOL:
-                pool = round(pool * POOL_STEP, 4)
-                made = Oracle(config, arrivals, 0.0, pool)
+        # Where a baseline point is left unbounded, the oracle plans again with other pool sizes
+        # (the instances it starts are its spend's main part): between the grid's, then smaller.
+        smaller = (round(0.5 * POOL_STEP**k, 4) for k in range(1, 100))
+        for pool in (*POOLS_BETWEEN, *itertools.takewhile(lambda p: p > MIN_POOL, smaller)):
+            if not any(b.spend > 0 and not bounded_by(b, oracles) for b in baselines):
+                break
+            for spread, eager in itertools.product((False, True), (True, False)):
+                made = Oracle(config, arrivals, 0.0, pool, spread, eager)
                 oracles.append(run(made, made.params))
     return summarise(ours[0], ours[1:], baselines, oracles)
 

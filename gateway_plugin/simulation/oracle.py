@@ -10,12 +10,13 @@ decides each request when it arrives, once.
 How it decides:
 - an on-prem-only request goes local when it will meet the latency target there, and is shed when
   it will not (a request that misses anyway only delays the ones behind it);
-- a request that may leave first feeds the pool plan: when the instances alive are fewer than the
+- a request that may leave first feeds the pool plan (``eager``; else only one it would shed): when
+  the instances alive are fewer than the
   most the cloud will be asked for over the life of one started now (from the end of its cold
   start to its idle TTL; planned from the trace's own arrivals: what the cluster cannot take at
   ``UTILISATION`` of its capacity after the on-prem-only load, times the cloud's latency, times
-  ``pool``), it starts one on the chain's first target with room and no idle warm instance (the
-  platform would send it to that one);
+  ``pool``), it starts one on the chain's first target with room (``spread``: the first with room
+  and no idle warm instance, which the platform would send it to instead);
 - else it goes local when it meets the target there and takes no on-prem-only request ahead below
   it: the cluster's queue is played forward over the on-prem-only arrivals to come, with and
   without it, until the two futures meet (``harm``: how many more of them would miss);
@@ -47,8 +48,10 @@ from gateway_plugin.simulation.world import World
 
 # The share of the cluster's capacity the plan expects it to run at while meeting the target.
 UTILISATION = 0.8
-# How far the queue is played forward to see whom a request kept local would delay.
-HORIZON_S = 10.0
+# How far the queue is played forward to see whom a request kept local would delay: until the two
+# futures meet, at most this long and over at most this many on-prem-only arrivals.
+HORIZON_S = 5.0
+HORIZON_REQUESTS = 64
 
 
 class Oracle:
@@ -61,10 +64,12 @@ class Oracle:
         arrivals: Sequence[Job],
         price: float = 0.0,
         pool: float = 1.0,
+        spread: bool = False,
+        eager: bool = True,
     ) -> None:
         self.policy = build_policy(config)
-        self.params = {"price": price, "pool": pool}
-        self.price, self.pool = price, pool
+        self.params = {"price": price, "pool": pool, "spread": float(spread), "eager": float(eager)}
+        self.price, self.pool, self.spread, self.eager = price, pool, spread, eager
         sim = config.simulation
         self.target_s = (
             config.local.model_latency_targets_ms.get(sim.model, config.local.latency_target_ms) / 1000
@@ -114,7 +119,7 @@ class Oracle:
         meets = latency <= self.target_s
         if not may_leave(world.features[job.confidential], self.policy):
             return LOCAL if meets else SHED
-        grow = self._grow(job, now, world)
+        grow = self._grow(job, now, world) if self.eager else None
         if grow is not None:
             return grow
         harm = self._harm(i, now, cluster.free_at(now)) if meets else 0
@@ -123,17 +128,23 @@ class Oracle:
         warm = self._warm(job, now, world)
         if warm is not None and (1 if not meets else harm) >= self.price * warm[1]:
             return warm[0]
-        return SHED
+        return (None if self.eager else self._grow(job, now, world)) or SHED
 
     def _grow(self, job: Job, now: float, world: World) -> str | None:
+        """Where to start an instance when the pool plan wants more alive than there are: the
+        chain's first target with room (``spread``: the first with room and no idle warm one),
+        unless it has an idle warm one (a request sent there would take it, and start nothing)."""
         want = self.want[min(int(now), len(self.want) - 1)]
         if want <= sum(world.clouds[name].live for name in self.chain):
             return None
         for name in self.chain:
             cloud, spec = world.clouds[name], self.policy.targets[name]
             room = cloud.in_flight < spec.concurrency_cap and cloud.live < cloud.max_instances
-            if room and spec.takes(job.body_bytes) and not cloud.idle_warm(now):
-                return name
+            if room and spec.takes(job.body_bytes):
+                if not cloud.idle_warm(now):
+                    return name
+                if not self.spread:
+                    return None
         return None
 
     def _warm(self, job: Job, now: float, world: World) -> tuple[str, float] | None:
@@ -165,17 +176,21 @@ class Oracle:
         without = list(ends)
         within = list(ends)
         heapq.heapreplace(within, max(within[0], now) + self.local_s[i])
-        target, net, met = self.target_s, self.net_s, 0
-        while k is not None and self.at[k] <= now + HORIZON_S:
-            at, service = self.at[k], self.local_s[k]
+        target, net, met, horizon = self.target_s, self.net_s, 0, now + HORIZON_S
+        at_, local_s, next_stay = self.at, self.local_s, self.next_stay
+        for _ in range(HORIZON_REQUESTS):
+            if k is None or at_[k] > horizon:
+                break
+            at, service = at_[k], local_s[k]
             for heap, sign in ((without, 1), (within, -1)):
                 start = max(heap[0], at)
                 if start - at + service + net <= target:
                     heapq.heapreplace(heap, start + service)
                     met += sign
-            if sorted(max(e, at) for e in without) == sorted(max(e, at) for e in within):
+            # The two futures meet once every instance is as free in one as in the other.
+            if max(within) <= at or (sum(within) == sum(without) and sorted(within) == sorted(without)):
                 break
-            k = self.next_stay[k]
+            k = next_stay[k]
         return met
 
     def scraped(self, counters: Counters, now: float) -> None:

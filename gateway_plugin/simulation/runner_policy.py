@@ -1,8 +1,10 @@
 """Spillway's own policy in simulated time: the runner's ``GatewayState`` (snapshots, commits,
 breakers, budgets, quotas, warm pools, the load tracker) on a simulated clock, and
 ``policy.decide()`` itself, fed the scrapes, answers and warm-up reports the runner would get, and
-the in-flight counts the gateway keeps (local and per target, exact: APISIX sees each answer go
-by; the fast path's shared-dict counters, and on the ext-plugin route the edge plugin's)."""
+(``simulation.gateway_counts``, the default) the in-flight counts the gateway keeps, local and per
+target, exact as the fast path's shared-dict counters are: APISIX sees each answer go by. Without
+them it is the ext-plugin route: the runner's own books, which learn of answers only when the
+logger reports them."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ class SpillwayRouter:
         self.tenant_header = config.tenants.header.lower()
         self.in_flight = {LOCAL: 0, **{t.name: 0 for t in config.targets}}
         self.starting = {t.name: 0 for t in config.targets}
-        self.counts = Counts(self.in_flight, self.starting)
+        self.counts = Counts(self.in_flight, self.starting) if config.simulation.gateway_counts else None
 
     def _clock(self) -> float:
         return self.now
