@@ -162,39 +162,43 @@ def _charts(result: dict[str, Any], policies: dict[str, Measures]) -> dict[str, 
 def pareto_png(
     frontier: dict[str, Any], plt: Any, title: str = "Spend against SLO: every policy's points"
 ) -> bytes:
-    """Every point of every sweep, the frontier through them, the oracle's, and Spillway's default."""
-    fig, ax = plt.subplots(figsize=(7, 5))
+    """Every point of every sweep, the frontier through them, the oracle's, and Spillway's default;
+    on the right, the same around the default."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for p in frontier["points"]:
         by_policy.setdefault(p["policy"], []).append(p)
-    for name, points in by_policy.items():
-        marker = {"spillway": "o", "oracle": "s"}.get(name, ".")
-        xs, ys = [p["cloud_cost_usd"] for p in points], [p["slo_attainment"] for p in points]
-        ax.scatter(xs, ys, marker=marker, label=name, alpha=0.8)
-    for key, style, label in (("frontier", "-", "frontier"), ("oracle_frontier", "--", "oracle's frontier")):
-        line = frontier[key]
-        ax.step(
-            [p["cloud_cost_usd"] for p in line],
-            [p["slo_attainment"] for p in line],
-            style,
-            where="post",
-            label=label,
-            color="grey",
-        )
     default = frontier["spillway_default"]
-    ax.scatter(
-        [default["cloud_cost_usd"]],
-        [default["slo_attainment"]],
-        marker="*",
-        s=250,
-        color="black",
-        label="spillway (default)",
-        zorder=5,
+    for ax in axes:
+        for name, points in by_policy.items():
+            marker = {"spillway": "o", "oracle": "s"}.get(name, ".")
+            xs, ys = [p["cloud_cost_usd"] for p in points], [p["slo_attainment"] for p in points]
+            ax.scatter(xs, ys, marker=marker, label=name, alpha=0.8)
+        for key, style, label in (
+            ("frontier", "-", "frontier"),
+            ("oracle_frontier", "--", "oracle's frontier"),
+        ):
+            line = frontier[key]
+            xs, ys = [p["cloud_cost_usd"] for p in line], [p["slo_attainment"] for p in line]
+            ax.step(xs, ys, style, where="post", label=label, color="grey")
+        ax.scatter(
+            [default["cloud_cost_usd"]],
+            [default["slo_attainment"]],
+            marker="*",
+            s=250,
+            color="black",
+            zorder=5,
+        )
+        ax.set(xlabel="cloud spend (USD)", ylabel="SLO attainment")
+    spend, slo = default["cloud_cost_usd"], default["slo_attainment"]
+    top = max(p["slo_attainment"] for p in frontier["points"])
+    axes[1].set(
+        xlim=(spend * 0.4, spend * 1.8 + 1e-6),
+        ylim=(slo - 0.1, top + 0.01),
+        title="around the default (star)",
     )
-    ax.set(
-        xlabel="cloud spend (USD)", ylabel="SLO attainment", title="Spend against SLO: every policy's points"
-    )
-    ax.legend(fontsize=8)
+    axes[0].set(title=title)
+    axes[0].legend(fontsize=8)
     return _png(fig, plt)
 
 
