@@ -2,7 +2,7 @@
 on-prem-only traffic, hysteresis, saturation, and when a cold start is worth its price.
 
 Pure functions of a ``LocalLoad`` and the ``Policy`` (``routing.policy`` holds both types and
-calls these); ``apisix/plugins/spillway/decide.lua`` computes the same on the fast path.
+calls these); ``apisix/plugins/spillway/overflow.lua`` computes the same on the fast path.
 
 Why the headroom: requests that may not leave have nowhere else to go. A cluster kept full by
 requests that could have left makes every on-prem-only request behind them queue, miss or be

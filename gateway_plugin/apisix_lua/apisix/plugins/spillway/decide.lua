@@ -6,6 +6,9 @@
 -- Every step mirrors policy.py and keeps its order: residency, tenant quota, rules, overflow,
 -- cold starts, targets, and local or shed when nothing is eligible.
 
+local overflow = require("apisix.plugins.spillway.overflow")
+local latency_of, reserve_of, overflowing = overflow.latency_of, overflow.reserve_of, overflow.overflowing
+
 local re_find = ngx.re.find
 local str_lower = string.lower
 local str_byte, str_sub = string.byte, string.sub
@@ -74,43 +77,6 @@ local function may_leave(f, policy)
     return policy.cloud_allowed_set[str_lower(strip(label))] == true
 end
 _M.may_leave = may_leave
-
--- routing/overflow.py's estimated_latency_ms: the table's estimate from the scrape, or, where
--- this node counts what it has at the cluster, the larger of the count's (all but
--- parallelism - 1 of them finish first) and the scrape's backlog (other gateways' requests).
-local function latency_of(load, policy, in_flight)
-    if in_flight == nil or in_flight < 0 or load.compute_ms <= 0 then
-        return load.latency_ms
-    end
-    local c = policy.parallelism
-    local own = math.max(0, in_flight - c + 1) * load.compute_ms / c + load.compute_ms
-    return math.max(own, load.backlog_ms)
-end
-_M.latency_of = latency_of
-
--- routing/overflow.py's onprem_reserve_ms: the latency kept free for on-prem-only requests.
-local function reserve_of(load, policy)
-    local headroom, c = policy.onprem_headroom, policy.parallelism
-    if load.compute_ms <= 0 or load.onprem_rps <= 0 or headroom <= 0 then
-        return 0
-    end
-    local rho = load.onprem_rps * load.compute_ms / 1000 / c
-    if rho >= 1 then
-        return math.huge
-    end
-    return headroom * load.compute_ms / c * rho / (1 - rho)
-end
-
-local function overflowing(load, target_ms, policy, latency)
-    local need = latency + reserve_of(load, policy)
-    if need > target_ms * policy.enter_ratio then
-        return true
-    end
-    if need < target_ms * policy.exit_ratio then
-        return false
-    end
-    return load.overflowing
-end
 
 local function decision(target, reason, extra)
     local d = extra or {}
