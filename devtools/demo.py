@@ -75,6 +75,7 @@ class DemoSettings:
     latency_target_ms: float = 500.0
     enter_ratio: float = 0.5
     exit_ratio: float = 0.4
+    onprem_headroom: float = 4.0
     cloud_start_delay_s: tuple[float, float] = (1.0, 2.0)
     pool_max: int = 2
     warm_instances: int = 2
@@ -143,7 +144,12 @@ def demo_config(
             }
             for (name, url), delay in zip(pools.items(), s.cloud_start_delay_s, strict=True)
         ],
-        "overflow": {"enter_ratio": s.enter_ratio, "exit_ratio": s.exit_ratio, "saturation_ratio": 50},
+        "overflow": {
+            "enter_ratio": s.enter_ratio,
+            "exit_ratio": s.exit_ratio,
+            "saturation_ratio": 50,
+            "onprem_headroom": s.onprem_headroom,
+        },
         "metrics": {"listen": f"127.0.0.1:{runner_metrics_port}"},
         "outcomes": {"listen": f"127.0.0.1:{outcomes_port}", "batch_s": APISIX_BATCH_S},
         "warmup": {

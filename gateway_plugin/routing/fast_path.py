@@ -239,6 +239,8 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
         residency_log.info(json.dumps(seen))
     for model, sent in summary.sent_local.items():
         state.load.sent_local_many(model or None, sent)
+    for model, arrived in summary.on_prem.items():
+        state.load.arrived_onprem(model or None, arrived)
     for model, (count, seconds) in summary.local_s.items():
         if count:
             state.answered_local(model or None, seconds / count * 1000)

@@ -36,6 +36,7 @@ _TEXT: TypeAdapter[str] = TypeAdapter(_Text)
 _SHAPES: dict[str, tuple[tuple[TypeAdapter[Any], bool], ...]] = {
     "decisions": ((_COUNT, False),),
     "sent_local": ((_COUNT, False),),
+    "on_prem": ((_COUNT, False),),
     "local_s": ((_COUNT, False), (_AMOUNT, False)),
     "cloud": ((_COUNT, False), (_COUNT, False), (_AMOUNT, True)),
     "tenants": ((_COUNT, False), (_AMOUNT, True)),
@@ -137,6 +138,7 @@ class FastOutcomes(BaseModel):
 
     decisions: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     sent_local: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
+    on_prem: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)

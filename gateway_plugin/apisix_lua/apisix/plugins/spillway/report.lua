@@ -28,8 +28,8 @@ function _M.new()
     for i = 1, N_BOUNDS + 1 do
         ages[i] = 0
     end
-    return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, local_s = {}, cloud = {},
-             instances = {}, usage = {}, usage_other = {},
+    return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, on_prem = {}, local_s = {},
+             cloud = {}, instances = {}, usage = {}, usage_other = {},
              tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
 end
 
@@ -132,17 +132,25 @@ function _M.add(agg, seen, var, status)
     end
 end
 
--- Requests sent local, per model: the runner adds them to the cluster's backlog estimate.
-function _M.sent_local(agg, model)
-    local sent = agg.sent_local
-    if sent[model] == nil and agg.keys >= MAX_KEYS then
+local function count(agg, map, model)
+    if map[model] == nil and agg.keys >= MAX_KEYS then
         agg.dropped = agg.dropped + 1
         return
     end
-    if sent[model] == nil then
+    if map[model] == nil then
         agg.keys = agg.keys + 1
     end
-    sent[model] = (sent[model] or 0) + 1
+    map[model] = (map[model] or 0) + 1
+end
+
+-- Requests sent local, per model: the runner adds them to the cluster's backlog estimate.
+function _M.sent_local(agg, model)
+    count(agg, agg.sent_local, model)
+end
+
+-- Requests that may not leave, per model: the runner measures the headroom they need from them.
+function _M.on_prem(agg, model)
+    count(agg, agg.on_prem, model)
 end
 
 local function clipped(text)
@@ -175,7 +183,8 @@ function _M.body(agg)
         instances[target] = ids
     end
     return {
-        decisions = agg.decisions, sent_local = agg.sent_local, local_s = agg.local_s, cloud = agg.cloud, instances = instances,
+        decisions = agg.decisions, sent_local = agg.sent_local, on_prem = agg.on_prem, local_s = agg.local_s,
+        cloud = agg.cloud, instances = instances,
         tenants = agg.tenants, residency = agg.residency, table_ages = agg.ages,
         usage = agg.usage, usage_other = agg.usage_other,
         table_age_sum = agg.age_sum, dropped = agg.dropped,
