@@ -40,9 +40,9 @@ def _loopback(path: str) -> SpillwayConfig:
     data = load(ROOT / path).model_dump()
     for endpoint in data["local"]["endpoints"]:
         endpoint["url"], endpoint["metrics_url"] = "http://127.0.0.1:1", "http://127.0.0.1:1/metrics"
-    for target in data["targets"]:
+    for port, target in enumerate(data["targets"], start=1):
         if target.get("url"):
-            target["url"] = f"http://127.0.0.1:1/{target['name']}"
+            target["url"] = f"http://127.0.0.1:{port}"
         target["endpoint_url"] = None
     return parse(data, path)
 
