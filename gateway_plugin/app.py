@@ -19,6 +19,7 @@ from gateway_plugin.config import ConfigError, SharedState, SpillwayConfig, load
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.outcome_listener import OutcomeListener, open_outcome_listener
 from gateway_plugin.plugin import Plugin
+from gateway_plugin.plugins import runner_plugins
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.fast_path import FastPathBook, apply_outcomes
@@ -69,7 +70,9 @@ class RunnerApp:
         self.state.metrics.cost.share = 1 / share if share else 1.0
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
-        self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
+        self.plugins: dict[str, Plugin[Any]] = runner_plugins(
+            [self.spillway, HeadersPlugin()], config.runner.plugins
+        )
         self.fast_path = FastPathBook(self.state)
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
@@ -239,6 +242,8 @@ class RunnerApp:
             invokers = self._invokers(config)
             if config.shared_state != self.state.config.shared_state:
                 raise ConfigError("shared_state changes need a restart of the runner")
+            if config.runner.plugins != self.state.config.runner.plugins:
+                raise ConfigError("runner.plugins changes need a restart of the runner")
         except (ConfigError, ValueError) as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
