@@ -25,6 +25,7 @@ import tracemalloc
 from typing import Any
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.plugin import HttpRequest, RequestAction
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport
@@ -43,7 +44,8 @@ CONFIG = {
 
 async def admit(names: list[str]) -> tuple[FastPathBook, int]:
     """A runner's state after one request of each tenant, and the bytes its books keep."""
-    state = GatewayState(SpillwayConfig.model_validate(CONFIG))
+    config = SpillwayConfig.model_validate(CONFIG)
+    state = GatewayState(config, GatewaySecrets.read(config))
     plugin = SpillwayPlugin(state)
     conf = plugin.prepare(RouteOverrides())
     gc.collect()

@@ -33,6 +33,7 @@ from typing import Any
 from harness import ROOT
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.routing.leases import Lease
 from gateway_plugin.routing.policy import RequestFeatures, decide
 from gateway_plugin.routing.policy_build import build_policy
@@ -92,7 +93,7 @@ class Node:
     def __init__(self, cfg: SpillwayConfig, name: str, book: Book) -> None:
         assert cfg.shared_state is not None
         self.view = SharedView(cfg.shared_state, cfg, build_policy(cfg), name)
-        self.state = GatewayState(cfg, wall=lambda: WALL, shared=self.view)
+        self.state = GatewayState(cfg, GatewaySecrets.read(cfg), wall=lambda: WALL, shared=self.view)
         settings = cfg.shared_state
         self.sync = SharedSync(
             self.state, RedisStore(settings), settings.sync_period_ms / 1000, settings.timeout_ms / 1000

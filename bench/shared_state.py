@@ -37,6 +37,7 @@ from shared_restart import restart_trials, summary
 from shared_restart_runners import runner_trials
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.routing.policy import RequestFeatures, decide
 from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.shared_state import SharedView
@@ -77,7 +78,7 @@ def state_for(cfg: SpillwayConfig, node: str = "bench-node") -> GatewayState:
     view = None
     if cfg.shared_state is not None:
         view = SharedView(cfg.shared_state, cfg, build_policy(cfg), node)
-    return GatewayState(cfg, shared=view)
+    return GatewayState(cfg, GatewaySecrets.read(cfg), shared=view)
 
 
 def one_round(state: GatewayState, store: RedisStore) -> None:

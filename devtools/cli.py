@@ -123,15 +123,12 @@ def _devgateway_command(path: Path) -> int:
 
 def _outcomes(config: SpillwayConfig) -> OutcomeLogger | None:
     """The runner's outcome endpoint, as the route's http-logger would post to it."""
+    from gateway_plugin.config.secrets import GatewaySecrets
     from gateway_plugin.outcome_listener import PATH
     from gateway_plugin.routing.outcomes import auth_header
-    from gateway_plugin.routing.target_header import RouteTokenError, route_token
 
-    if not config.outcomes.listen:
-        return None
-    try:
-        token = route_token(config.runner.route_token_env)
-    except RouteTokenError:
+    token = GatewaySecrets.read(config).route_token
+    if not config.outcomes.listen or token is None:
         return None
     url = f"http://{config.outcomes.listen}{PATH}"
     return OutcomeLogger(url, auth_header(token), config.tenants.header)
@@ -144,6 +141,7 @@ async def _devgateway(
     from devtools.devgateway import DevGateway
     from functions import http_server
     from gateway_plugin.cli import until_signalled
+    from gateway_plugin.config.secrets import GatewaySecrets
     from gateway_plugin.routing.state import GatewayState
 
     log = logging.getLogger("spillway.devgateway")
@@ -154,7 +152,8 @@ async def _devgateway(
     if not sock.exists():
         print("error: the runner did not start; see its log above", file=sys.stderr)
         return 1
-    gateway = DevGateway(settings, ApisixPeer(sock), GatewayState.route_values(config), _outcomes(config))
+    values = GatewayState.route_values(config, GatewaySecrets.read(config))
+    gateway = DevGateway(settings, ApisixPeer(sock), values, _outcomes(config))
     host, _, port = settings.listen.rpartition(":")
     server = await http_server.serve(gateway.handle, host or "127.0.0.1", int(port), settings.max_body_bytes)
     log.info(

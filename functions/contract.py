@@ -5,7 +5,11 @@ The gateway and the warm-up pinger import this module, so it stays free of heavy
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +29,45 @@ MAX_DWELL_MS = 60_000
 # The warm-up report file (Prometheus text) names each warm instance in this family, with labels
 # ``target`` and ``instance``; the gateway reads its warm pools from it.
 WARM_INSTANCE_METRIC = "spillway_warmup_instance"
+
+_MODEL_PATH = re.compile(r"^/v2/models/([^/]+)")
+
+
+def http_api_event(method: str, path: str, query: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    """The HTTP API 2.0 event the gateway's invoke mode sends, the shape a Function URL delivers:
+    what ``events.HttpApiEvent`` reads on the function's side. The body always goes base64."""
+    event = {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": query,
+        "headers": dict(headers),
+        "requestContext": {"http": {"method": method, "path": path}},
+        "body": base64.b64encode(body).decode(),
+        "isBase64Encoded": True,
+    }
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def http_api_result(raw: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Status, headers and body of the Function URL answer ``events.to_http_result`` writes;
+    raises ``ValueError`` naming what is wrong when ``raw`` is not one."""
+    try:
+        result: Any = json.loads(raw)
+        status = int(result["statusCode"])
+        headers = [(str(k), str(v)) for k, v in (result.get("headers") or {}).items()]
+        body = result.get("body") or ""
+        data = base64.b64decode(body) if result.get("isBase64Encoded") else str(body).encode()
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"the function's answer is not a Function URL response: {exc!r}") from None
+    return status, headers, data
+
+
+def model_of(path: str) -> str | None:
+    """The model a KServe v2 path names (``/v2/models/{name}/...``), as decided on the path decoded
+    once; None for the server's own endpoints."""
+    match = _MODEL_PATH.match(path)
+    return match.group(1) if match else None
 
 
 class WarmupPing(BaseModel):

@@ -11,13 +11,15 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gateway_plugin.config import ConfigError, SharedState, SpillwayConfig, load
-from gateway_plugin.outcome_listener import OutcomeListener
+from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.outcome_listener import OutcomeListener, open_outcome_listener
 from gateway_plugin.plugin import Plugin
+from gateway_plugin.plugins import runner_plugins
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.fast_path import FastPathBook, apply_outcomes
@@ -26,10 +28,10 @@ from gateway_plugin.routing.shared_sync import SharedSync, Store
 from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
-from gateway_plugin.routing.target_header import RouteTokenError, route_token
 from gateway_plugin.routing.warm_instances import read_warm_counts, read_warm_report
 from gateway_plugin.runner.workers import HEARTBEAT, HEARTBEAT_S
-from gateway_plugin.targets.invoke import InvokePool, Invoker, make_invoker
+from gateway_plugin.targets.base import Invoker
+from gateway_plugin.targets.invoke import InvokePool, make_invoker
 
 log = logging.getLogger("spillway.app")
 
@@ -56,16 +58,21 @@ class RunnerApp:
         config_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         worker: int | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.config_path = config_path
+        self.environ = os.environ if environ is None else environ
         self.worker = worker
         share = config.shared_state.nodes_expected * config.runner.workers if config.shared_state else None
-        self.state = GatewayState(config, clock=clock, shared=self._shared_view(config, share))
+        self.secrets = GatewaySecrets.read(config, self.environ)
+        self.state = GatewayState(config, self.secrets, clock=clock, shared=self._shared_view(config, share))
         self.state.worker = None if worker is None else str(worker)
         self.state.metrics.cost.share = 1 / share if share else 1.0
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
-        self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
+        self.plugins: dict[str, Plugin[Any]] = runner_plugins(
+            [self.spillway, HeadersPlugin()], config.runner.plugins
+        )
         self.fast_path = FastPathBook(self.state)
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
@@ -120,13 +127,12 @@ class RunnerApp:
         if config.warmup.report_file:
             self._tasks.append(asyncio.ensure_future(self._warm_reports(Path(config.warmup.report_file))))
 
-    @staticmethod
-    def _warn_of_empty_signing_keys(config: SpillwayConfig) -> None:
+    def _warn_of_empty_signing_keys(self, config: SpillwayConfig) -> None:
         """A target whose key variable is empty gets unsigned requests, which its function refuses;
         said once at start (the variable's name only, never a value)."""
         for target in config.targets:
             env = target.signing_key_env
-            if env and not os.environ.get(env):
+            if env and target.name not in self.secrets.signing_keys:
                 log.warning(
                     "target %s: %s (its signing_key_env) is empty or unset, so its requests go unsigned "
                     "and a function that checks X-Spillway-Signature refuses them; set it in the "
@@ -196,32 +202,14 @@ class RunnerApp:
 
     def _start_outcomes(self, config: SpillwayConfig) -> None:
         """The endpoint the route's http-logger posts to; it needs the route token (its auth)."""
-        if not config.outcomes.listen:
-            return
-        try:
-            token = route_token(config.runner.route_token_env)
-        except RouteTokenError:
-            log.warning(
-                "no outcome endpoint: %s is not set, and the logger's Authorization comes from it; "
-                "breakers, warm instances and local answer times then learn nothing",
-                config.runner.route_token_env,
-            )
-            return
-        deliver = functools.partial(outcomes.apply, self.state)
-        try:
-            listener = OutcomeListener(
-                config.outcomes.listen,
-                outcomes.auth_header(token),
-                asyncio.get_running_loop(),
-                deliver,
-                self.fast_path.exchange,
-                functools.partial(apply_outcomes, self.state),
-            )
-        except OSError as exc:
-            log.error("cannot serve outcomes on %s: %s", config.outcomes.listen, exc)
-            return
-        listener.start()
-        self.outcome_listener = listener
+        self.outcome_listener = open_outcome_listener(
+            config,
+            self.secrets,
+            asyncio.get_running_loop(),
+            functools.partial(outcomes.apply, self.state),
+            self.fast_path.exchange,
+            functools.partial(apply_outcomes, self.state),
+        )
 
     async def _gauges(self) -> None:
         while True:
@@ -250,13 +238,17 @@ class RunnerApp:
             return False
         try:
             config = load(self.config_path)
+            kept = GatewaySecrets.read(config, self.environ)
             invokers = self._invokers(config)
             if config.shared_state != self.state.config.shared_state:
                 raise ConfigError("shared_state changes need a restart of the runner")
+            if config.runner.plugins != self.state.config.runner.plugins:
+                raise ConfigError("runner.plugins changes need a restart of the runner")
         except (ConfigError, ValueError) as exc:
             log.error("config reload refused, still serving the previous config: %s", exc)
             return False
-        self.spillway.reload(config, invokers)
+        self.secrets = kept
+        self.spillway.reload(config, kept, invokers)
         log.info("config reloaded from %s", self.config_path)
         return True
 

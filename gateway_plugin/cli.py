@@ -183,13 +183,13 @@ def _print_lua_config(config: SpillwayConfig) -> int:
 def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
     from gateway_plugin.apisix_fast_route import fast_route, invoke_targets
     from gateway_plugin.apisix_route import RouteError, admin_json, route, standalone_yaml
-    from gateway_plugin.routing.target_header import RouteTokenError, route_token
+    from gateway_plugin.config.secrets import GatewaySecrets, RouteTokenError
 
     fmt, route_id, uri, auth, lambda_iam = args.format, args.id, args.uri, args.auth, args.lambda_iam
     fast_path: bool = args.fast_path
     overrides = {"content_checks": True} if args.content_checks else None
     try:
-        token = route_token(config.runner.route_token_env)
+        token = GatewaySecrets.read(config).require_route_token()
         if fast_path:
             if lambda_iam is not None:
                 raise RouteError(
@@ -232,15 +232,17 @@ async def until_signalled() -> None:
 
 
 def _supervise(config: SpillwayConfig, config_path: Path | None) -> int:
+    from gateway_plugin.config.secrets import GatewaySecrets
     from gateway_plugin.runner import socket_path
     from gateway_plugin.workers import supervise
 
     try:
         path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)
+        secrets = GatewaySecrets.read(config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return supervise(config, config_path, path)
+    return supervise(config, config_path, path, secrets)
 
 
 async def _run(config: SpillwayConfig, config_path: Path | None, link: WorkerLink | None = None) -> int:

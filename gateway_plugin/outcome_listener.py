@@ -25,10 +25,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.routing.fast_path import FastPathReport
 from gateway_plugin.routing.fast_summary import FastOutcomes
 from gateway_plugin.routing.metrics import Sometimes
-from gateway_plugin.routing.outcomes import Batch, Outcome, parse_batch
+from gateway_plugin.routing.outcomes import Batch, Outcome, auth_header, parse_batch
 
 log = logging.getLogger("spillway.outcomes")
 
@@ -73,6 +75,36 @@ class OutcomeListener:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def open_outcome_listener(
+    config: SpillwayConfig,
+    secrets: GatewaySecrets,
+    loop: asyncio.AbstractEventLoop | None,
+    deliver: Callable[[list[Outcome]], None],
+    table: TableSource | None = None,
+    fast: FastSink | None = None,
+) -> OutcomeListener | None:
+    """The started endpoint, or None (said in the log) when the config has none, the route token
+    its auth comes from is missing, or the address cannot be bound: routing goes on without it."""
+    if not config.outcomes.listen:
+        return None
+    if secrets.route_token is None:
+        log.warning(
+            "no outcome endpoint: %s is not set, and the logger's Authorization comes from it; "
+            "breakers, warm instances and local answer times then learn nothing",
+            config.runner.route_token_env,
+        )
+        return None
+    try:
+        listener = OutcomeListener(
+            config.outcomes.listen, auth_header(secrets.route_token), loop, deliver, table, fast
+        )
+    except OSError as exc:
+        log.error("cannot serve outcomes on %s: %s", config.outcomes.listen, exc)
+        return None
+    listener.start()
+    return listener
 
 
 class _BoundedServer(ThreadingHTTPServer):

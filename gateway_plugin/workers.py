@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.outcome_listener import OutcomeListener
+from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.outcome_listener import open_outcome_listener
 from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.target_header import RouteTokenError, route_token
 from gateway_plugin.runner import socket_identity, unlink_if_ours
 from gateway_plugin.runner.listener import bind
 from gateway_plugin.runner.workers import SIGNALS, Supervisor
@@ -116,14 +116,14 @@ def _chunks(batch: list[dict[str, object]]) -> list[bytes]:
     return out
 
 
-def supervise(config: SpillwayConfig, config_path: Path | None, path: Path) -> int:
+def supervise(config: SpillwayConfig, config_path: Path | None, path: Path, secrets: GatewaySecrets) -> int:
     """The parent: bind, serve outcomes, keep ``runner.workers`` workers running, clean up."""
     count = config.runner.workers
     listening = bind(path, config.runner.socket_group)
     identity = socket_identity(path)
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     fan_out = OutcomeFanOut(count)
-    listener = _outcome_listener(config, fan_out)
+    listener = open_outcome_listener(config, secrets, None, fan_out.deliver)
 
     def launch(index: int) -> subprocess.Popen[bytes]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -150,20 +150,3 @@ def supervise(config: SpillwayConfig, config_path: Path | None, path: Path) -> i
             listener.close()
         listening.close()
         unlink_if_ours(path, identity)
-
-
-def _outcome_listener(config: SpillwayConfig, fan_out: OutcomeFanOut) -> OutcomeListener | None:
-    if not config.outcomes.listen:
-        return None
-    try:
-        token = route_token(config.runner.route_token_env)
-    except RouteTokenError:
-        log.warning("no outcome endpoint: %s is not set", config.runner.route_token_env)
-        return None
-    try:
-        listener = OutcomeListener(config.outcomes.listen, outcomes.auth_header(token), None, fan_out.deliver)
-    except OSError as exc:
-        log.error("cannot serve outcomes on %s: %s", config.outcomes.listen, exc)
-        return None
-    listener.start()
-    return listener

@@ -18,6 +18,9 @@ from typing import Any, NamedTuple
 
 from functions.cli import serve_command
 from functions.sidecar import free_port
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.routing.state import GatewayState
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = Path(__file__).resolve().parent / "events"
@@ -32,6 +35,11 @@ ADD_SUB_BODY = json.dumps(
         ]
     }
 ).encode()
+
+
+def gateway_state(config: SpillwayConfig, **kwargs: Any) -> GatewayState:
+    """The runner's state with the secrets this process's environment holds, as its edge reads them."""
+    return GatewayState(config, GatewaySecrets.read(config), **kwargs)
 
 
 def load_event(name: str) -> dict[str, Any]:

@@ -134,3 +134,14 @@ def test_the_shipped_distribution_holds_no_dev_tool() -> None:
     found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert sorted(found["include"]) == sorted(f"{p}*" for p in SHIPPED)
     assert "devtools" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_nothing_that_decides_or_keeps_books_reads_the_environment() -> None:
+    """Secrets and settings reach routing from its edge (``config.secrets``), read once per config:
+    a module here that imported ``os`` could read a key where no review looks for one."""
+    readers = [
+        _module_name(path)
+        for path in _modules("gateway_plugin/routing")
+        if {"os", "os.environ", "os.getenv"} & _imports(path)
+    ]
+    assert not readers, readers

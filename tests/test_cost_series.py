@@ -22,6 +22,7 @@ from gateway_plugin.routing.fast_summary import FastOutcomes
 from gateway_plugin.routing.metrics import RunnerMetrics
 from gateway_plugin.routing.policy import Decision, Reason
 from gateway_plugin.routing.state import GatewayState
+from tests.support import gateway_state
 
 
 class Clock:
@@ -43,7 +44,7 @@ def _state(clock: Clock, **sections: object) -> GatewayState:
             **sections,
         }
     )
-    return GatewayState(config, clock=clock, wall=clock)
+    return gateway_state(config, clock=clock, wall=clock)
 
 
 def _series(state: GatewayState, name: str) -> dict[tuple[str, str, str], float]:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from functions.contract import WarmupPing, warmup_payload
+from functions.contract import WarmupPing, http_api_event, http_api_result, warmup_payload
 from functions.core import Response
 from functions.events import HttpApiEvent, UnknownEvent, parse_event, to_http_result
 from tests.support import load_event
@@ -121,3 +121,46 @@ def test_any_event_is_parsed_or_refused_with_unknown_event(event: dict[str, obje
         pass
     except (KeyError, TypeError, AttributeError) as exc:
         pytest.fail(f"parse_event leaked {exc!r} for {event!r}")
+
+
+_TOKEN = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789-_."), min_size=1, max_size=12)
+
+
+@given(
+    method=st.sampled_from(["GET", "POST", "PUT"]),
+    path=st.lists(_TOKEN, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts)),
+    query=st.one_of(st.just(""), st.builds(lambda k, v: f"{k}={v}", _TOKEN, _TOKEN)),
+    headers=st.dictionaries(_TOKEN.map(str.lower), _TOKEN, max_size=4),
+    body=st.binary(max_size=64),
+)
+def test_the_gateways_invoke_event_reads_back_as_it_was_built_on_the_function(
+    method: str, path: str, query: str, headers: dict[str, str], body: bytes
+) -> None:
+    """Both halves of invoke mode's contract: what the gateway sends, the function reads unchanged."""
+    event = parse_event(http_api_event(method, path, query, headers, body))
+    assert isinstance(event, HttpApiEvent)
+    request = event.to_request()
+    target = f"{path}?{query}" if query else path
+    assert (request.method, request.target, request.headers, request.body) == (method, target, headers, body)
+
+
+@given(
+    status=st.integers(100, 599),
+    headers=st.lists(st.tuples(_TOKEN.map(str.lower), _TOKEN), max_size=4, unique_by=lambda h: h[0]),
+    body=st.binary(max_size=64),
+    text=st.booleans(),
+)
+def test_the_functions_answer_reads_back_as_it_was_written_on_the_gateway(
+    status: int, headers: list[tuple[str, str]], body: bytes, text: bool
+) -> None:
+    if text:
+        headers = [h for h in headers if h[0] != "content-type"] + [("content-type", "text/plain")]
+        body = body.decode("latin-1").encode()
+    raw = json.dumps(to_http_result(Response(status, headers, body))).encode()
+    assert http_api_result(raw) == (status, headers, body)
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[]", b'{"statusCode": "x"}', b'{"headers": {}}'])
+def test_an_answer_that_is_no_function_url_response_is_refused_saying_so(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="not a Function URL response"):
+        http_api_result(raw)

@@ -24,9 +24,8 @@ from gateway_plugin.routing import decision_table, outcomes
 from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport, apply_outcomes, interleaved
 from gateway_plugin.routing.fast_summary import FastOutcomes
 from gateway_plugin.routing.policy import BreakerState, TenantState
-from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_header import target_value
-from tests.support import http
+from tests.support import gateway_state, http
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 AWS = target_value("aws", TOKEN)
@@ -62,7 +61,7 @@ def test_the_table_carries_the_policy_the_state_and_how_to_reach_each_target(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MY_KEY", "the-signing-key-itself-0123456789")
-    book = FastPathBook(GatewayState(config()))
+    book = FastPathBook(gateway_state(config()))
     table = json.loads(book.exchange(report()))
     assert (
         table["format"] == decision_table.FORMAT
@@ -92,7 +91,7 @@ def test_the_table_carries_the_policy_the_state_and_how_to_reach_each_target(
 
 
 def test_reported_counters_are_taken_once_and_a_restarted_node_starts_afresh() -> None:
-    state = GatewayState(config())
+    state = gateway_state(config())
     book = FastPathBook(state)
     spent = lambda: state.ledger.spent("target:aws", state.wall())[0]  # noqa: E731
     table = json.loads(book.exchange(report(spent={"aws": 0.5, "nope": 9.0})))
@@ -123,7 +122,7 @@ def test_a_report_is_bounded_and_its_node_named_plainly() -> None:
 def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_residency_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    state = GatewayState(config(breaker={"consecutive_failures": 3}))
+    state = gateway_state(config(breaker={"consecutive_failures": 3}))
     summary = FastOutcomes.model_validate_json(
         json.dumps(
             {
@@ -182,7 +181,7 @@ def test_a_summary_is_bounded() -> None:
 
 
 def test_a_few_scattered_failures_among_many_successes_do_not_open_a_breaker() -> None:
-    state = GatewayState(config())
+    state = gateway_state(config())
     summary = FastOutcomes.model_validate({"cloud": {"aws": [1000, 5, 1.0]}})
     apply_outcomes(state, summary)
     assert state.breakers["aws"].current(state.clock()) is BreakerState.CLOSED
@@ -201,7 +200,7 @@ def test_interleaving_keeps_the_proportion_and_spreads_the_failures() -> None:
 
 
 def test_a_half_open_breaker_closes_only_on_a_batch_without_failures() -> None:
-    state = GatewayState(config(breaker={"consecutive_failures": 1, "cooldown_s": 0.001}))
+    state = gateway_state(config(breaker={"consecutive_failures": 1, "cooldown_s": 0.001}))
     breaker, now = state.breakers["aws"], state.clock()
     breaker.record(False, now)
     assert breaker.current(now) is BreakerState.OPEN
@@ -273,7 +272,7 @@ def test_a_quota_names_a_tenant_of_at_most_256_characters() -> None:
 def test_the_table_carries_only_tenants_at_a_limit_and_at_most_max_tenants() -> None:
     """10,000 rotating tenant names under a default quota: only those at their rate quota, or a
     request's cost from a spend quota, are published, and never more than MAX_TENANTS."""
-    state = GatewayState(
+    state = gateway_state(
         config(tenants={"default": {"requests_per_minute": 5}, "quotas": {"t1": {"hourly_usd": 1.0}}})
     )
     wall = state.wall()
@@ -291,7 +290,7 @@ def test_the_table_carries_only_tenants_at_a_limit_and_at_most_max_tenants() -> 
 
 
 def test_leaving_out_tenants_below_their_limits_changes_no_decision() -> None:
-    policy = GatewayState(config(tenants={"default": {"requests_per_minute": 5, "daily_usd": 1.0}})).policy
+    policy = gateway_state(config(tenants={"default": {"requests_per_minute": 5, "daily_usd": 1.0}})).policy
     below = TenantState(4, 0, 0.0, 0.5)
     at_rate, near_spend = TenantState(5, 0, 0.0, 0.0), TenantState(0, 0, 0.0, 1.0)
     states = [("a", below), ("b", at_rate), ("c", near_spend)]

@@ -15,8 +15,8 @@ from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.fast_path import apply_outcomes
 from gateway_plugin.routing.fast_summary import FastOutcomes
 from gateway_plugin.routing.policy import BreakerState
-from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.tenants import tenant_key
+from tests.support import gateway_state
 from tests.test_fast_path_runner import TOKEN, _post, config
 
 
@@ -26,7 +26,7 @@ def test_a_malformed_part_of_a_summary_costs_only_itself_and_is_counted(
     """An unreadable count drops its entry; a malformed cloud answer time, tenant spend, instance
     id or text of a request kept home reads as absent while the rest of its entry counts; a
     tenant name of any length is kept as its key. Each lost part is counted, said once."""
-    state = GatewayState(config(breaker={"consecutive_failures": 3}))
+    state = gateway_state(config(breaker={"consecutive_failures": 3}))
     long = "t" * 5000
     summary = FastOutcomes.model_validate_json(
         json.dumps(

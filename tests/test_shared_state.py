@@ -26,9 +26,9 @@ from gateway_plugin.routing.policy import Decision, RequestFeatures, decide
 from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.shared_state import SharedView
 from gateway_plugin.routing.shared_sync import SharedSync
-from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.shared_store import RedisStore, make_client
 from tests.redis_support import RedisServer, needs_redis, redis_server
+from tests.support import gateway_state
 
 pytestmark = [pytest.mark.integration, needs_redis]
 
@@ -70,7 +70,7 @@ class Node:
     def __init__(self, cfg: SpillwayConfig, name: str, clock: Clock, wall: Clock) -> None:
         assert cfg.shared_state is not None
         view = SharedView(cfg.shared_state, cfg, build_policy(cfg), name)
-        self.state = GatewayState(cfg, clock=clock, wall=wall, shared=view)
+        self.state = gateway_state(cfg, clock=clock, wall=wall, shared=view)
         self.view = view
         self.store = RedisStore(cfg.shared_state)
 
@@ -289,7 +289,7 @@ def test_a_cluster_away_at_start_is_a_failed_round_not_a_failed_start(times: tup
     assert cfg.shared_state is not None
     store = RedisStore(cfg.shared_state)
     view = SharedView(cfg.shared_state, cfg, build_policy(cfg), "node-0")
-    state = GatewayState(cfg, clock=times[0], wall=times[1], shared=view)
+    state = gateway_state(cfg, clock=times[0], wall=times[1], shared=view)
     sync = SharedSync(state, store, period_s=0.1, timeout_s=5)
     assert not asyncio.run(sync.round())
     assert not view.connected
@@ -417,7 +417,7 @@ def test_an_answer_that_cannot_be_applied_does_not_end_the_rounds(times: tuple[C
     cfg = config("redis://127.0.0.1:1/0")
     assert cfg.shared_state is not None
     view = SharedView(cfg.shared_state, cfg, build_policy(cfg), "node-0")
-    state = GatewayState(cfg, clock=times[0], wall=times[1], shared=view)
+    state = gateway_state(cfg, clock=times[0], wall=times[1], shared=view)
     store = GarbledStore()
     sync = SharedSync(state, store, period_s=0.01, timeout_s=1)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport, apply_outcomes
 from gateway_plugin.routing.fast_summary import FastOutcomes
 from gateway_plugin.routing.policy import RequestFeatures
@@ -85,13 +86,13 @@ def test_a_reload_mid_window_keeps_the_tenants_quota(server: RedisServer, times:
     cfg = config(server.url, tenants={"quotas": {"t1": {"requests_per_minute": 20, "hourly_usd": 0.3}}})
     (node,) = nodes(cfg, times, 1)
     assert sent_out(node, tenant("t1"), 30) == 20
-    node.state.apply(cfg)
+    node.state.apply(cfg, GatewaySecrets.read(cfg))
     node.sync()
     assert sent_out(node, tenant("t1"), 30) == 0, "same minute, same quota: nothing more"
     times[0].now += 60
     times[1].now += 60
     assert sent_out(node, tenant("t1"), 30) == 10, "a new minute: what is left of $0.30 an hour"
-    node.state.apply(cfg)
+    node.state.apply(cfg, GatewaySecrets.read(cfg))
     node.sync()
     assert sent_out(node, tenant("t1"), 30) == 0, "same hour, same budget: nothing more"
 

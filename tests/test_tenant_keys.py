@@ -25,14 +25,14 @@ from gateway_plugin.routing.policy import Snapshot, TenantState
 from gateway_plugin.routing.spillway import RouteOverrides, SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.tenants import MAX_TENANT_BYTES, tenant_key
-from tests.support import http, wait_until
+from tests.support import gateway_state, http, wait_until
 from tests.test_runner_hostile import SPILL, runner_process
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 
 
 def state(**tenants: object) -> GatewayState:
-    return GatewayState(
+    return gateway_state(
         SpillwayConfig.model_validate(
             {
                 "targets": [{"name": "aws", "kind": "http", "url": "https://fn.example"}],

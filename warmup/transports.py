@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from typing import Protocol
 
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 
 from functions.contract import WARMUP_PATH, WarmupReport
 from gateway_plugin.config import SpillwayConfig, Target
+from gateway_plugin.config.secrets import signing_key
 from gateway_plugin.targets.signing import TargetSigner
 from gateway_plugin.targets.urls import masked_url, redirect_refused, url_secrets
 
@@ -77,7 +79,7 @@ class HttpTransport:
     def __init__(self, target: Target, session: requests.Session) -> None:
         self.url = (target.url or "").rstrip("/") + WARMUP_PATH
         self.shown = masked_url(self.url)
-        self.signer = TargetSigner(target)
+        self.signer = TargetSigner(signing_key(target, os.environ), target.sign_body)
         self.session = session
         key = [self.signer.key.decode()] if self.signer.key else []
         self.private = frozenset([*url_secrets(target.url or ""), *key])
@@ -131,7 +133,7 @@ class InvokeTransport:
         self.invoker = make_invoker(target)
 
     def ping(self, payload: str, timeout_s: float) -> WarmupReport:
-        from gateway_plugin.targets.invoke import InvokeFailed
+        from gateway_plugin.targets.base import InvokeFailed
 
         try:
             raw = self.invoker.invoke(payload.encode())
@@ -146,7 +148,7 @@ def check_signing_keys(config: SpillwayConfig) -> None:
     targets = {t.name: t for t in config.targets}
     for name in config.warmup.targets:
         if targets[name].mode == "upstream":
-            TargetSigner(targets[name])
+            signing_key(targets[name], os.environ)
 
 
 def transport_for(target: Target, pool_size: int) -> Transport:

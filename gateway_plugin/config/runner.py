@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
 
 from gateway_plugin.config.model import Model
+
+PluginSpec = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"),
+]
 
 
 class RunnerSettings(Model):
@@ -30,6 +37,13 @@ class RunnerSettings(Model):
         ge=1,
         le=64,
         description="runner processes accepting on the one socket (more than one needs shared_state)",
+    )
+    plugins: list[PluginSpec] = Field(
+        default_factory=list,
+        max_length=64,
+        description="more plugins for this runner, each 'module:Class' naming a subclass of "
+        "gateway_plugin.plugin.Plugin importable by the runner's Python; a route's ext-plugin conf "
+        "names them as it names spillway and headers (a change needs a restart)",
     )
 
 

@@ -13,19 +13,17 @@ import hashlib
 import hmac
 import json
 import math
-import re
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from functions.contract import HEADER_COLD, HEADER_INSTANCE
+from functions.contract import HEADER_COLD, HEADER_INSTANCE, model_of
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.tenants import tenant_key
 
 MAX_ENTRIES = 10_000
 # A batch forwarded from the parent of several workers to one of them, at most.
 MAX_MESSAGE_BYTES = 256 << 10
-_MODEL = re.compile(r"^/v2/models/([^/]+)")
 # The fields of an entry (``log_format``'s names), each checked on its own.
 FIELDS = (
     "target",
@@ -194,8 +192,7 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
             continue
         seconds = _last_number(outcome.upstream_s)
         if target is None and seconds is not None:
-            match = _MODEL.match(outcome.uri or "")
-            state.answered_local(match.group(1) if match else None, seconds * 1000)
+            state.answered_local(model_of(outcome.uri or ""), seconds * 1000)
         state.answered(
             target,
             outcome.tenant or None,

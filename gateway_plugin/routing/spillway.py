@@ -15,16 +15,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from functions.contract import HEADER_DECISION, HEADER_SIGNATURE, HEADER_TARGET, PathError, gateway_path
+from functions.contract import (
+    HEADER_DECISION,
+    HEADER_SIGNATURE,
+    HEADER_TARGET,
+    PathError,
+    gateway_path,
+    http_api_event,
+    model_of,
+)
 from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
 from gateway_plugin.routing.audit import HEADER_AUDIT, audit_header, refused_header
 from gateway_plugin.routing.content import (
@@ -41,11 +49,11 @@ from gateway_plugin.routing.header_names import HEADER_CONSUMER, HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.request_reading import as_decided, forget, forward_only, read_headers, settle
 from gateway_plugin.routing.state import GatewayState
-from gateway_plugin.targets.invoke import InvokeFailed, InvokePool, Invoker, http_event
+from gateway_plugin.targets.base import InvokeFailed, Invoker
+from gateway_plugin.targets.invoke import InvokePool
 
 log = logging.getLogger("spillway.plugin")
 
-_MODEL = re.compile(r"^/v2/models/([^/]+)")
 _NO_CONSUMER = (
     "no authenticated consumer: tenants.source is consumer, so the tenant comes from APISIX's "
     "authentication; put an authentication plugin before Spillway on this route (apisix-route --auth)"
@@ -109,9 +117,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         self._invokers = invokers or {}
         self._pool = pool
 
-    def reload(self, config: SpillwayConfig, invokers: dict[str, Invoker]) -> None:
-        """A new config and the invokers made for it, taken together."""
-        self.state.apply(config)
+    def reload(self, config: SpillwayConfig, secrets: GatewaySecrets, invokers: dict[str, Invoker]) -> None:
+        """A new config and the secrets and invokers read for it, taken together."""
+        self.state.apply(config, secrets)
         self._invokers = invokers
 
     def prepare(self, config: Any) -> PreparedRoute:
@@ -146,8 +154,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         if policy.tenant_from_consumer:
             forget(request, policy.tenant_header, action)
         view, tenant = decided
-        match = _MODEL.match(path)
-        model = match.group(1) if match else None
+        model = model_of(path)
         args = request.args
         features = RequestFeatures(
             path, view, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
@@ -232,7 +239,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         try:
             if invoker is None or self._pool is None:
                 raise InvokeFailed(f"no invoker configured for target {name!r}")
-            event = http_event(request.method, path, query, headers, body)
+            event = http_api_event(request.method, path, query, headers, body)
             answer = await self._pool.call(invoker, event, self.state.target(name).timeout_s)
         except InvokeFailed as exc:
             if self.state.invoke_failed(name):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target
+from gateway_plugin.config.secrets import GatewaySecrets, RouteTokenError
 from gateway_plugin.routing.breakers import Breaker, RetryBudget
 from gateway_plugin.routing.content import ContentPolicy, Verdict, content_policy
 from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBook, TenantBooks
@@ -33,7 +34,7 @@ from gateway_plugin.routing.policy import (
 from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.shared_state import Round, SharedView
 from gateway_plugin.routing.signals import LoadTracker
-from gateway_plugin.routing.target_header import RouteTokenError, route_token, target_values
+from gateway_plugin.routing.target_header import target_values
 from gateway_plugin.routing.target_states import Counts, TargetStates
 from gateway_plugin.routing.warm_instances import WarmPool
 from gateway_plugin.targets.signing import TargetSigner
@@ -56,6 +57,7 @@ class GatewayState:
     def __init__(
         self,
         config: SpillwayConfig,
+        secrets: GatewaySecrets,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         metrics: RunnerMetrics | None = None,
@@ -79,10 +81,11 @@ class GatewayState:
         self.worker: str | None = None
         self.metrics.cost.models.eligible = self.load.known
         self.metrics.cost.accrue(clock(), 0.0)
-        self.apply(config)
+        self.apply(config, secrets)
 
-    def apply(self, config: SpillwayConfig) -> None:
-        """Take a new config; breakers, warm pools and in-flight counts of remaining targets are kept."""
+    def apply(self, config: SpillwayConfig, secrets: GatewaySecrets) -> None:
+        """Take a new config and the secrets its edge read for it; breakers, warm pools and in-flight
+        counts of remaining targets are kept."""
         self.config = config
         self.policy: Policy = build_policy(config)
         self.content: ContentPolicy = content_policy(config)
@@ -93,8 +96,9 @@ class GatewayState:
             n: self.outstanding.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()
         }
         self.starting = {n: self.starting.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()}
-        self.signers = {n: TargetSigner(t) for n, t in self.targets.items()}
-        self.target_values = self.route_values(config)
+        keys = secrets.signing_keys
+        self.signers = {n: TargetSigner(keys.get(n), t.sign_body) for n, t in self.targets.items()}
+        self.target_values = self.route_values(config, secrets)
         self.target_by_value = {value: name for name, value in self.target_values.items()}
         self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
         self.load.stale_after_s = config.local.stale_after_s
@@ -127,13 +131,11 @@ class GatewayState:
                 m.budget.labels(name, window).set(usd)
 
     @staticmethod
-    def route_values(config: SpillwayConfig) -> dict[str, str]:
+    def route_values(config: SpillwayConfig, secrets: GatewaySecrets) -> dict[str, str]:
         """``X-Spillway-Target`` per upstream-mode target (invoke mode never goes through traffic-split)."""
         names = [t.name for t in config.targets if t.mode == "upstream"]
-        if not names:
-            return {}
         try:
-            return target_values(names, route_token(config.runner.route_token_env))
+            return target_values(names, secrets.require_route_token()) if names else {}
         except RouteTokenError as exc:
             raise ConfigError(str(exc)) from None
 

@@ -12,26 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 from collections.abc import Iterable
-
-MIN_TOKEN_LEN = 16
-
-
-class RouteTokenError(ValueError):
-    """The route token is missing or too weak to keep clients from picking a cloud target."""
-
-
-def route_token(env_name: str, environ: dict[str, str] | None = None) -> bytes:
-    raw = (os.environ if environ is None else environ).get(env_name, "").strip()
-    if len(raw) < MIN_TOKEN_LEN:
-        raise RouteTokenError(
-            f"{env_name} must hold a random route token of at least {MIN_TOKEN_LEN} characters "
-            f"({'it is not set' if not raw else 'it is too short'}); it keeps clients from choosing a "
-            "cloud target. Generate one with: python -c 'import secrets; print(secrets.token_hex(32))', "
-            "give it to the runner and run 'python -m gateway_plugin traffic-split' for the route's rules"
-        )
-    return raw.encode()
 
 
 def target_value(name: str, token: bytes) -> str:

@@ -9,6 +9,7 @@ logger reports them."""
 from __future__ import annotations
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.routing.policy import LOCAL, Reason, RequestFeatures, decide
 from gateway_plugin.routing.signals import Counters
 from gateway_plugin.routing.state import GatewayState
@@ -24,7 +25,7 @@ class _SimulatedState(GatewayState):
     """The runner's state; upstream targets need no route token here, nothing is routed for real."""
 
     @staticmethod
-    def route_values(config: SpillwayConfig) -> dict[str, str]:
+    def route_values(config: SpillwayConfig, secrets: GatewaySecrets) -> dict[str, str]:
         return {}
 
 
@@ -34,7 +35,7 @@ class SpillwayRouter:
 
     def __init__(self, config: SpillwayConfig) -> None:
         self.now = 0.0
-        self.state = _SimulatedState(config, clock=self._clock, wall=self._wall)
+        self.state = _SimulatedState(config, GatewaySecrets(), clock=self._clock, wall=self._wall)
         self.model = config.simulation.model
         self.tenant_header = config.tenants.header.lower()
         self.in_flight = {LOCAL: 0, **{t.name: 0 for t in config.targets}}

@@ -10,7 +10,7 @@ import fc2.client
 import requests
 
 from gateway_plugin.config import Target
-from gateway_plugin.targets.invoke import InvokeFailed
+from gateway_plugin.targets.base import InvokeFailed
 from gateway_plugin.targets.urls import redirect_refused
 
 

@@ -8,7 +8,7 @@ import boto3
 from botocore.config import Config
 
 from gateway_plugin.config import Target
-from gateway_plugin.targets.invoke import InvokeFailed
+from gateway_plugin.targets.base import InvokeFailed
 
 
 class LambdaInvoker:
