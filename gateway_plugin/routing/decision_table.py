@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from gateway_plugin.routing.content import ContentPolicy
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
-from gateway_plugin.routing.overflow import backlog_ms, scraped_latency_ms
+from gateway_plugin.routing.overflow import backlog_ms, gauges_clear, gauges_over, scraped_latency_ms
 from gateway_plugin.routing.policy import (
     LocalLoad,
     Policy,
@@ -33,7 +33,7 @@ from gateway_plugin.routing.policy import (
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 4
+FORMAT = 5
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -120,8 +120,11 @@ def _content(content: ContentPolicy) -> dict[str, Any]:
 
 def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
     """The scrape's estimates: ``latency_ms`` where the plugin counts nothing, ``backlog_ms`` to
-    take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``)."""
+    take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``);
+    the thresholds' verdicts, which only a scrape changes (``routing.overflow.gauges_over``)."""
     return {
+        "gauges_over": gauges_over(load, policy),
+        "gauges_clear": gauges_clear(load, policy),
         "fresh": load.fresh,
         "latency_ms": scraped_latency_ms(load, policy),
         "backlog_ms": backlog_ms(load, policy),

@@ -2,7 +2,9 @@
 on-prem-only traffic, hysteresis, saturation, and when a cold start is worth its price.
 
 Pure functions of a ``LocalLoad`` and the ``Policy`` (``routing.policy`` holds both types and
-calls these); ``apisix/plugins/spillway/overflow.lua`` computes the same on the fast path.
+calls these); ``apisix/plugins/spillway/overflow.lua`` computes the same on the fast path, the
+gauges' part from the two flags the decision table carries (``gauges_over``, ``gauges_clear``:
+gauges change only with a scrape, so each table version holds their verdict exactly).
 
 Why the headroom: requests that may not leave have nowhere else to go. A cluster kept full by
 requests that could have left makes every on-prem-only request behind them queue, miss or be
@@ -87,14 +89,26 @@ def onprem_reserve_ms(load: LocalLoad, policy: Policy) -> float:
     return policy.onprem_headroom * load.compute_ms / policy.parallelism * rho / (1 - rho)
 
 
+def gauges_over(load: LocalLoad, policy: Policy) -> bool:
+    """Whether a gauge of ``local.thresholds`` is past its limit (one not reported is not)."""
+    return any(v is not None and v > t.enter for t, v in zip(policy.thresholds, load.gauges, strict=False))
+
+
+def gauges_clear(load: LocalLoad, policy: Policy) -> bool:
+    """Whether every gauge is below its exit limit (one not reported is)."""
+    return all(v is None or v < t.exit for t, v in zip(policy.thresholds, load.gauges, strict=False))
+
+
 def overflowing(load: LocalLoad, target_ms: float, policy: Policy, latency_ms: float | None = None) -> bool:
-    """Hysteresis on the latency plus the on-prem-only headroom: enter above target x
-    enter_ratio, leave below target x exit_ratio, else keep."""
+    """Hysteresis on the latency plus the on-prem-only headroom and on each threshold's gauge at
+    once: enter when the latency passes target x enter_ratio or a gauge its limit, leave when the
+    latency is below target x exit_ratio and every gauge below its exit limit, else keep. So the
+    cluster counts as overflowing while any signal says so, and stops only once all have settled."""
     latency = estimated_latency_ms(load, policy) if latency_ms is None else latency_ms
     need = latency + onprem_reserve_ms(load, policy)
-    if need > target_ms * policy.enter_ratio:
+    if need > target_ms * policy.enter_ratio or (policy.thresholds and gauges_over(load, policy)):
         return True
-    if need < target_ms * policy.exit_ratio:
+    if need < target_ms * policy.exit_ratio and (not policy.thresholds or gauges_clear(load, policy)):
         return False
     return load.overflowing
 
