@@ -137,7 +137,6 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "model_latency_targets_ms": _drop_none({"resnet": _maybe(rng, rng.choice([30, 300]))}),
             "parallelism": rng.randint(1, 4),
             "max_queue_ms": rng.choice([100, 1000, 5000]),
-            "thresholds": random_thresholds(rng) if rng.random() < 0.5 else {},
         },
         "targets": targets,
         "rules": rules,
@@ -167,27 +166,6 @@ def random_config(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def random_thresholds(rng: random.Random) -> dict[str, Any]:
-    """Some of GPU utilisation, GPU memory and a gauge by name, limits with or without an exit."""
-
-    def limit() -> dict[str, Any]:
-        return _drop_none({"limit": rng.choice([0.5, 0.9]), "exit": _maybe(rng, rng.choice([0.4, 0.5]), 0.3)})
-
-    gauge = {"metric": "nv_cpu_utilization", **limit()}
-    return _drop_none(
-        {
-            "gpu_utilization": _maybe(rng, limit()),
-            "gpu_memory": _maybe(rng, limit()),
-            "gauges": _maybe(rng, [gauge]),
-        }
-    )
-
-
-# Gauge values at, between and past the limits and exits random_thresholds makes (0.9 x 0.8 / 0.9
-# is one exit), and unreported.
-GAUGE_VALUES = (None, 0.0, 0.4, 0.45, 0.5, 0.6, 0.8, 0.85, 0.9, 0.95, 1.0)
-
-
 def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
     local = {}
     for model in ("", *MODELS):
@@ -207,7 +185,8 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
             observed_ms=rng.choice([0.0, 100.0, 250.0]),
             in_flight=rng.choice([-1, rng.randint(0, 3 * policy.parallelism + 6), 200]),
             onprem_rps=rho * policy.parallelism * 1000 / compute_ms if compute_ms else rho * 50,
-            gauges=tuple(rng.choice(GAUGE_VALUES) for _ in policy.thresholds),
+            # A gauge of local.thresholds past its limit (its hysteresis applied at the scrape).
+            gauges_hot=rng.random() < 0.25,
         )
     targets = {}
     for name, spec in policy.targets.items():

@@ -18,9 +18,11 @@ from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.app import http_fetcher
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
 from gateway_plugin.routing.gauges import compiled
+from gateway_plugin.routing.overflow import gauges_hot
 from gateway_plugin.routing.policy import LOCAL, LocalLoad, Reason, RequestFeatures, Snapshot, decide
 from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.signals import LoadTracker, Scraper
+from gateway_plugin.routing.signals import Counters, LoadTracker, Scraper
+from gateway_plugin.simulation.runner_policy import _SimulatedState
 from tests.support import TEST_MODELS, http_server_thread, wait_until
 
 CONFIG: dict[str, Any] = {
@@ -42,42 +44,66 @@ def _decide(load: LocalLoad, classification: str | None = "public") -> Any:
     return decide(_request(classification), Snapshot({"m": load}), POLICY)
 
 
+def _after(*scrapes: tuple[float | None, ...], was: bool = False) -> bool:
+    """The thresholds' state after these scrapes' (GPU utilisation, GPU memory)."""
+    hot = was
+    for gauges in scrapes:
+        hot = gauges_hot(gauges, POLICY.thresholds, hot)
+    return hot
+
+
 def test_a_gpu_memory_past_its_limit_spills_public_traffic_on_a_quiet_queue() -> None:
-    assert _decide(QUIET._replace(gauges=(0.5, 0.5))).target == LOCAL
-    full = _decide(QUIET._replace(gauges=(0.5, 0.93)))
-    assert full.target == "aws" and full.overflowing and full.reason is Reason.OVERFLOW_COLD
-    busy = _decide(QUIET._replace(gauges=(0.97, 0.5)))
-    assert busy.target == "aws", "GPU utilisation past its limit spills as well"
+    assert not _after((0.5, 0.5)) and _decide(QUIET).target == LOCAL
+    assert _after((0.5, 0.93)), "GPU memory past 0.9"
+    assert _after((0.97, 0.5)), "GPU utilisation past 0.95"
+    full = _decide(QUIET._replace(gauges_hot=True))
+    assert full.target == "aws" and full.reason is Reason.OVERFLOW_COLD
 
 
 @pytest.mark.parametrize("classification", [None, "secret", "internal"])
 def test_on_prem_only_requests_never_leave_whatever_the_gauges(classification: str | None) -> None:
-    d = _decide(QUIET._replace(gauges=(1.0, 1.0), overflowing=True), classification)
+    d = _decide(QUIET._replace(gauges_hot=True, overflowing=True), classification)
     assert d.target == LOCAL and d.on_prem_only and d.residency_kept
 
 
 def test_the_gauges_hysteresis_is_the_latencys() -> None:
     # gpu_memory: enter above 0.9, leave below 0.9 x 0.8 / 1.0 = 0.72; between, keep.
     assert POLICY.thresholds[1].exit == pytest.approx(0.72)
-    between = QUIET._replace(gauges=(None, 0.8))
-    assert _decide(between._replace(overflowing=True)).target == "aws", "still hot: keep spilling"
-    assert _decide(between._replace(overflowing=False)).target == LOCAL, "not yet hot: stay"
-    assert _decide(QUIET._replace(gauges=(None, 0.7), overflowing=True)).target == LOCAL, "settled"
+    assert _after((None, 0.95), (None, 0.8)), "hot, then between the limits: still hot"
+    assert not _after((None, 0.5), (None, 0.8)), "never hot, then between: not yet hot"
+    assert not _after((None, 0.95), (None, 0.8), (None, 0.7)), "below the exit: settled"
+    assert _after((0.2, 0.95), (0.99, 0.5), (0.9, 0.5)), "one gauge between its limits holds it"
+    assert _after((None, POLICY.thresholds[1].exit), was=True), "at the exit is not below it"
+    assert not _after((None, 0.9), was=False), "at the limit is not past it"
 
 
-def test_overflow_stops_only_once_latency_and_every_gauge_have_settled() -> None:
-    # Latency 85 ms: between the exit (80) and the enter (100) limits; the gauges below their exits.
-    warm_queue = LocalLoad(fresh=True, queue_ms=75, compute_ms=10, gauges=(0.1, 0.1))
+def test_the_thresholds_and_the_latency_keep_their_own_hysteresis() -> None:
+    """A gauge between its limits holds only an overflow the gauges started, and a latency between
+    its limits only one the latency started: each signal enters and leaves on its own."""
+    # Latency 85 ms: between the exit (80) and the enter (100) limits.
+    warm_queue = LocalLoad(fresh=True, queue_ms=75, compute_ms=10)
     assert _decide(warm_queue._replace(overflowing=True)).target == "aws"
-    # Latency settled, GPU memory between its limits: the cluster stays overflowing.
-    assert _decide(QUIET._replace(gauges=(0.1, 0.8), overflowing=True)).target == "aws"
+    assert _decide(warm_queue._replace(overflowing=False)).target == LOCAL
+    # Quiet latency and the gauges hot: spill, while the latency's own state stays cool.
+    d = _decide(QUIET._replace(gauges_hot=True))
+    assert d.target == "aws" and not d.overflowing, "the decision feeds back the latency's state only"
+    assert _decide(QUIET._replace(gauges_hot=False, overflowing=True)).target == LOCAL
 
 
 def test_an_unreported_gauge_neither_starts_nor_holds_overflow_and_stale_signals_stay_home() -> None:
-    assert _decide(QUIET._replace(gauges=(None, None), overflowing=True)).target == LOCAL
-    assert _decide(QUIET._replace(gauges=(), overflowing=False)).target == LOCAL
-    stale = _decide(QUIET._replace(fresh=False, gauges=(1.0, 1.0)))
+    assert not _after((None, None), was=True) and not _after((), was=True)
+    stale = _decide(QUIET._replace(fresh=False, gauges_hot=True))
     assert stale.target == LOCAL and stale.reason is Reason.SIGNALS_MISSING
+
+
+def test_the_tracker_applies_the_hysteresis_at_each_scrape_and_the_runner_spills_on_it() -> None:
+    state = _SimulatedState(SpillwayConfig.model_validate(CONFIG))
+    assert state.load.thresholds == POLICY.thresholds
+    for memory, hot in ((0.5, False), (0.95, True), (0.8, True), (0.6, False)):
+        state.load.observe([{"m": Counters(success=1)}], (0.1, memory))
+        assert state.load.snapshot("m")["m"].gauges_hot is hot, memory
+        d = decide(_request("public"), state.snapshot(None, "m"), state.policy)
+        assert (d.target == "aws") is hot, (memory, d)
 
 
 GPU_PAGE = """\

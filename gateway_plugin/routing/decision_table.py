@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from gateway_plugin.routing.content import ContentPolicy
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
-from gateway_plugin.routing.overflow import backlog_ms, gauges_clear, gauges_over, scraped_latency_ms
+from gateway_plugin.routing.overflow import backlog_ms, scraped_latency_ms
 from gateway_plugin.routing.policy import (
     LocalLoad,
     Policy,
@@ -121,10 +121,9 @@ def _content(content: ContentPolicy) -> dict[str, Any]:
 def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
     """The scrape's estimates: ``latency_ms`` where the plugin counts nothing, ``backlog_ms`` to
     take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``);
-    the thresholds' verdicts, which only a scrape changes (``routing.overflow.gauges_over``)."""
+    the thresholds' verdict (``routing.overflow.gauges_hot``)."""
     return {
-        "gauges_over": gauges_over(load, policy),
-        "gauges_clear": gauges_clear(load, policy),
+        "gauges_hot": load.gauges_hot,
         "fresh": load.fresh,
         "latency_ms": scraped_latency_ms(load, policy),
         "backlog_ms": backlog_ms(load, policy),

@@ -2,9 +2,9 @@
 on-prem-only traffic, hysteresis, saturation, and when a cold start is worth its price.
 
 Pure functions of a ``LocalLoad`` and the ``Policy`` (``routing.policy`` holds both types and
-calls these); ``apisix/plugins/spillway/overflow.lua`` computes the same on the fast path, the
-gauges' part from the two flags the decision table carries (``gauges_over``, ``gauges_clear``:
-gauges change only with a scrape, so each table version holds their verdict exactly).
+calls these); ``apisix/plugins/spillway/overflow.lua`` computes the same on the fast path. The
+gauges of ``local.thresholds`` have their own hysteresis (``gauges_hot``), applied at each scrape:
+a load carries its verdict, which the fast path's table carries as a flag.
 
 Why the headroom: requests that may not leave have nowhere else to go. A cluster kept full by
 requests that could have left makes every on-prem-only request behind them queue, miss or be
@@ -18,10 +18,11 @@ spills.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway_plugin.routing.policy import LocalLoad, Policy
+    from gateway_plugin.routing.policy import LocalLoad, Policy, Threshold
 
 # Triton reports a few microseconds of queue time even for requests that never waited.
 IDLE_QUEUE_SHARE = 0.1
@@ -89,26 +90,25 @@ def onprem_reserve_ms(load: LocalLoad, policy: Policy) -> float:
     return policy.onprem_headroom * load.compute_ms / policy.parallelism * rho / (1 - rho)
 
 
-def gauges_over(load: LocalLoad, policy: Policy) -> bool:
-    """Whether a gauge of ``local.thresholds`` is past its limit (one not reported is not)."""
-    return any(v is not None and v > t.enter for t, v in zip(policy.thresholds, load.gauges, strict=False))
-
-
-def gauges_clear(load: LocalLoad, policy: Policy) -> bool:
-    """Whether every gauge is below its exit limit (one not reported is)."""
-    return all(v is None or v < t.exit for t, v in zip(policy.thresholds, load.gauges, strict=False))
+def gauges_hot(gauges: Sequence[float | None], thresholds: Sequence[Threshold], was: bool) -> bool:
+    """The thresholds' own hysteresis, beside the latency's: hot once a gauge passes its limit,
+    cool once every gauge is below its exit limit, else as it was. A gauge not reported neither
+    starts nor holds it. Gauges change only with a scrape, so the tracker applies this there."""
+    if any(v is not None and v > t.enter for t, v in zip(thresholds, gauges, strict=False)):
+        return True
+    if all(v is None or v < t.exit for t, v in zip(thresholds, gauges, strict=False)):
+        return False
+    return was
 
 
 def overflowing(load: LocalLoad, target_ms: float, policy: Policy, latency_ms: float | None = None) -> bool:
-    """Hysteresis on the latency plus the on-prem-only headroom and on each threshold's gauge at
-    once: enter when the latency passes target x enter_ratio or a gauge its limit, leave when the
-    latency is below target x exit_ratio and every gauge below its exit limit, else keep. So the
-    cluster counts as overflowing while any signal says so, and stops only once all have settled."""
+    """Hysteresis on the latency plus the on-prem-only headroom: enter above target x
+    enter_ratio, leave below target x exit_ratio, else keep."""
     latency = estimated_latency_ms(load, policy) if latency_ms is None else latency_ms
     need = latency + onprem_reserve_ms(load, policy)
-    if need > target_ms * policy.enter_ratio or (policy.thresholds and gauges_over(load, policy)):
+    if need > target_ms * policy.enter_ratio:
         return True
-    if need < target_ms * policy.exit_ratio and (not policy.thresholds or gauges_clear(load, policy)):
+    if need < target_ms * policy.exit_ratio:
         return False
     return load.overflowing
 

@@ -92,7 +92,8 @@ class LocalLoad(NamedTuple):
 
     ``in_flight``: the requests the gateway has at the cluster now, as it counts them (negative:
     it keeps no count); ``onprem_rps``: the rate at which requests that may not leave arrive;
-    ``gauges``: the cluster's value of each of ``Policy.thresholds`` (None: not reported).
+    ``overflowing``: the latency's hysteresis state; ``gauges_hot``: the thresholds' own (a gauge
+    of ``local.thresholds`` past its limit and none yet below its exit), applied at each scrape.
     """
 
     fresh: bool = False
@@ -105,12 +106,12 @@ class LocalLoad(NamedTuple):
     observed_ms: float = 0.0
     in_flight: int = -1
     onprem_rps: float = 0.0
-    gauges: tuple[float | None, ...] = ()
+    gauges_hot: bool = False
 
 
 class Threshold(NamedTuple):
     """A gauge's limits (``local.thresholds``): past ``enter`` the cluster overflows; below ``exit``
-    it may stop. ``LocalLoad.gauges`` holds the values, in the order of ``Policy.thresholds``."""
+    it may stop (``routing.overflow.gauges_hot``)."""
 
     name: str
     enter: float
@@ -285,9 +286,10 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
     target_ms = policy.model_targets_ms.get(features.model or "", policy.latency_target_ms)
     latency = estimated_latency_ms(load, policy) if load.fresh else 0.0
     hot = overflowing(load, target_ms, policy, latency) if load.fresh else False
+    spill = hot or (load.fresh and load.gauges_hot)
     if action is RuleAction.SHED:
         return Decision(SHED, Reason.RULE, 503, policy.retry_after_s, tenant=tenant, rule=rule_name)
-    wants_out = bool(chain) and (action is RuleAction.TARGET or (action is RuleAction.OVERFLOW and hot))
+    wants_out = bool(chain) and (action is RuleAction.TARGET or (action is RuleAction.OVERFLOW and spill))
     if not may_leave(features, policy):
         if wants_out:
             kept = _stay_local(load, latency, policy, Reason.RESIDENCY, tenant, hot, residency_kept=True)

@@ -22,7 +22,8 @@ from prometheus_client.samples import Sample
 
 from gateway_plugin.routing import gauges
 from gateway_plugin.routing.gauges import Gauges, GaugeSpec
-from gateway_plugin.routing.policy import LocalLoad
+from gateway_plugin.routing.overflow import gauges_hot
+from gateway_plugin.routing.policy import LocalLoad, Threshold
 
 log = logging.getLogger("spillway.signals")
 
@@ -126,7 +127,7 @@ class _ModelLoad:
         self.counters = now
 
     def view(
-        self, fresh: bool, age_ms: float, now: float, stale_after_s: float, in_flight: int, gauged: Gauges
+        self, fresh: bool, age_ms: float, now: float, stale_after_s: float, in_flight: int, gauges_hot: bool
     ) -> LocalLoad:
         observed = self.observed_ms if now - self.observed_at <= stale_after_s else 0.0
         return LocalLoad(
@@ -140,7 +141,7 @@ class _ModelLoad:
             observed,
             in_flight,
             self.onprem.read(now),
-            gauged,
+            gauges_hot,
         )
 
 
@@ -158,8 +159,11 @@ class LoadTracker:
     stale_after_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     last_ok: float = float("-inf")
-    # The cluster's value of each of local.thresholds' gauges at the last scrape (Policy.thresholds' order).
+    # local.thresholds' limits, the cluster's value of each gauge at the last scrape (in their
+    # order) and their hysteresis state.
+    thresholds: tuple[Threshold, ...] = ()
     gauges: Gauges = ()
+    gauges_hot: bool = False
     _models: dict[str, _ModelLoad] = field(default_factory=lambda: {ALL_MODELS: _ModelLoad()})
 
     def declare(self, models: Iterable[str]) -> None:
@@ -171,6 +175,7 @@ class LoadTracker:
     def observe(self, per_endpoint: Iterable[dict[str, Counters]], gauged: Gauges = ()) -> None:
         """One complete scrape of every endpoint: its counters, and its gauges over the cluster."""
         self.gauges = gauged
+        self.gauges_hot = gauges_hot(gauged, self.thresholds, self.gauges_hot)
         merged: dict[str, Counters] = defaultdict(Counters)
         for sample in per_endpoint:
             for model, counters in sample.items():
@@ -245,7 +250,7 @@ class LoadTracker:
         age_ms = age_s * 1000 if fresh else 0.0
         names = list(self._models) if model is None else [model, ALL_MODELS]
         return {
-            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s, in_flight, self.gauges)
+            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s, in_flight, self.gauges_hot)
             for name in names
             if name in self._models
         }

@@ -89,9 +89,10 @@ class GatewayState:
         self.config = config
         self.policy: Policy = build_policy(config)
         specs = compiled(config.thresholds(), config.overflow.enter_ratio, config.overflow.exit_ratio)[0]
-        if specs != getattr(self, "gauge_specs", ()):
+        if specs != getattr(self, "gauge_specs", ()) or self.policy.thresholds != self.load.thresholds:
             # Values read for other thresholds mean nothing to these: none until the next scrape.
-            self.load.gauges = ()
+            self.load.gauges, self.load.gauges_hot = (), False
+            self.load.thresholds = self.policy.thresholds
             self.metrics.threshold_value.clear()
             self.metrics.threshold_limit.clear()
         self.gauge_specs: tuple[GaugeSpec, ...] = specs
@@ -374,7 +375,7 @@ class GatewayState:
         m.signals_fresh.set(1 if self.load.fresh else 0)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
-            m.overflowing.labels(label).set(1 if load.overflowing else 0)
+            m.overflowing.labels(label).set(1 if load.overflowing or load.gauges_hot else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
         for threshold, value in itertools.zip_longest(self.policy.thresholds, self.load.gauges):
             if threshold is not None:

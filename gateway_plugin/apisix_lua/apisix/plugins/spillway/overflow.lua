@@ -30,16 +30,14 @@ local function reserve_of(load, policy)
     return headroom * load.compute_ms / c * rho / (1 - rho)
 end
 
--- Hysteresis on the latency plus the headroom and on local.thresholds' gauges at once: enter
--- above target x enter_ratio or with a gauge past its limit, leave below target x exit_ratio with
--- every gauge below its exit limit, else keep. The table carries the gauges' verdicts (they change
--- only with a scrape; routing/overflow.py's gauges_over and gauges_clear).
+-- Hysteresis on the latency plus the headroom: enter above target x enter_ratio, leave below
+-- target x exit_ratio, else keep.
 local function overflowing(load, target_ms, policy, latency)
     local need = latency + reserve_of(load, policy)
-    if need > target_ms * policy.enter_ratio or load.gauges_over then
+    if need > target_ms * policy.enter_ratio then
         return true
     end
-    if need < target_ms * policy.exit_ratio and load.gauges_clear then
+    if need < target_ms * policy.exit_ratio then
         return false
     end
     return load.overflowing

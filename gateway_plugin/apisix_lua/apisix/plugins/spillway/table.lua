@@ -75,7 +75,7 @@ end
 local function load_ok(l)
     return type(l) == "table" and is_bool(l.fresh) and is_num(l.latency_ms) and is_num(l.backlog_ms)
         and is_num(l.compute_ms) and is_bool(l.overflowing) and is_num(l.onprem_rps)
-        and is_bool(l.gauges_over) and is_bool(l.gauges_clear)
+        and is_bool(l.gauges_hot)
 end
 
 local function target_ok(t)
