@@ -236,3 +236,21 @@ def test_the_seed_keys_map_onto_thresholds_and_check_config_says_to_what(tmp_pat
 def test_conflicting_or_bad_thresholds_are_refused_naming_the_field(data: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         parse(data)
+
+
+def test_a_reload_that_changes_the_thresholds_forgets_what_was_read_for_the_old_ones() -> None:
+    state = _SimulatedState(SpillwayConfig.model_validate(CONFIG))
+    state.load.observe([{"m": Counters(success=1)}], (0.1, 0.95))
+    assert state.load.gauges_hot
+    state.apply(SpillwayConfig.model_validate(CONFIG))
+    assert state.load.gauges_hot, "the same thresholds: the state holds"
+    only_cpu = {
+        **CONFIG,
+        "local": {**CONFIG["local"], "thresholds": {}},
+        "load_aware": {"threshold_cpu": 0.5},
+    }
+    state.apply(SpillwayConfig.model_validate(only_cpu))
+    assert not state.load.gauges_hot and state.load.gauges == ()
+    assert [t.name for t in state.load.thresholds] == ["nv_cpu_utilization"]
+    state.load.observe([{"m": Counters(success=2)}], (0.6,))
+    assert state.load.gauges_hot
