@@ -85,6 +85,6 @@ def _exit(limit: Limit, ratio: float) -> float:
     return limit.limit * ratio if limit.exit is None else limit.exit
 
 
-def read(samples_per_endpoint: Sequence[Sequence[Sample]], specs: Sequence[GaugeSpec]) -> Gauges:
+def read_gauges(samples_per_endpoint: Sequence[Sequence[Sample]], specs: Sequence[GaugeSpec]) -> Gauges:
     """Each spec's cluster value from one complete scrape of every endpoint."""
     return tuple(spec.cluster_value(spec.endpoint_value(s) for s in samples_per_endpoint) for spec in specs)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from gateway_plugin.routing import gauges
-from gateway_plugin.routing.gauges import Gauges, GaugeSpec
+from gateway_plugin.routing.gauges import Gauges, GaugeSpec, read_gauges
 from gateway_plugin.routing.overflow import gauges_hot
 from gateway_plugin.routing.policy import LocalLoad, Threshold
 
@@ -291,7 +290,7 @@ class Scraper:
             log.warning("metrics scrape failed: %s", exc)
             return False
         samples = [samples_of(text) for text in texts]
-        self.tracker.observe([counters_of(s) for s in samples], gauges.read(samples, self._gauges()))
+        self.tracker.observe([counters_of(s) for s in samples], read_gauges(samples, self._gauges()))
         return True
 
     async def run(self) -> None:
