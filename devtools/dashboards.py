@@ -156,6 +156,33 @@ GATEWAY = Dashboard(
             description="Shared state reads 0 on a runner without a shared_state section.",
             width=6,
         ),
+        *(
+            Panel(
+                f"On-prem {what} (local.thresholds)",
+                "percentunit",
+                (
+                    (f'max(spillway_local_threshold_value{{threshold="{name}"}})', shown),
+                    (f'max(spillway_local_threshold_limit{{threshold="{name}"}})', "spills above"),
+                ),
+                description=f"{source}, as the runner scraped it; public traffic spills above the "
+                "limit. Drawn where local.thresholds names it (or load_aware's alias).",
+                width=6,
+            )
+            for name, what, shown, source in (
+                (
+                    "gpu_utilization",
+                    "GPU utilisation",
+                    "busiest GPU",
+                    "nv_gpu_utilization of the busiest GPU",
+                ),
+                (
+                    "gpu_memory",
+                    "GPU memory in use",
+                    "fullest GPU",
+                    "nv_gpu_memory_used_bytes / nv_gpu_memory_total_bytes of the fullest GPU",
+                ),
+            )
+        ),
     ),
 )
 

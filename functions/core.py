@@ -87,6 +87,7 @@ class FunctionCore:
         prober: Prober,
         instance: Instance | None = None,
         metrics: FunctionMetrics | None = None,
+        triton_metrics: Upstream | None = None,
     ) -> None:
         self.settings = settings
         self.sidecar = sidecar
@@ -94,6 +95,8 @@ class FunctionCore:
         self.metrics = metrics or FunctionMetrics()
         self._served = False
         self._pool = upstream
+        # Triton's own metrics port, where it has one (SPILLWAY_GPU_METRICS): its GPU gauges.
+        self._triton_metrics = triton_metrics
         self._prober = prober
         self._verifier = (
             Verifier(settings.signing_key, settings.allow_unsigned_payload, settings.replay_cache_entries)
@@ -106,8 +109,14 @@ class FunctionCore:
     def on_sidecar(cls, settings: FunctionSettings, sidecar: Sidecar, instance: Instance) -> FunctionCore:
         """The production wiring: keep-alive HTTP to the sidecar, tritonclient for warm-up probes."""
         address = f"127.0.0.1:{sidecar.http_port}"
+        port = sidecar.options.metrics_port
         return cls(
-            settings, sidecar, UpstreamPool("127.0.0.1", sidecar.http_port), ModelProber(address), instance
+            settings,
+            sidecar,
+            UpstreamPool("127.0.0.1", sidecar.http_port),
+            ModelProber(address),
+            instance,
+            triton_metrics=None if port is None else UpstreamPool("127.0.0.1", port),
         )
 
     @property
@@ -199,6 +208,8 @@ class FunctionCore:
     def close_connections(self) -> None:
         """Synchronous, for signal handlers: idle keep-alive connections would hold Triton's exit."""
         self._pool.close()
+        if self._triton_metrics is not None:
+            self._triton_metrics.close()
 
     async def close(self) -> None:
         self.close_connections()
@@ -318,6 +329,11 @@ class FunctionCore:
                 )
                 if stats.status == 200:
                     self.metrics.triton.read(stats.body)
+            if self._triton_metrics is not None:
+                with contextlib.suppress(TimeoutError, UpstreamUnavailable):
+                    page = await self._triton_metrics.request("GET", "/metrics", [], b"", STATS_TIMEOUT_S)
+                    if page.status == 200:
+                        self.metrics.gpu.read(page.body.decode("utf-8", "replace"))
         new_restarts = self.sidecar.restarts - self._restarts_seen
         if new_restarts > 0:
             self.metrics.sidecar_restarts.inc(new_restarts)

@@ -6,8 +6,9 @@ import json
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -50,6 +51,44 @@ class TritonStats(Collector):
             yield family
 
 
+# At most this many GPUs are shown per instance (an FC instance has one; the label stays bounded).
+MAX_GPUS = 16
+_GPU = {
+    "nv_gpu_utilization": ("spillway_function_gpu_utilization", "The GPU's utilisation, 0 to 1."),
+    "nv_gpu_memory_used_bytes": ("spillway_function_gpu_memory_used_bytes", "GPU memory in use."),
+    "nv_gpu_memory_total_bytes": ("spillway_function_gpu_memory_total_bytes", "The GPU's memory."),
+}
+
+
+class GpuStats(Collector):
+    """Triton's GPU gauges (its metrics port, on loopback, with ``--allow-gpu-metrics``), as the
+    handler last read them, per GPU: what the instance's GPU is doing, on /spillway/metrics."""
+
+    def __init__(self) -> None:
+        self.gauges: dict[str, dict[str, float]] = {}
+
+    def read(self, text: str) -> None:
+        """Triton's Prometheus text; what does not parse leaves the last reading."""
+        read: dict[str, dict[str, float]] = {name: {} for name in _GPU}
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    per_gpu = read.get(sample.name)
+                    gpu = sample.labels.get("gpu_uuid", "")[:64]
+                    if per_gpu is not None and (gpu in per_gpu or len(per_gpu) < MAX_GPUS):
+                        per_gpu[gpu] = sample.value
+        except ValueError:
+            return
+        self.gauges = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for metric, (name, documentation) in _GPU.items():
+            family = GaugeMetricFamily(name, documentation, labels=["gpu"])
+            for gpu, value in sorted(self.gauges.get(metric, {}).items()):
+                family.add_metric([gpu], value)
+            yield family
+
+
 class FunctionMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -88,6 +127,8 @@ class FunctionMetrics:
         )
         self.triton = TritonStats()
         r.register(self.triton)
+        self.gpu = GpuStats()
+        r.register(self.gpu)
 
     def observe(self, kind: str, status: int, seconds: float) -> None:
         """Per-request accounting; label children are looked up once and cached."""

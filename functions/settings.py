@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from functions.sidecar import SidecarOptions
+from functions.sidecar import SidecarOptions, free_port
 
 IMAGE_MODEL_REPOSITORY = "/opt/spillway/models"
 LAMBDA_MAX_BODY_BYTES = 6 * 1024 * 1024
@@ -67,6 +67,9 @@ class FunctionSettings:
     http: HttpLimits = HttpLimits()
     # Lets a scraper read /spillway/metrics with "Authorization: Bearer <token>" instead of a signature.
     metrics_token: bytes | None = None
+    # The GPU's utilisation and memory on /spillway/metrics (SPILLWAY_GPU_METRICS, set in the FC GPU
+    # image): Triton's metrics on a loopback port, its GPU gauges read there at each scrape.
+    gpu_metrics: bool = False
 
     def sidecar_options(self) -> SidecarOptions:
         return SidecarOptions(
@@ -74,9 +77,11 @@ class FunctionSettings:
             self.models,
             self.ready_timeout_s,
             self.triton_http_port,
+            metrics_port=free_port() if self.gpu_metrics else None,
             expose_statistics=self.expose_statistics,
             expose_model_config=self.expose_model_config,
             env_names=self.triton_env,
+            gpu_metrics=self.gpu_metrics,
         )
 
     @classmethod
@@ -109,6 +114,7 @@ class FunctionSettings:
             expose_statistics=_flag(env, "SPILLWAY_EXPOSE_STATISTICS"),
             expose_model_config=_flag(env, "SPILLWAY_EXPOSE_MODEL_CONFIG"),
             metrics_token=_metrics_token(env),
+            gpu_metrics=_flag(env, "SPILLWAY_GPU_METRICS"),
             triton_env=_triton_env(env),
             replay_cache_entries=_whole(env, "SPILLWAY_REPLAY_CACHE_ENTRIES", 500_000),
             http=HttpLimits.from_env(env),

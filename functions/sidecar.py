@@ -59,6 +59,9 @@ class SidecarOptions:
     expose_model_config: bool = False
     env_names: tuple[str, ...] = ()
     watch_period_s: float = 1.0
+    # Triton's GPU gauges (nv_gpu_utilization, nv_gpu_memory_*) on its metrics port: only where
+    # there is a GPU (the FC GPU image); elsewhere Triton would only log that it found none.
+    gpu_metrics: bool = False
 
 
 def free_port() -> int:
@@ -230,7 +233,7 @@ class Sidecar:
         else:
             args += [
                 "--allow-metrics=true",
-                "--allow-gpu-metrics=false",
+                f"--allow-gpu-metrics={'true' if opts.gpu_metrics else 'false'}",
                 f"--metrics-port={opts.metrics_port}",
                 "--metrics-address=127.0.0.1",
                 "--metrics-interval-ms=100",

@@ -113,8 +113,14 @@ class RunnerApp:
             self.state.metrics.serve(self._metrics_listen(config.metrics.listen))
         urls = [e.metrics_url for e in config.local.endpoints]
         if urls:
+            state = self.state
             self._scraper = Scraper(
-                self.state.load, http_fetcher(), urls, config.local.scrape_period_s, self.state.scrape_failed
+                state.load,
+                http_fetcher(),
+                urls,
+                config.local.scrape_period_s,
+                state.scrape_failed,
+                lambda: state.gauge_specs,
             )
             self._tasks.append(asyncio.ensure_future(self._scraper.run()))
         self._tasks.append(asyncio.ensure_future(self._gauges()))

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.thresholds import (
+    CPU_UTILIZATION,
+    GPU_MEMORY_TOTAL,
+    GPU_MEMORY_USED,
+    GPU_UTILIZATION,
+)
+from gateway_plugin.routing.gauges import compiled
 from gateway_plugin.targets.urls import masked_url
 
 
@@ -12,6 +19,7 @@ def explain(config: SpillwayConfig) -> str:
         f"local: {len(local.endpoints)} Triton endpoint(s), latency target {local.latency_target_ms:g} ms, "
         f"scraped every {local.scrape_period_s:g} s (stale after {local.stale_after_s:g} s)",
         *(f"  scrapes {masked_url(e.metrics_url)}" for e in local.endpoints),
+        *_thresholds(config),
     ]
     for t in config.targets:
         where = (
@@ -58,3 +66,44 @@ def _content(config: SpillwayConfig) -> str:
         f"inputs of bodies up to {checks.max_scan_bytes} bytes; a match is decided as "
         f"{checks.classify_as!r} and stays on premises; bodies that cannot be read {unreadable}"
     )
+
+
+_READS = {
+    "gpu_utilization": f"{GPU_UTILIZATION} (the busiest GPU's share of time busy)",
+    "gpu_memory": f"{GPU_MEMORY_USED} / {GPU_MEMORY_TOTAL} (the fullest GPU's share of its memory)",
+    CPU_UTILIZATION: f"{CPU_UTILIZATION} (the CPU use Triton reads from /proc/stat: its host, all cores)",
+}
+_GPU_OFF = (
+    "  Triton exports nv_gpu_* only with a GPU and --allow-gpu-metrics (on by default); where none is "
+    "reported the threshold neither starts nor holds overflow"
+)
+
+
+def _thresholds(config: SpillwayConfig) -> list[str]:
+    """The thresholds, what each reads, and what the seed design's ``load_aware`` keys became."""
+    aliases = config.load_aware
+    lines = []
+    if aliases is not None and aliases.threshold_gpu_mem is not None:
+        lines.append(
+            f"  load_aware.threshold_gpu_mem {aliases.threshold_gpu_mem:g} is local.thresholds.gpu_memory "
+            f"(limit {aliases.threshold_gpu_mem:g}): {GPU_MEMORY_USED} / {GPU_MEMORY_TOTAL} per GPU"
+        )
+    if aliases is not None and aliases.threshold_cpu is not None:
+        lines.append(
+            f"  load_aware.threshold_cpu {aliases.threshold_cpu:g} is local.thresholds.gauges "
+            f"[{{metric: {CPU_UTILIZATION}, limit: {aliases.threshold_cpu:g}}}]: the CPU use of each "
+            "Triton's host as Triton reads it (all cores, every --metrics-interval-ms), "
+            "not the gateway's own CPU"
+        )
+    specs, limits = compiled(config.thresholds(), config.overflow.enter_ratio, config.overflow.exit_ratio)
+    if not specs:
+        return ["  overflow: on the latency estimate alone (no local.thresholds)", *lines]
+    for spec, limit in zip(specs, limits, strict=True):
+        reads = _READS.get(spec.name, f"{spec.metric}, the largest sample per endpoint")
+        lines.append(
+            f"  overflow also above {spec.name} {limit.enter:g} (until below {limit.exit:g}): {reads}, "
+            f"{spec.across} over the endpoints"
+        )
+    if any(spec.metric.startswith("nv_gpu_") for spec in specs):
+        lines.append(_GPU_OFF)
+    return lines

@@ -108,11 +108,14 @@ def upstream(
 @dataclass
 class MetricsFeed:
     """Triton's cumulative counters for one model, moving by 10 requests per scrape, and its
-    pending count: unless set, the queue its queue time implies (one instance)."""
+    pending count: unless set, the queue its queue time implies (one instance). With
+    ``gpu_memory_share`` set, one GPU's memory gauges as Triton exports them with a GPU (this
+    machine has none, so no real Triton here reports them)."""
 
     queue_ms: float = 0.0
     compute_ms: float = 10.0
     pending: int | None = None
+    gpu_memory_share: float | None = None
     url: str = ""
     _success: float = 0.0
     _queue_us: float = 0.0
@@ -135,6 +138,17 @@ class MetricsFeed:
             f"nv_inference_queue_duration_us{labels} {self._queue_us}\n"
             f"nv_inference_compute_infer_duration_us{labels} {self._compute_us}\n"
             f"nv_inference_pending_request_count{labels} {self._pending()}\n"
+        ) + self._gpu()
+
+    def _gpu(self) -> str:
+        if self.gpu_memory_share is None:
+            return ""
+        gpu, total = '{gpu_uuid="GPU-5e1f0c2a"}', 80e9
+        return (
+            "# TYPE nv_gpu_memory_total_bytes gauge\n"
+            f"nv_gpu_memory_total_bytes{gpu} {total:.0f}\n"
+            "# TYPE nv_gpu_memory_used_bytes gauge\n"
+            f"nv_gpu_memory_used_bytes{gpu} {self.gpu_memory_share * total:.0f}\n"
         )
 
 

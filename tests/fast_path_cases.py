@@ -185,6 +185,8 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
             observed_ms=rng.choice([0.0, 100.0, 250.0]),
             in_flight=rng.choice([-1, rng.randint(0, 3 * policy.parallelism + 6), 200]),
             onprem_rps=rho * policy.parallelism * 1000 / compute_ms if compute_ms else rho * 50,
+            # A gauge of local.thresholds past its limit (its hysteresis applied at the scrape).
+            gauges_hot=rng.random() < 0.25,
         )
     targets = {}
     for name, spec in policy.targets.items():

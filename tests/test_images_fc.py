@@ -139,6 +139,7 @@ def test_image_config_is_what_the_module_runs(image: Built) -> None:
     assert config["Entrypoint"] == ["/opt/spillway/entrypoint.sh"]
     assert config["Cmd"] == ["python", "-m", "functions", "serve", "--platform", "aliyun-fc"]
     assert config["User"] == "1000:1000" and "9000/tcp" in config["ExposedPorts"]
+    assert "SPILLWAY_GPU_METRICS=1" in config["Env"], "the GPU image shows its GPU on /spillway/metrics"
     assert listing(image, "python", "-c", "import sys; print(sys.version_info >= (3, 11), sys.prefix)") == [
         "True",
         "/opt/spillway/venv",

@@ -15,8 +15,9 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,15 @@ from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from tests.apisix_support import apisix_settings, example_plugins, needs_apisix
-from tests.support import ROOT, TEST_MODELS, function_server, http, model_repository, wait_until
+from tests.support import (
+    ROOT,
+    TEST_MODELS,
+    function_server,
+    http,
+    http_server_thread,
+    model_repository,
+    wait_until,
+)
 
 needs_prometheus = pytest.mark.skipif(
     prometheus_server.missing_reason() is not None, reason=prometheus_server.missing_reason() or ""
@@ -60,20 +69,17 @@ class World:
     started: float
 
 
-def _config(tmp: Path, triton: Sidecar, metrics_port: int, function_url: str) -> dict[str, Any]:
+def _config(tmp: Path, triton: Sidecar, metrics_url: str, function_url: str) -> dict[str, Any]:
     return {
         "local": {
-            "endpoints": [
-                {
-                    "url": f"http://127.0.0.1:{triton.http_port}",
-                    "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
-                }
-            ],
+            "endpoints": [{"url": f"http://127.0.0.1:{triton.http_port}", "metrics_url": metrics_url}],
             "latency_target_ms": 150,
             "model_latency_targets_ms": {"slow": 150},
             "scrape_period_s": 0.1,
             "stale_after_s": 1.0,
             "cost": {"gpus": 2, "usd_per_gpu_hour": 36.0},
+            # Past what the GPU stand-in reports: drawn on the dashboards, never what spills here.
+            "thresholds": {"gpu_utilization": 0.95, "gpu_memory": 0.9},
         },
         "targets": [
             {
@@ -188,6 +194,39 @@ def _function_ready(url: str) -> bool:
     return status == 200 and _value(body.decode(), "spillway_function_sidecar_up") == 1
 
 
+GPU_GAUGES = """\
+# TYPE nv_gpu_utilization gauge
+nv_gpu_utilization{gpu_uuid="GPU-5e1f0c2a"} 0.35
+# TYPE nv_gpu_memory_total_bytes gauge
+nv_gpu_memory_total_bytes{gpu_uuid="GPU-5e1f0c2a"} 85899345920
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-5e1f0c2a"} 34359738368
+"""
+
+
+@contextmanager
+def _with_a_gpu(triton_metrics: str) -> Iterator[str]:
+    """The on-prem Triton's metrics page as it reads with a GPU: the real page, and one GPU's
+    gauges in Triton's format after it (this machine has no GPU, so the real tritonserver exports
+    none; these are what the runner reads for local.thresholds and the GPU panels draw)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, _, page = http("GET", triton_metrics, timeout=5)
+            body = page.rstrip(b"\n") + b"\n" + GPU_GAUGES.encode() if status == 200 else b""
+            self.send_response(status)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http_server_thread(Handler) as url:
+        yield url + "/metrics"
+
+
 def _value(metrics: str, name: str) -> float:
     return sum(s.value for f in text_string_to_metric_families(metrics) for s in f.samples if s.name == name)
 
@@ -215,7 +254,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         # Ready, asked through its metrics (which a scrape may read without a signature, and which do
         # not count as the instance's first request): the first inference is still a cold one.
         wait_until(lambda: _function_ready(function.url), 60, "the function's sidecar ready")
-        config = _config(tmp, triton, triton_metrics, function.url)
+        with_a_gpu = stack.enter_context(_with_a_gpu(f"http://127.0.0.1:{triton_metrics}/metrics"))
+        config = _config(tmp, triton, with_a_gpu, function.url)
         exporter = free_port()
         settings = apisix_settings(
             config,

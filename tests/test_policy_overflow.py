@@ -10,6 +10,7 @@ import math
 import pytest
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.routing.overflow import estimated_latency_ms, onprem_reserve_ms, overflowing
 from gateway_plugin.routing.policy import LOCAL, LocalLoad, RequestFeatures, Snapshot, TargetState, decide
 from gateway_plugin.routing.policy_build import build_policy
@@ -131,7 +132,7 @@ class _Clock:
 
 def test_the_runner_measures_on_prem_only_arrivals_and_takes_the_gateways_counts() -> None:
     clock = _Clock()
-    state = _SimulatedState(CONFIG, clock=clock, wall=clock)
+    state = _SimulatedState(CONFIG, GatewaySecrets(), clock=clock, wall=clock)
     state.load.observe([{"m": Counters(success=0)}])
     confidential = RequestFeatures("/v2/models/m/infer", {}, {}, "m")
     for _ in range(50):
@@ -148,7 +149,7 @@ def test_the_runner_measures_on_prem_only_arrivals_and_takes_the_gateways_counts
 
 def test_the_runners_own_books_count_cold_dispatches_until_a_cold_answer() -> None:
     clock = _Clock()
-    state = _SimulatedState(CONFIG, clock=clock, wall=clock)
+    state = _SimulatedState(CONFIG, GatewaySecrets(), clock=clock, wall=clock)
     state.load.observe([{"m": Counters(success=0)}])
     busy = LocalLoad(fresh=True, queue_ms=300, compute_ms=10)
     cold = decide(_public(), Snapshot({"m": busy}, {}), state.policy)

@@ -33,6 +33,7 @@ from gateway_plugin.config.targets import (
     Target,
     TargetCost,
 )
+from gateway_plugin.config.thresholds import GaugeLimit, LoadAware, Share, Thresholds, merged
 from gateway_plugin.config.warmup import Adaptive, WarmTarget, WarmupSettings, Window
 from gateway_plugin.simulation.settings import SimulationSettings
 from gateway_plugin.targets.urls import masked_url
@@ -47,6 +48,8 @@ __all__ = [
     "Budgets",
     "ConfigError",
     "ContentChecks",
+    "GaugeLimit",
+    "LoadAware",
     "LocalCluster",
     "LocalCost",
     "LocalEndpoint",
@@ -57,12 +60,14 @@ __all__ = [
     "Residency",
     "Rule",
     "RunnerSettings",
+    "Share",
     "SharedState",
     "SpillwayConfig",
     "Target",
     "TargetCost",
     "TenantQuota",
     "Tenants",
+    "Thresholds",
     "WarmTarget",
     "WarmupSettings",
     "Window",
@@ -99,6 +104,14 @@ class SpillwayConfig(Model):
     shared_state: SharedState | None = Field(
         default=None, description="share decision state through Redis; absent: this runner alone"
     )
+    load_aware: LoadAware | None = Field(
+        default=None,
+        description="the seed design's threshold keys, read as local.thresholds (see check-config)",
+    )
+
+    def thresholds(self) -> Thresholds:
+        """``local.thresholds`` with ``load_aware``'s keys added."""
+        return merged(self.local.thresholds, self.load_aware)
 
     def declared_models(self) -> set[str]:
         """Models the config itself names (latency targets, rules)."""
@@ -134,6 +147,7 @@ class SpillwayConfig(Model):
                 "section, through which the workers share in-flight counts, budgets, breakers and quotas "
                 "(alone, each would count only its own)"
             )
+        self.thresholds()
         if self.metrics.listen and self.metrics.listen == self.outcomes.listen:
             raise ValueError(
                 f"metrics.listen and outcomes.listen are both {self.metrics.listen}: give each its own port"

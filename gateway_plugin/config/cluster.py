@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import Field
 
 from gateway_plugin.config.model import Model
+from gateway_plugin.config.thresholds import Thresholds
 
 
 class LocalEndpoint(Model):
@@ -42,3 +43,7 @@ class LocalCluster(Model):
         default=5000.0, gt=0, description="past this local wait, shed instead of queueing"
     )
     cost: LocalCost = Field(default_factory=LocalCost, description="what the cluster costs an hour")
+    thresholds: Thresholds = Field(
+        default_factory=Thresholds,
+        description="gauges (GPU utilisation, GPU memory, any other) past whose limit the cluster overflows",
+    )

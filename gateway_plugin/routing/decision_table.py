@@ -33,7 +33,7 @@ from gateway_plugin.routing.policy import (
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 4
+FORMAT = 5
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -120,8 +120,10 @@ def _content(content: ContentPolicy) -> dict[str, Any]:
 
 def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
     """The scrape's estimates: ``latency_ms`` where the plugin counts nothing, ``backlog_ms`` to
-    take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``)."""
+    take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``);
+    the thresholds' verdict (``routing.overflow.gauges_hot``)."""
     return {
+        "gauges_hot": load.gauges_hot,
         "fresh": load.fresh,
         "latency_ms": scraped_latency_ms(load, policy),
         "backlog_ms": backlog_ms(load, policy),

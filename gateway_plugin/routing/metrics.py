@@ -94,6 +94,18 @@ class RunnerMetrics:
         self.overflowing = Gauge(
             "spillway_overflowing", "1 while a model spills to the cloud.", ["model"], registry=r
         )
+        self.threshold_value = Gauge(
+            "spillway_local_threshold_value",
+            "The cluster's value of a local.thresholds gauge at the last scrape (NaN: not reported).",
+            ["threshold"],
+            registry=r,
+        )
+        self.threshold_limit = Gauge(
+            "spillway_local_threshold_limit",
+            "The limit past which that gauge makes the cluster overflow.",
+            ["threshold"],
+            registry=r,
+        )
         self.signals_fresh = Gauge(
             "spillway_signals_fresh",
             "1 while Triton's metrics are fresh; 0 keeps everything local.",

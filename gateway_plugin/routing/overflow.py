@@ -2,7 +2,9 @@
 on-prem-only traffic, hysteresis, saturation, and when a cold start is worth its price.
 
 Pure functions of a ``LocalLoad`` and the ``Policy`` (``routing.policy`` holds both types and
-calls these); ``apisix/plugins/spillway/overflow.lua`` computes the same on the fast path.
+calls these); ``apisix/plugins/spillway/overflow.lua`` computes the same on the fast path. The
+gauges of ``local.thresholds`` have their own hysteresis (``gauges_hot``), applied at each scrape:
+a load carries its verdict, which the fast path's table carries as a flag.
 
 Why the headroom: requests that may not leave have nowhere else to go. A cluster kept full by
 requests that could have left makes every on-prem-only request behind them queue, miss or be
@@ -16,10 +18,11 @@ spills.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway_plugin.routing.policy import LocalLoad, Policy
+    from gateway_plugin.routing.policy import LocalLoad, Policy, Threshold
 
 # Triton reports a few microseconds of queue time even for requests that never waited.
 IDLE_QUEUE_SHARE = 0.1
@@ -85,6 +88,17 @@ def onprem_reserve_ms(load: LocalLoad, policy: Policy) -> float:
     if rho >= 1:
         return math.inf
     return policy.onprem_headroom * load.compute_ms / policy.parallelism * rho / (1 - rho)
+
+
+def gauges_hot(gauges: Sequence[float | None], thresholds: Sequence[Threshold], was: bool) -> bool:
+    """The thresholds' own hysteresis, beside the latency's: hot once a gauge passes its limit,
+    cool once every gauge is below its exit limit, else as it was. A gauge not reported neither
+    starts nor holds it. Gauges change only with a scrape, so the tracker applies this there."""
+    if any(v is not None and v > t.enter for t, v in zip(thresholds, gauges, strict=False)):
+        return True
+    if all(v is None or v < t.exit for t, v in zip(thresholds, gauges, strict=False)):
+        return False
+    return was
 
 
 def overflowing(load: LocalLoad, target_ms: float, policy: Policy, latency_ms: float | None = None) -> bool:

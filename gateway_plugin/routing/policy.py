@@ -9,7 +9,8 @@ The order of concerns, each able only to narrow the choice:
 2. tenant quota: over its quota, a tenant is shed with 429;
 3. the first matching rule picks the action (default: overflow over every target);
 4. overflow: stay local while the estimated local wait plus service time, plus the headroom kept
-   for on-prem-only traffic, meets the latency target, with hysteresis (``routing.overflow``);
+   for on-prem-only traffic, meets the latency target and no gauge of ``local.thresholds`` (GPU
+   utilisation, GPU memory, ...) is past its limit, with hysteresis (``routing.overflow``);
    fail safe to local when the signals are missing;
 5. cold starts: a cold target is not worth it when the local queue is shorter than its start,
    unless local would miss the target anyway or is saturated: then the chain's first cold target
@@ -90,7 +91,9 @@ class LocalLoad(NamedTuple):
     """The on-prem cluster's state for one model, from Triton's metrics and the gateway's own count.
 
     ``in_flight``: the requests the gateway has at the cluster now, as it counts them (negative:
-    it keeps no count); ``onprem_rps``: the rate at which requests that may not leave arrive.
+    it keeps no count); ``onprem_rps``: the rate at which requests that may not leave arrive;
+    ``overflowing``: the latency's hysteresis state; ``gauges_hot``: the thresholds' own (a gauge
+    of ``local.thresholds`` past its limit and none yet below its exit), applied at each scrape.
     """
 
     fresh: bool = False
@@ -103,6 +106,16 @@ class LocalLoad(NamedTuple):
     observed_ms: float = 0.0
     in_flight: int = -1
     onprem_rps: float = 0.0
+    gauges_hot: bool = False
+
+
+class Threshold(NamedTuple):
+    """A gauge's limits (``local.thresholds``): past ``enter`` the cluster overflows; below ``exit``
+    it may stop (``routing.overflow.gauges_hot``)."""
+
+    name: str
+    enter: float
+    exit: float
 
 
 class TargetState(NamedTuple):
@@ -217,6 +230,7 @@ class Policy:
     saturation_ratio: float = 4.0
     retry_after_s: int = 1
     onprem_headroom: float = 4.0
+    thresholds: tuple[Threshold, ...] = ()
 
     def quota_of(self, tenant: str | None) -> Quota:
         return _NO_QUOTA if tenant is None else self.quotas.get(tenant, self.default_quota)
@@ -272,9 +286,10 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
     target_ms = policy.model_targets_ms.get(features.model or "", policy.latency_target_ms)
     latency = estimated_latency_ms(load, policy) if load.fresh else 0.0
     hot = overflowing(load, target_ms, policy, latency) if load.fresh else False
+    spill = hot or (load.fresh and load.gauges_hot)
     if action is RuleAction.SHED:
         return Decision(SHED, Reason.RULE, 503, policy.retry_after_s, tenant=tenant, rule=rule_name)
-    wants_out = bool(chain) and (action is RuleAction.TARGET or (action is RuleAction.OVERFLOW and hot))
+    wants_out = bool(chain) and (action is RuleAction.TARGET or (action is RuleAction.OVERFLOW and spill))
     if not may_leave(features, policy):
         if wants_out:
             kept = _stay_local(load, latency, policy, Reason.RESIDENCY, tenant, hot, residency_kept=True)

@@ -6,6 +6,7 @@ import re
 
 from gateway_plugin.config import SpillwayConfig, TenantQuota
 from gateway_plugin.costs import request_cost_usd
+from gateway_plugin.routing.gauges import compiled
 from gateway_plugin.routing.policy import Policy, Quota, RulePolicy, TargetPolicy
 from gateway_plugin.routing.tenants import tenant_key
 
@@ -63,4 +64,5 @@ def build_policy(config: SpillwayConfig) -> Policy:
         saturation_ratio=config.overflow.saturation_ratio,
         retry_after_s=config.overflow.retry_after_s,
         onprem_headroom=config.overflow.onprem_headroom,
+        thresholds=compiled(config.thresholds(), config.overflow.enter_ratio, config.overflow.exit_ratio)[1],
     )

@@ -14,12 +14,15 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-from gateway_plugin.routing.policy import LocalLoad
+from gateway_plugin.routing.gauges import Gauges, GaugeSpec, read_gauges
+from gateway_plugin.routing.overflow import gauges_hot
+from gateway_plugin.routing.policy import LocalLoad, Threshold
 
 log = logging.getLogger("spillway.signals")
 
@@ -52,23 +55,32 @@ class Counters:
         )
 
 
+def samples_of(text: str) -> list[Sample]:
+    """Every sample of Triton's Prometheus text, read with the Prometheus parser."""
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def parse_triton_metrics(text: str) -> dict[str, Counters]:
-    """Per-model counters from Triton's Prometheus text, read with the Prometheus parser."""
+    """Per-model counters from Triton's Prometheus text."""
+    return counters_of(samples_of(text))
+
+
+def counters_of(samples: Iterable[Sample]) -> dict[str, Counters]:
+    """Per-model counters, summed over versions."""
     fields: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            model = sample.labels.get("model")
-            if model is None:
-                continue
-            name = sample.name.removesuffix("_total")
-            if name == "nv_inference_request_success":
-                fields[model]["success"] += sample.value
-            elif name == "nv_inference_queue_duration_us":
-                fields[model]["queue_us"] += sample.value
-            elif name in _COMPUTE:
-                fields[model]["compute_us"] += sample.value
-            elif name == "nv_inference_pending_request_count":
-                fields[model]["pending"] += sample.value
+    for sample in samples:
+        model = sample.labels.get("model")
+        if model is None:
+            continue
+        name = sample.name.removesuffix("_total")
+        if name == "nv_inference_request_success":
+            fields[model]["success"] += sample.value
+        elif name == "nv_inference_queue_duration_us":
+            fields[model]["queue_us"] += sample.value
+        elif name in _COMPUTE:
+            fields[model]["compute_us"] += sample.value
+        elif name == "nv_inference_pending_request_count":
+            fields[model]["pending"] += sample.value
     return {model: Counters(**values) for model, values in fields.items()}
 
 
@@ -113,7 +125,9 @@ class _ModelLoad:
         self.sent = 0
         self.counters = now
 
-    def view(self, fresh: bool, age_ms: float, now: float, stale_after_s: float, in_flight: int) -> LocalLoad:
+    def view(
+        self, fresh: bool, age_ms: float, now: float, stale_after_s: float, in_flight: int, gauges_hot: bool
+    ) -> LocalLoad:
         observed = self.observed_ms if now - self.observed_at <= stale_after_s else 0.0
         return LocalLoad(
             fresh,
@@ -126,6 +140,7 @@ class _ModelLoad:
             observed,
             in_flight,
             self.onprem.read(now),
+            gauges_hot,
         )
 
 
@@ -143,6 +158,11 @@ class LoadTracker:
     stale_after_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     last_ok: float = float("-inf")
+    # local.thresholds' limits, the cluster's value of each gauge at the last scrape (in their
+    # order) and their hysteresis state.
+    thresholds: tuple[Threshold, ...] = ()
+    gauges: Gauges = ()
+    gauges_hot: bool = False
     _models: dict[str, _ModelLoad] = field(default_factory=lambda: {ALL_MODELS: _ModelLoad()})
 
     def declare(self, models: Iterable[str]) -> None:
@@ -151,8 +171,10 @@ class LoadTracker:
             if len(self._models) < MAX_MODELS:
                 self._models.setdefault(model, _ModelLoad())
 
-    def observe(self, per_endpoint: Iterable[dict[str, Counters]]) -> None:
-        """One complete scrape of every endpoint."""
+    def observe(self, per_endpoint: Iterable[dict[str, Counters]], gauged: Gauges = ()) -> None:
+        """One complete scrape of every endpoint: its counters, and its gauges over the cluster."""
+        self.gauges = gauged
+        self.gauges_hot = gauges_hot(gauged, self.thresholds, self.gauges_hot)
         merged: dict[str, Counters] = defaultdict(Counters)
         for sample in per_endpoint:
             for model, counters in sample.items():
@@ -227,7 +249,7 @@ class LoadTracker:
         age_ms = age_s * 1000 if fresh else 0.0
         names = list(self._models) if model is None else [model, ALL_MODELS]
         return {
-            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s, in_flight)
+            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s, in_flight, self.gauges_hot)
             for name in names
             if name in self._models
         }
@@ -240,7 +262,8 @@ class Scraper:
     """Scrapes every endpoint each period; a failed round leaves the tracker to go stale.
 
     ``fetch`` is the I/O (an HTTP GET returning the body; it raises ``OSError``, ``TimeoutError``
-    or ``ValueError`` on failure); ``on_failure`` counts a failed round.
+    or ``ValueError`` on failure); ``on_failure`` counts a failed round; ``gauges``: what
+    ``local.thresholds`` reads now (``routing.gauges``; a reload may change it).
     """
 
     def __init__(
@@ -250,12 +273,14 @@ class Scraper:
         urls: list[str],
         period_s: float,
         on_failure: Callable[[], None] = lambda: None,
+        gauges: Callable[[], Sequence[GaugeSpec]] = tuple,
     ) -> None:
         self.tracker = tracker
         self.period_s = period_s
         self._fetch = fetch
         self._urls = urls
         self._on_failure = on_failure
+        self._gauges = gauges
 
     async def scrape_once(self) -> bool:
         try:
@@ -264,7 +289,8 @@ class Scraper:
             self._on_failure()
             log.warning("metrics scrape failed: %s", exc)
             return False
-        self.tracker.observe(parse_triton_metrics(text) for text in texts)
+        samples = [samples_of(text) for text in texts]
+        self.tracker.observe([counters_of(s) for s in samples], read_gauges(samples, self._gauges()))
         return True
 
     async def run(self) -> None:

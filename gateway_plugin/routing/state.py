@@ -8,8 +8,10 @@ alone, so no counter has two owners and none is read and written across tasks.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -18,6 +20,7 @@ from gateway_plugin.config import ConfigError, SpillwayConfig, Target
 from gateway_plugin.config.secrets import GatewaySecrets, RouteTokenError
 from gateway_plugin.routing.breakers import Breaker, RetryBudget
 from gateway_plugin.routing.content import ContentPolicy, Verdict, content_policy
+from gateway_plugin.routing.gauges import GaugeSpec, compiled
 from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBook, TenantBooks
 from gateway_plugin.routing.metrics import RunnerMetrics
 from gateway_plugin.routing.policy import (
@@ -88,6 +91,14 @@ class GatewayState:
         counts of remaining targets are kept."""
         self.config = config
         self.policy: Policy = build_policy(config)
+        specs = compiled(config.thresholds(), config.overflow.enter_ratio, config.overflow.exit_ratio)[0]
+        if specs != getattr(self, "gauge_specs", ()) or self.policy.thresholds != self.load.thresholds:
+            # Values read for other thresholds mean nothing to these: none until the next scrape.
+            self.load.gauges, self.load.gauges_hot = (), False
+            self.load.thresholds = self.policy.thresholds
+            self.metrics.threshold_value.clear()
+            self.metrics.threshold_limit.clear()
+        self.gauge_specs: tuple[GaugeSpec, ...] = specs
         self.content: ContentPolicy = content_policy(config)
         self.targets = {t.name: t for t in config.targets}
         self.breakers = {n: self.breakers.get(n) or Breaker(config.breaker) for n in self.targets}
@@ -366,8 +377,12 @@ class GatewayState:
         m.signals_fresh.set(1 if self.load.fresh else 0)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
-            m.overflowing.labels(label).set(1 if load.overflowing else 0)
+            m.overflowing.labels(label).set(1 if load.overflowing or load.gauges_hot else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
+        for threshold, value in itertools.zip_longest(self.policy.thresholds, self.load.gauges):
+            if threshold is not None:
+                m.threshold_limit.labels(threshold.name).set(threshold.enter)
+                m.threshold_value.labels(threshold.name).set(math.nan if value is None else value)
         wall = self.wall()
         for name in self.targets:
             taken = self.target_state(name, now, wall)

@@ -62,7 +62,7 @@ class _Baseline:
             return LOCAL
         return next(iter(self.open_targets(job, world)), LOCAL)
 
-    def scraped(self, counters: Counters, now: float) -> None:
+    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
         pass
 
     def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:

@@ -15,7 +15,7 @@ from gateway_plugin.simulation.baselines import BASELINES
 from gateway_plugin.simulation.engine import jobs, simulate
 from gateway_plugin.simulation.oracle import Oracle
 from gateway_plugin.simulation.results import Measures
-from gateway_plugin.simulation.runner_policy import SpillwayRouter
+from gateway_plugin.simulation.runner_policy import SpillwayRouter, thresholds_modelled
 from gateway_plugin.simulation.trace import GENERATORS, RateTrace, Shaping, Trace, TraceError
 from gateway_plugin.simulation.trace import load as load_trace
 from gateway_plugin.simulation.world import Router
@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         "policies": {name: m.summary() for name, m in policies.items()},
         "latency_target_ms": policies["spillway"].latency_target_ms,
     }
+    if config.thresholds().any:
+        result["thresholds"] = thresholds_modelled(config)
     points = []
     if sweep is not None:
         key, variants = sweep
@@ -291,6 +293,8 @@ def table(result: dict[str, Any]) -> str:
         f"{result['requests']:,} requests, latency target {result['latency_target_ms']:g} ms",
         _rows(result["policies"]),
     ]
+    if "thresholds" in result:
+        lines.insert(1, _thresholds_line(result["thresholds"]))
     for point in result.get("sweep", {}).get("points", []):
         lines.append(f"\n{result['sweep']['key']} = {point['value']}")
         lines.append(_rows(point["policies"]))
@@ -299,6 +303,16 @@ def table(result: dict[str, Any]) -> str:
 
         lines.append(text(result["frontier"]))
     return "\n".join(lines)
+
+
+def _thresholds_line(names: dict[str, list[str]]) -> str:
+    said = []
+    if names["modelled"]:
+        said.append(f"{', '.join(names['modelled'])} modelled as the cluster's busy share of its parallelism")
+    if names["not_modelled"]:
+        left = ", ".join(names["not_modelled"])
+        said.append(f"{left} not modelled (the cluster model has no memory or CPU): never crossed here")
+    return "local.thresholds: " + "; ".join(said)
 
 
 def _rows(policies: dict[str, dict[str, Any]]) -> str:

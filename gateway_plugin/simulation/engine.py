@@ -141,7 +141,7 @@ class Engine:
             self._scrape(now)
         elif kind == SCRAPED:
             self.world.utilisation = payload[1]
-            self.router.scraped(payload[0], now)
+            self.router.scraped(payload[0], now, payload[1])
         elif kind == FLUSH:
             self._flush(now)
         elif kind == WARMUP:

@@ -193,7 +193,7 @@ class Oracle:
             k = next_stay[k]
         return met
 
-    def scraped(self, counters: Counters, now: float) -> None:
+    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
         pass
 
     def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:

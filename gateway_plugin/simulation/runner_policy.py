@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.config.thresholds import GPU_UTILIZATION
+from gateway_plugin.routing.gauges import compiled
 from gateway_plugin.routing.policy import LOCAL, Reason, RequestFeatures, decide
 from gateway_plugin.routing.signals import Counters
 from gateway_plugin.routing.state import GatewayState
@@ -69,9 +71,16 @@ class SpillwayRouter:
         if job.sent_cold:
             self.starting[job.target] -= 1
 
-    def scraped(self, counters: Counters, now: float) -> None:
+    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
         self.now = now
-        self.state.load.observe([{self.model: counters}])
+        self.state.load.observe([{self.model: counters}], self._gauges(utilisation))
+
+    def _gauges(self, utilisation: float) -> tuple[float | None, ...]:
+        """GPU utilisation as the cluster's busy share of its parallelism over the scrape period;
+        any other gauge (GPU memory, CPU) is not in the model: absent, it never crosses. A share, as
+        Triton reports it (the busy seconds' sums round a hair past 1 on a saturated cluster)."""
+        share = min(1.0, max(0.0, utilisation))
+        return tuple(share if modelled(s.metric) else None for s in self.state.gauge_specs)
 
     def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
         self.now = now
@@ -94,3 +103,16 @@ class SpillwayRouter:
     def warm_report(self, target: str, instances: list[str], now: float) -> None:
         self.now = now
         self.state.warm_report(target, instances)
+
+
+def modelled(metric: str) -> bool:
+    return metric == GPU_UTILIZATION
+
+
+def thresholds_modelled(config: SpillwayConfig) -> dict[str, list[str]]:
+    """Which of ``local.thresholds`` the simulation models (what ``simulate`` says it left out)."""
+    specs, _ = compiled(config.thresholds(), config.overflow.enter_ratio, config.overflow.exit_ratio)
+    names: dict[str, list[str]] = {"modelled": [], "not_modelled": []}
+    for spec in specs:
+        names["modelled" if modelled(spec.metric) else "not_modelled"].append(spec.name)
+    return names

@@ -31,7 +31,8 @@ class Router(Protocol):
 
     def route(self, job: Job, now: float, world: World) -> str: ...
 
-    def scraped(self, counters: Counters, now: float) -> None: ...
+    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
+        """A scrape: Triton's counters and the busy share of the cluster since the last one."""
 
     def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None: ...
 

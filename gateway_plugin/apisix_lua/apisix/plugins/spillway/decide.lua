@@ -19,7 +19,7 @@ local _M = {}
 local LOCAL, SHED = "local", "shed"
 _M.LOCAL, _M.SHED = LOCAL, SHED
 local NO_LOAD = { fresh = false, latency_ms = 0, backlog_ms = 0, compute_ms = 0, overflowing = false,
-                  onprem_rps = 0 }
+                  onprem_rps = 0, gauges_hot = false }
 local NO_TARGET_STATE = { breaker = "closed", probe_allowed = false, warm = 0,
                           spent_hour_usd = 0, spent_day_usd = 0 }
 local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd = 0 }
@@ -258,7 +258,10 @@ function _M.decide(f, tbl, policy, live)
         return decision(SHED, "rule", { status = 503, retry_after_s = policy.retry_after_s,
                                          tenant = tenant, rule = rule_name })
     end
-    local wants_out = #chain > 0 and (action == "target" or (action == "overflow" and hot))
+    -- A gauge of local.thresholds past its limit spills too (its own hysteresis, applied by the
+    -- runner at each scrape: the table carries its verdict).
+    local spill = hot or (load.fresh and load.gauges_hot)
+    local wants_out = #chain > 0 and (action == "target" or (action == "overflow" and spill))
     if not may_leave(f, policy) then
         local d
         if wants_out then

@@ -1,0 +1,108 @@
+"""``local.thresholds:`` (and the seed design's ``load_aware:`` keys): gauges Triton exports that make
+the cluster count as overflowing once one crosses its limit, besides the latency estimate.
+
+A GPU whose memory is nearly full, or whose compute is saturated by other tenants of the machine,
+is overloaded before its queue shows it. Each threshold is read from every endpoint's scrape: within
+an endpoint, the largest of its samples (its busiest GPU: the one its next request may land on);
+across endpoints, the largest by default (APISIX's round robin sends every endpoint its share
+whatever the others' load, so one endpoint past its limit is enough), or the mean where the
+operator balances by load.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gateway_plugin.config.model import Model
+
+GPU_UTILIZATION = "nv_gpu_utilization"
+GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
+CPU_UTILIZATION = "nv_cpu_utilization"
+
+Across = Literal["max", "mean"]
+
+
+class Limit(Model):
+    """Spill above ``limit``; stop below ``exit`` (default: ``limit`` x overflow.exit_ratio /
+    overflow.enter_ratio, the latency estimate's own gap), else keep: the latency's hysteresis."""
+
+    limit: float = Field(ge=0, description="the cluster overflows above this")
+    exit: float | None = Field(default=None, ge=0, description="and stops below this")
+    across: Across = Field(default="max", description="over the endpoints: max (default) or mean")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, data: object) -> object:
+        """A bare number is the limit (``gpu_memory: 0.9``)."""
+        return {"limit": data} if isinstance(data, int | float) and not isinstance(data, bool) else data
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Limit:
+        if self.exit is not None and self.exit > self.limit:
+            raise ValueError(f"exit {self.exit:g} must not exceed limit {self.limit:g}, or overflow flaps")
+        return self
+
+
+class Share(Limit):
+    limit: float = Field(ge=0, le=1, description="a share, 0 to 1: the cluster overflows above this")
+
+
+class GaugeLimit(Limit):
+    """Any gauge the endpoints' scrape carries, by name (its samples matching ``labels``)."""
+
+    metric: str = Field(min_length=1, max_length=200, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+    labels: dict[str, str] = Field(default_factory=dict, description="label → value the sample must have")
+
+
+class Thresholds(Model):
+    gpu_utilization: Share | None = Field(
+        default=None, description=f"{GPU_UTILIZATION}: the busiest GPU's share of time busy"
+    )
+    gpu_memory: Share | None = Field(
+        default=None, description=f"{GPU_MEMORY_USED} / {GPU_MEMORY_TOTAL}: the fullest GPU's share"
+    )
+    gauges: list[GaugeLimit] = Field(default_factory=list, max_length=32, description="any other gauge")
+
+    @property
+    def any(self) -> bool:
+        return bool(self.gpu_utilization or self.gpu_memory or self.gauges)
+
+
+class LoadAware(Model):
+    """The seed design's keys, kept so its configs port: each is one of ``local.thresholds``."""
+
+    threshold_cpu: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=f"the Triton host's CPU utilisation ({CPU_UTILIZATION}, all cores, from /proc/stat): "
+        f"local.thresholds.gauges [{{metric: {CPU_UTILIZATION}, limit: ...}}]",
+    )
+    threshold_gpu_mem: float | None = Field(
+        default=None, ge=0, le=1, description="local.thresholds.gpu_memory.limit"
+    )
+
+
+def merged(thresholds: Thresholds, aliases: LoadAware | None) -> Thresholds:
+    """``local.thresholds`` with the aliases added; one named both ways is refused (which wins?)."""
+    if aliases is None:
+        return thresholds
+    memory, gauges = thresholds.gpu_memory, list(thresholds.gauges)
+    if aliases.threshold_gpu_mem is not None:
+        if memory is not None:
+            raise ValueError(
+                "load_aware.threshold_gpu_mem and local.thresholds.gpu_memory both set the GPU memory "
+                "limit: keep one (local.thresholds.gpu_memory also takes exit and across)"
+            )
+        memory = Share(limit=aliases.threshold_gpu_mem)
+    if aliases.threshold_cpu is not None:
+        if any(g.metric == CPU_UTILIZATION for g in gauges):
+            raise ValueError(
+                f"load_aware.threshold_cpu and a local.thresholds.gauges entry for {CPU_UTILIZATION} "
+                "both set the CPU limit: keep one"
+            )
+        gauges.append(GaugeLimit(metric=CPU_UTILIZATION, limit=aliases.threshold_cpu))
+    return Thresholds(gpu_utilization=thresholds.gpu_utilization, gpu_memory=memory, gauges=gauges)
