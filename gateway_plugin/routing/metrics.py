@@ -94,6 +94,13 @@ class RunnerMetrics:
         self.overflowing = Gauge(
             "spillway_overflowing", "1 while a model spills to the cloud.", ["model"], registry=r
         )
+        self.local_failing = Gauge(
+            "spillway_local_failing",
+            "1 while the cluster's own answers fail for a model (its breaker open or probing): "
+            "requests that may leave go out, on-prem-only ones get 503.",
+            ["model"],
+            registry=r,
+        )
         self.signals_fresh = Gauge(
             "spillway_signals_fresh",
             "1 while Triton's metrics are fresh; 0 keeps everything local.",

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway_plugin.config import LocalHealth
+from gateway_plugin.routing.local_health import CLOSED, LocalBreaker
 from gateway_plugin.routing.policy import LocalLoad
 
 log = logging.getLogger("spillway.signals")
@@ -101,6 +103,7 @@ class _ModelLoad:
     observed_ms: float = 0.0
     observed_at: float = float("-inf")
     onprem: Rate = field(default_factory=Rate)
+    health: LocalBreaker = field(default_factory=LocalBreaker)
 
     def scraped(self, now: Counters, first: bool) -> None:
         done = now.success - self.counters.success
@@ -113,8 +116,11 @@ class _ModelLoad:
         self.sent = 0
         self.counters = now
 
-    def view(self, fresh: bool, age_ms: float, now: float, stale_after_s: float, in_flight: int) -> LocalLoad:
-        observed = self.observed_ms if now - self.observed_at <= stale_after_s else 0.0
+    def view(
+        self, fresh: bool, age_ms: float, now: float, tracker: LoadTracker, in_flight: int
+    ) -> LocalLoad:
+        observed = self.observed_ms if now - self.observed_at <= tracker.stale_after_s else 0.0
+        settings, refused = tracker.health, tracker.refused
         return LocalLoad(
             fresh,
             self.queue_ms,
@@ -126,6 +132,8 @@ class _ModelLoad:
             observed,
             in_flight,
             self.onprem.read(now),
+            self.health.current(settings, now, refused) is not CLOSED,
+            self.health.probe_allowed(settings, now, refused),
         )
 
 
@@ -143,6 +151,9 @@ class LoadTracker:
     stale_after_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     last_ok: float = float("-inf")
+    health: LocalHealth = field(default_factory=LocalHealth)
+    # Whether the last scrape found a metrics endpoint refusing connections (the host is down).
+    refused: bool = False
     _models: dict[str, _ModelLoad] = field(default_factory=lambda: {ALL_MODELS: _ModelLoad()})
 
     def declare(self, models: Iterable[str]) -> None:
@@ -199,6 +210,19 @@ class LoadTracker:
             entry.observed_ms = entry.observed_ms + weight * (ms - entry.observed_ms) if fresh else ms
             entry.observed_at = now
 
+    def local_answer(self, model: str | None, ok: bool) -> None:
+        """The cluster answered a request (``ok``: not 5xx, not timed out or refused): its
+        breakers, the model's and every model's, learn of it."""
+        now = self.clock()
+        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+            entry.health.record(self.health, ok, now, self.refused)
+
+    def dispatched_local(self, model: str | None) -> None:
+        """A request went local: a probe where the cluster's breaker is half-open."""
+        now = self.clock()
+        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+            entry.health.dispatched(self.health, now, self.refused)
+
     def known(self, model: str) -> bool:
         """Whether the cluster reports ``model`` or the config names it (not merely a client's path)."""
         return model != ALL_MODELS and model in self._models
@@ -227,13 +251,26 @@ class LoadTracker:
         age_ms = age_s * 1000 if fresh else 0.0
         names = list(self._models) if model is None else [model, ALL_MODELS]
         return {
-            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s, in_flight)
+            name: self._models[name].view(fresh, age_ms, now, self, in_flight)
             for name in names
             if name in self._models
         }
 
 
 Fetch = Callable[[str], Awaitable[str]]
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a failed fetch was a connection refused (nothing listens: the host is down or
+    restarting), however the HTTP client wrapped it; a timeout or a bad answer is not."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class Scraper:
@@ -262,8 +299,10 @@ class Scraper:
             texts = await asyncio.gather(*(self._fetch(url) for url in self._urls))
         except (OSError, TimeoutError, ValueError) as exc:
             self._on_failure()
+            self.tracker.refused = refused(exc)
             log.warning("metrics scrape failed: %s", exc)
             return False
+        self.tracker.refused = False
         self.tracker.observe(parse_triton_metrics(text) for text in texts)
         return True
 

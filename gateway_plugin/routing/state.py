@@ -98,6 +98,7 @@ class GatewayState:
         self.target_by_value = {value: name for name, value in self.target_values.items()}
         self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
         self.load.stale_after_s = config.local.stale_after_s
+        self.load.health = config.local.health
         self.load.declare(config.declared_models())
         self.tenants.max_tenants = config.tenants.max_tracked
         if self.shared is not None:
@@ -227,6 +228,7 @@ class GatewayState:
         self.metrics.cost.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
         if decision.target == LOCAL:
             self.load.sent_local(model)
+            self.load.dispatched_local(model)
         elif decision.is_cloud:
             name = decision.target
             self.outstanding[name].add(now)
@@ -365,6 +367,7 @@ class GatewayState:
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing else 0)
+            m.local_failing.labels(label).set(1 if load.failing else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
         wall = self.wall()
         for name in self.targets:
