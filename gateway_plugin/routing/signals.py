@@ -116,9 +116,7 @@ class _ModelLoad:
         self.sent = 0
         self.counters = now
 
-    def view(
-        self, fresh: bool, age_ms: float, now: float, tracker: LoadTracker, in_flight: int
-    ) -> LocalLoad:
+    def view(self, fresh: bool, age_ms: float, now: float, tracker: LoadTracker, in_flight: int) -> LocalLoad:
         observed = self.observed_ms if now - self.observed_at <= tracker.stale_after_s else 0.0
         settings, refused = tracker.health, tracker.refused
         return LocalLoad(

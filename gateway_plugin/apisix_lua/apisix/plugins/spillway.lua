@@ -138,10 +138,27 @@ function live.local_in_flight(_, model_key)
     return dict():get("lif:" .. model_key) or 0
 end
 
+-- Whether this node may send the half-open cluster a probe (one a second, taken in local_probe).
+function live.local_probe_allowed(_, model_key)
+    return dict():get("lpr:" .. model_key) == nil
+end
+
 local full = {}
 function full.in_flight() return math.huge end
 full.spent, full.tenant_in_flight, full.probe_allowed = live.spent, live.tenant_in_flight, live.probe_allowed
 full.local_in_flight, full.starting = live.local_in_flight, live.starting
+full.local_probe_allowed = live.local_probe_allowed
+
+-- A local decision while the table says the cluster fails is its probe: taken atomically across
+-- workers, one a second per node; false when another worker took it first.
+local function local_probe(f, tbl)
+    local key = (f.model and tbl["local"][f.model]) and f.model or ""
+    local load = tbl["local"][key]
+    if not (load and load.failing) then
+        return true
+    end
+    return dict():safe_add("lpr:" .. key, true, 1)
+end
 
 local function within(spend, limit)
     return limit == nil or spend <= limit
@@ -179,7 +196,8 @@ end
 local function decide_and_reserve(f, tbl, policy)
     for _ = 1, 4 do
         local d = decide.decide(f, tbl, policy, live)
-        if d.target == decide.LOCAL or d.target == decide.SHED or reserve(d, tbl.targets[d.target]) then
+        if (d.target == decide.LOCAL and local_probe(f, tbl)) or d.target == decide.SHED
+            or (d.target ~= decide.LOCAL and reserve(d, tbl.targets[d.target])) then
             return d
         end
     end
