@@ -185,6 +185,9 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
             observed_ms=rng.choice([0.0, 100.0, 250.0]),
             in_flight=rng.choice([-1, rng.randint(0, 3 * policy.parallelism + 6), 200]),
             onprem_rps=rho * policy.parallelism * 1000 / compute_ms if compute_ms else rho * 50,
+            # The cluster's own breaker: closed, open, or half-open with its probe free or taken.
+            failing=rng.random() < 0.25,
+            probe_allowed=rng.random() < 0.4,
         )
     targets = {}
     for name, spec in policy.targets.items():
