@@ -12,6 +12,7 @@ def explain(config: SpillwayConfig) -> str:
         f"local: {len(local.endpoints)} Triton endpoint(s), latency target {local.latency_target_ms:g} ms, "
         f"scraped every {local.scrape_period_s:g} s (stale after {local.stale_after_s:g} s)",
         *(f"  scrapes {masked_url(e.metrics_url)}" for e in local.endpoints),
+        _health(config),
     ]
     for t in config.targets:
         where = (
@@ -57,4 +58,15 @@ def _content(config: SpillwayConfig) -> str:
         f"content checks (on {where}routes with content_checks): {', '.join(detectors)} over the text "
         f"inputs of bodies up to {checks.max_scan_bytes} bytes; a match is decided as "
         f"{checks.classify_as!r} and stays on premises; bodies that cannot be read {unreadable}"
+    )
+
+
+def _health(config: SpillwayConfig) -> str:
+    h = config.local.health
+    return (
+        f"local health: {h.failures_to_open} failed local answers in a row (5xx, timeout, refused; one "
+        f"while the metrics endpoint refuses) or {h.failure_rate:.0%} of the last {h.window} mark a model "
+        f"failing: requests that may leave go out warm or cold, the rest get 503 + Retry-After; a probe "
+        f"after {h.open_s:g} s (doubling to {h.max_open_s:g} s), home after {h.successes_to_close} "
+        f"answered in a row; missing metrics alone keep everything local"
     )

@@ -212,7 +212,11 @@ def test_a_dead_cluster_sends_public_traffic_out_sheds_onprem_only_at_once_and_c
         sender.join(60)
         after = traffic.since(killed, False)
         assert not any(a.by_cloud for a in after), after
+        lost = [a for a in traffic.since(killed, True) if a.at < failover.at and a.status != 200]
+        first_503 = shed_from.at + shed_from.seconds - killed
         print(
-            f"\n[{path}] failover {failover_s:.2f} s after the kill; Triton restarted in "
+            f"\n[{path}] public answered by the cloud {failover_s:.2f} s after the kill ({len(lost)} "
+            f"public requests failed before), on-prem-only 503 from {first_503:.2f} s (slowest "
+            f"{max(a.seconds for a in while_down) * 1000:.0f} ms); Triton restarted in "
             f"{ready - restarted:.2f} s; traffic home {recovery_s:.2f} s after it was ready"
         )

@@ -15,6 +15,7 @@ import requests
 from functions.sidecar import free_port
 from gateway_plugin.app import http_fetcher
 from gateway_plugin.config import ConfigError, LocalHealth, SpillwayConfig
+from gateway_plugin.explain import explain
 from gateway_plugin.routing import decision_table, outcomes
 from gateway_plugin.routing.fast_path import FastPathBook, apply_outcomes
 from gateway_plugin.routing.fast_summary import FastOutcomes
@@ -219,3 +220,9 @@ def test_a_scrape_of_a_port_nothing_listens_on_says_refused_and_a_good_one_clear
 def test_max_open_s_below_open_s_is_refused_with_what_to_do() -> None:
     with pytest.raises((ConfigError, ValueError), match="raise max_open_s or lower open_s"):
         SpillwayConfig.model_validate({"local": {"health": {"open_s": 10, "max_open_s": 5}}})
+
+
+def test_check_config_explains_when_the_cluster_counts_as_failing() -> None:
+    said = explain(config())
+    assert "local health: 3 failed local answers in a row" in said
+    assert "missing metrics alone keep everything local" in said
