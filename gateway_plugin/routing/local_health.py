@@ -9,7 +9,7 @@ half-open, letting ``probes`` requests through at a time; ``successes_to_close``
 in a row close it (hysteresis: one lucky answer does not bring the whole load home), a failed one
 reopens it.
 
-The metrics endpoint's own refusal corroborates: while it refuses connections, one failed
+The metrics endpoints' own refusal corroborates: while every one refuses connections, one failed
 answer opens the breaker, and no probe is sent into a host that refuses (until ``max_open_s``,
 in case only the metrics port is closed); once it answers again, the probe goes at once.
 """

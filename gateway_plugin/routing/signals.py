@@ -293,15 +293,20 @@ class Scraper:
         self._on_failure = on_failure
 
     async def scrape_once(self) -> bool:
-        try:
-            texts = await asyncio.gather(*(self._fetch(url) for url in self._urls))
-        except (OSError, TimeoutError, ValueError) as exc:
+        """One round; the tracker is told the cluster refuses only when every endpoint does (one
+        node down is the route's health checks' business, not a sign the cluster is)."""
+        results = await asyncio.gather(*(self._fetch(url) for url in self._urls), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, OSError | TimeoutError | ValueError):
+                raise failure
+        if failures:
             self._on_failure()
-            self.tracker.refused = refused(exc)
-            log.warning("metrics scrape failed: %s", exc)
+            self.tracker.refused = len(failures) == len(results) and all(refused(f) for f in failures)
+            log.warning("metrics scrape failed: %s", failures[0])
             return False
         self.tracker.refused = False
-        self.tracker.observe(parse_triton_metrics(text) for text in texts)
+        self.tracker.observe(parse_triton_metrics(str(text)) for text in results)
         return True
 
     async def run(self) -> None:
