@@ -89,7 +89,10 @@ GATEWAY = Dashboard(
         Panel(
             "Breakers",
             "none",
-            (("max by (target) (spillway_breaker_open)", "{{target}}"),),
+            (
+                ("max by (target) (spillway_breaker_open)", "{{target}}"),
+                ("max by (model) (spillway_local_failing)", "on-prem {{model}}"),
+            ),
             "stat",
             (("red", 1),),
             mappings=(("0", "closed", "green"), ("1", "open", "red")),

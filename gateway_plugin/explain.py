@@ -20,6 +20,7 @@ def explain(config: SpillwayConfig) -> str:
         f"scraped every {local.scrape_period_s:g} s (stale after {local.stale_after_s:g} s)",
         *(f"  scrapes {masked_url(e.metrics_url)}" for e in local.endpoints),
         *_thresholds(config),
+        _health(config),
     ]
     for t in config.targets:
         where = (
@@ -107,3 +108,14 @@ def _thresholds(config: SpillwayConfig) -> list[str]:
     if any(spec.metric.startswith("nv_gpu_") for spec in specs):
         lines.append(_GPU_OFF)
     return lines
+
+
+def _health(config: SpillwayConfig) -> str:
+    h = config.local.health
+    return (
+        f"local health: {h.failures_to_open} failed local answers in a row (5xx, timeout, refused; one "
+        f"while the metrics endpoint refuses) or {h.failure_rate:.0%} of the last {h.window} mark a model "
+        f"failing: requests that may leave go out warm or cold, the rest get 503 + Retry-After; a probe "
+        f"after {h.open_s:g} s (doubling to {h.max_open_s:g} s), home after {h.successes_to_close} "
+        f"answered in a row; missing metrics alone keep everything local"
+    )

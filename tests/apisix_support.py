@@ -27,6 +27,8 @@ from gateway_plugin.config import SpillwayConfig
 from tests.support import ROOT, http, http_server_thread, wait_until
 
 EXAMPLE_CONFIG = ROOT / "examples" / "apisix" / "config.yaml"
+# What the route's active health checks ask the on-prem nodes (apisix_route's _LOCAL_CHECKS).
+HEALTH_CHECK_PATH = "/v2/health/ready"
 
 
 def needs_apisix() -> pytest.MarkDecorator:
@@ -38,7 +40,7 @@ def needs_apisix() -> pytest.MarkDecorator:
 class Upstream:
     """An HTTP upstream that answers with its name, the request it saw and, for cloud ones, an
     instance id (``instance``, which a test may change); ``status`` and ``delay_s`` make it fail
-    or slow."""
+    or slow. ``in_flight`` counts the requests APISIX proxied, not its health checks."""
 
     name: str
     status: int = 200
@@ -77,13 +79,15 @@ def upstream(
                 "header_list": [[k, v] for k, v in self.headers.items()],
             }
             state.seen.append(seen)
+            # APISIX's own health checks of the on-prem upstream are no request a gateway sent.
+            counted = 0 if self.path == HEALTH_CHECK_PATH else 1
             with state.lock:
-                state.in_flight += 1
+                state.in_flight += counted
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             if state.delay_s:
                 time.sleep(state.delay_s)
             with state.lock:
-                state.in_flight -= 1
+                state.in_flight -= counted
             reply = json.dumps({"upstream": name, **seen, "body": len(body)}).encode()
             self.send_response(state.status)
             self.send_header("content-type", "application/json")

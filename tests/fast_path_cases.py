@@ -187,6 +187,9 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
             onprem_rps=rho * policy.parallelism * 1000 / compute_ms if compute_ms else rho * 50,
             # A gauge of local.thresholds past its limit (its hysteresis applied at the scrape).
             gauges_hot=rng.random() < 0.25,
+            # The cluster's own breaker: closed, open, or half-open with its probe free or taken.
+            failing=rng.random() < 0.25,
+            probe_allowed=rng.random() < 0.4,
         )
     targets = {}
     for name, spec in policy.targets.items():

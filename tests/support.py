@@ -258,8 +258,13 @@ def http_server_thread(
     import threading
     from http.server import ThreadingHTTPServer
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        # A burst of connections at once is queued, not refused or left to time out (the default
+        # backlog of 5 makes the gateway's 1 s connect timeout answer 504 for some of them).
+        request_queue_size = 128
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", 0), handler)
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -119,6 +119,8 @@ def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apis
     assert any(k.startswith("p") for k in found), found
     own, headroom = _moved_by_the_load_estimate(groups)
     assert own > 300 and headroom > 100, (own, headroom)
+    out, shed = _moved_by_a_failing_cluster(groups)
+    assert out > 20 and shed > 1000, (out, shed)
 
 
 def _framed(body: bytes, **headers: str) -> tuple[bytes, dict[str, str]]:
@@ -215,6 +217,24 @@ def _kept_by_content(group: Group, got: dict[str, object]) -> bool:
     return got["content"] is not None and (
         not verdict.startswith("unscannable:") or group.content.unscannable_stays
     )
+
+
+def _moved_by_a_failing_cluster(groups: list[Group]) -> tuple[int, int]:
+    """How many cases a failing cluster sends out, and sheds at once, that a healthy one would
+    decide otherwise: the cases reach both branches, so the Lua side is checked on them."""
+    out = shed = 0
+    for group in groups:
+        healthy = group.snapshot._replace(
+            local={k: v._replace(failing=False) for k, v in group.snapshot.local.items()}
+        )
+        for case in group.cases:
+            if "refused" in expected(group, case):
+                continue
+            d, _ = python_decision(case, case["route"], group.policy, group.snapshot)
+            if d != python_decision(case, case["route"], group.policy, healthy)[0]:
+                out += d.is_cloud
+                shed += d.reason is Reason.LOCAL_FAILING
+    return out, shed
 
 
 def _moved_by_the_load_estimate(groups: list[Group]) -> tuple[int, int]:

@@ -266,6 +266,8 @@ loads = st.builds(
     pending=st.integers(0, 10_000),
     sent_since_scrape=st.integers(0, 1000),
     overflowing=st.booleans(),
+    failing=st.booleans(),
+    probe_allowed=st.booleans(),
 )
 target_states = st.builds(
     TargetState,

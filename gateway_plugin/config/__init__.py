@@ -11,7 +11,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from gateway_plugin.config.audit import AuditSettings
-from gateway_plugin.config.cluster import LocalCluster, LocalCost, LocalEndpoint
+from gateway_plugin.config.cluster import LocalCluster, LocalCost, LocalEndpoint, LocalHealth
 from gateway_plugin.config.content import ContentChecks
 from gateway_plugin.config.model import Model
 from gateway_plugin.config.policy import (
@@ -53,6 +53,7 @@ __all__ = [
     "LocalCluster",
     "LocalCost",
     "LocalEndpoint",
+    "LocalHealth",
     "Match",
     "MetricsSettings",
     "OutcomeSettings",

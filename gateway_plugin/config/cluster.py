@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gateway_plugin.config.model import Model
 from gateway_plugin.config.thresholds import Thresholds
@@ -28,6 +28,33 @@ class LocalCost(Model):
         return self.gpus * self.usd_per_gpu_hour
 
 
+class LocalHealth(Model):
+    """When the cluster itself fails (its answers 5xx, timed out or refused), as a breaker per
+    model: requests that may leave then go to the cloud targets and on-prem-only ones get 503 with
+    Retry-After at once. Missing metrics alone never open it (they keep everything local)."""
+
+    failures_to_open: int = Field(
+        default=3, ge=1, description="failed local answers in a row that open it (one while metrics refuse)"
+    )
+    failure_rate: float = Field(default=0.5, gt=0, le=1, description="or this share of failed answers ...")
+    window: int = Field(default=20, ge=2, description="... over this many of the last answers")
+    open_s: float = Field(default=2.0, gt=0, description="open this long before a probe goes local")
+    max_open_s: float = Field(default=30.0, gt=0, description="each reopening doubles open_s up to this")
+    probes: int = Field(default=1, ge=1, description="probes in flight at once while half-open")
+    successes_to_close: int = Field(
+        default=2, ge=1, description="probes answered in a row that bring traffic home (hysteresis)"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LocalHealth:
+        if self.max_open_s < self.open_s:
+            raise ValueError(
+                f"local.health.max_open_s ({self.max_open_s}) is below open_s ({self.open_s}): "
+                "raise max_open_s or lower open_s"
+            )
+        return self
+
+
 class LocalCluster(Model):
     """The on-prem Triton cluster: where requests go while it meets its latency target."""
 
@@ -47,3 +74,4 @@ class LocalCluster(Model):
         default_factory=Thresholds,
         description="gauges (GPU utilisation, GPU memory, any other) past whose limit the cluster overflows",
     )
+    health: LocalHealth = Field(default_factory=LocalHealth, description="when the cluster counts as failing")

@@ -1,7 +1,7 @@
 """The decision table the runner publishes for the fast path (the ``spillway`` Lua plugin in APISIX).
 
 The runner stays the brain: it compiles the policy (rules, residency, quotas, targets and their
-costs) and the load-aware state (each model's estimated local latency and overflow flag, each
+costs) and the load-aware state (each model's estimated local latency, overflow flag and health, each
 target's breaker, warm pool and spend, each tracked tenant's books) into one JSON document. The
 plugin fetches it every few tens of milliseconds and decides each request with
 ``apisix/plugins/spillway/decide.lua``, the same steps as ``policy.decide``. In-flight counts and
@@ -33,7 +33,7 @@ from gateway_plugin.routing.policy import (
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 5
+FORMAT = 6
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -130,6 +130,8 @@ def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
         "compute_ms": load.compute_ms,
         "overflowing": load.overflowing,
         "onprem_rps": load.onprem_rps,
+        "failing": load.failing,
+        "probe_allowed": load.probe_allowed,
     }
 
 

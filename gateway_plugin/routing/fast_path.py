@@ -3,7 +3,8 @@ it gets back.
 
 Outcomes come in summaries, one per worker every few hundred milliseconds (``FastOutcomes``, read
 part by part in ``fast_summary``):
-decisions per label, local answer times per model, cloud answers ok and failed per target with
+decisions per label, local answer times and answers ok and failed per model (the cluster's
+health), cloud answers ok and failed per target with
 the instances that answered, quota'd tenants' arrivals and spend, the table's age at each
 decision, and the requests residency kept home. They feed the same books the ext-plugin path's
 outcomes do: breakers, warm pools, the local latency estimate, tenants, metrics, the residency log.
@@ -244,6 +245,11 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
     for model, (count, seconds) in summary.local_s.items():
         if count:
             state.answered_local(model or None, seconds / count * 1000)
+    health = state.config.local.health
+    for model, (ok, failed) in summary.local_answers.items():
+        records = min(ok + failed, max(health.window, health.failures_to_open) + 1)
+        for result in interleaved(ok, failed, records):
+            state.load.local_answer(model or None, result)
     for name, (ok, failed, _) in summary.cloud.items():
         breaker = state.breakers.get(name)
         if breaker is not None:

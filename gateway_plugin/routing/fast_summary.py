@@ -38,6 +38,7 @@ _SHAPES: dict[str, tuple[tuple[TypeAdapter[Any], bool], ...]] = {
     "sent_local": ((_COUNT, False),),
     "on_prem": ((_COUNT, False),),
     "local_s": ((_COUNT, False), (_AMOUNT, False)),
+    "local_answers": ((_COUNT, False), (_COUNT, False)),
     "cloud": ((_COUNT, False), (_COUNT, False), (_AMOUNT, True)),
     "tenants": ((_COUNT, False), (_AMOUNT, True)),
     # Requests and spend per "target\ttenant\tmodel"; past the plugin's bound, per target alone.
@@ -140,6 +141,8 @@ class FastOutcomes(BaseModel):
     sent_local: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     on_prem: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    # Per model, the cluster's answers ok and failed (5xx, timed out, refused): its health.
+    local_answers: dict[_Text, tuple[_Count, _Count]] = Field(default_factory=dict, max_length=MAX_KEYS)
     cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
     tenants: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.cost_series import CostSeries
 
 # Upper bounds (seconds) of the fast path's table-age buckets, as apisix/plugins/spillway/report.lua.
@@ -104,6 +105,13 @@ class RunnerMetrics:
             "spillway_local_threshold_limit",
             "The limit past which that gauge makes the cluster overflow.",
             ["threshold"],
+            registry=r,
+        )
+        self.local_failing = Gauge(
+            "spillway_local_failing",
+            "1 while the cluster's own answers fail for a model (its breaker open or probing): "
+            "requests that may leave go out, on-prem-only ones get 503.",
+            ["model"],
             registry=r,
         )
         self.signals_fresh = Gauge(
@@ -226,6 +234,22 @@ class RunnerMetrics:
             "When the warm-up's last round ended (from warmup.report_file).",
             registry=r,
         )
+
+    def publish_limits(self, config: SpillwayConfig) -> None:
+        """What dashboards draw the gauges against: latency targets and budgets; and every target's
+        counters from zero, so a rate of them is 0 rather than no data until the first event."""
+        for target in config.targets:
+            self.cold_hits.labels(target.name)
+            self.spend.labels(target.name)
+        self.latency_target.labels("*").set(config.local.latency_target_ms / 1000)
+        for model, ms in config.local.model_latency_targets_ms.items():
+            self.latency_target.labels(model).set(ms / 1000)
+        for window, budgets in (
+            ("hour", config.budgets.per_target_hourly_usd),
+            ("day", config.budgets.per_target_daily_usd),
+        ):
+            for name, usd in budgets.items():
+                self.budget.labels(name, window).set(usd)
 
     def due(self, kind: str) -> bool:
         """Whether a log line of ``kind`` is due: at most once a minute each."""

@@ -4,7 +4,7 @@ APISIX's ``ext-plugin-post-resp`` would re-send the request itself (no SNI, no t
 client's Host), so outcomes come back the way APISIX reports everything else: ``http-logger``
 posts batches of log entries whose fields are the ``LOG_FORMAT`` below, nginx variables resolved.
 Each entry closes a request's books in the gateway's state: in-flight counts, the target's breaker,
-its warm instances, and the cluster's answer time.
+its warm instances, and the cluster's answer time and health (``routing.local_health``).
 """
 
 from __future__ import annotations
@@ -191,8 +191,11 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
         if upstream_status is None:
             continue
         seconds = _last_number(outcome.upstream_s)
-        if target is None and seconds is not None:
-            state.answered_local(model_of(outcome.uri or ""), seconds * 1000)
+        if target is None:
+            model = model_of(outcome.uri or "")
+            state.load.local_answer(model, ok=0 < upstream_status < 500)
+            if seconds is not None:
+                state.answered_local(model, seconds * 1000)
         state.answered(
             target,
             outcome.tenant or None,

@@ -19,28 +19,37 @@ The order of concerns, each able only to narrow the choice:
    allow, the cheapest with a free warm instance, else the first cold one (a body too big for one
    target goes to the next, else stays local);
 7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
+
+When the cluster itself fails (its breaker open, ``routing.local_health``), steps 4 to 7 give way:
+a request that may leave goes to the chain's first eligible target, warm or cold (waiting for
+local is waiting for ever), and one that may not, or that no target takes, is shed at once with
+503 and Retry-After rather than sent to a cluster that will not answer.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from gateway_plugin.routing.overflow import (
     estimated_latency_ms,
     overflowing,
     saturated,
 )
+from gateway_plugin.routing.snapshot import BreakerState as BreakerState
+from gateway_plugin.routing.snapshot import LocalLoad as LocalLoad
+from gateway_plugin.routing.snapshot import RequestFeatures as RequestFeatures
+from gateway_plugin.routing.snapshot import Snapshot as Snapshot
+from gateway_plugin.routing.snapshot import TargetState as TargetState
+from gateway_plugin.routing.snapshot import TenantState as TenantState
+from gateway_plugin.routing.snapshot import Threshold as Threshold
 
 LOCAL = "local"
 SHED = "shed"
-# What one request's decision reads is built for every request: immutable tuples, which cost a
-# fifth of what frozen dataclasses cost to make.
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 class RuleAction(StrEnum):
@@ -50,12 +59,6 @@ class RuleAction(StrEnum):
     OVERFLOW = "overflow"
     TARGET = "target"
     SHED = "shed"
-
-
-class BreakerState(StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
 
 
 class Reason(StrEnum):
@@ -71,78 +74,7 @@ class Reason(StrEnum):
     TENANT_RATE = "tenant_rate"
     TENANT_CONCURRENCY = "tenant_concurrency"
     INVOKE_FAILED = "invoke_failed"
-
-
-class RequestFeatures(NamedTuple):
-    """What the policy may know of a request; built at the edge from the APISIX call.
-
-    ``body_bytes`` is the body's declared size (Content-Length); None when it is not known (a
-    chunked body), which no target with a size limit takes.
-    """
-
-    path: str
-    headers: Mapping[str, str]
-    args: Mapping[str, str] = _EMPTY
-    model: str | None = None
-    body_bytes: int | None = 0
-
-
-class LocalLoad(NamedTuple):
-    """The on-prem cluster's state for one model, from Triton's metrics and the gateway's own count.
-
-    ``in_flight``: the requests the gateway has at the cluster now, as it counts them (negative:
-    it keeps no count); ``onprem_rps``: the rate at which requests that may not leave arrive;
-    ``overflowing``: the latency's hysteresis state; ``gauges_hot``: the thresholds' own (a gauge
-    of ``local.thresholds`` past its limit and none yet below its exit), applied at each scrape.
-    """
-
-    fresh: bool = False
-    queue_ms: float = 0.0
-    compute_ms: float = 0.0
-    pending: int = 0
-    sent_since_scrape: int = 0
-    age_ms: float = 0.0
-    overflowing: bool = False
-    observed_ms: float = 0.0
-    in_flight: int = -1
-    onprem_rps: float = 0.0
-    gauges_hot: bool = False
-
-
-class Threshold(NamedTuple):
-    """A gauge's limits (``local.thresholds``): past ``enter`` the cluster overflows; below ``exit``
-    it may stop (``routing.overflow.gauges_hot``)."""
-
-    name: str
-    enter: float
-    exit: float
-
-
-class TargetState(NamedTuple):
-    """One target as the gateway sees it; ``starting``: the requests in flight that were sent
-    there cold (each starting an instance, or on a warm one the gateway had not learnt of), so
-    ``in_flight - starting`` of them occupy the warm instances it knows."""
-
-    breaker: BreakerState = BreakerState.CLOSED
-    probe_allowed: bool = False
-    in_flight: int = 0
-    warm_instances: int = 0
-    spent_hour_usd: float = 0.0
-    spent_day_usd: float = 0.0
-    starting: int = 0
-
-
-class TenantState(NamedTuple):
-    requests_last_minute: int = 0
-    in_flight: int = 0
-    spent_hour_usd: float = 0.0
-    spent_day_usd: float = 0.0
-
-
-class Snapshot(NamedTuple):
-    local: Mapping[str, LocalLoad] = _EMPTY
-    targets: Mapping[str, TargetState] = _EMPTY
-    tenants: Mapping[str, TenantState] = _EMPTY
+    LOCAL_FAILING = "local_failing"
 
 
 @dataclass(frozen=True)
@@ -289,6 +221,8 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
     spill = hot or (load.fresh and load.gauges_hot)
     if action is RuleAction.SHED:
         return Decision(SHED, Reason.RULE, 503, policy.retry_after_s, tenant=tenant, rule=rule_name)
+    if load.failing and not load.probe_allowed:
+        return _local_failing(features, action, chain, snapshot, policy, tenant)
     wants_out = bool(chain) and (action is RuleAction.TARGET or (action is RuleAction.OVERFLOW and spill))
     if not may_leave(features, policy):
         if wants_out:
@@ -309,6 +243,29 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
         name, chosen, cost = choice
         return Decision(name, chosen, overflowing=hot, cost_usd=cost, tenant=tenant)
     return _stay_local(load, latency, policy, Reason.NO_TARGET, tenant, hot)
+
+
+def _local_failing(
+    features: RequestFeatures,
+    action: RuleAction,
+    chain: tuple[str, ...],
+    snapshot: Snapshot,
+    policy: Policy,
+    tenant: str | None,
+) -> Decision:
+    """The cluster fails its requests: out if the request may leave and a target takes it (cold
+    or not: local would never answer), else 503 at once. A rule that keeps a request local keeps
+    it off the cloud here too. Overflowing, so that traffic comes home through the hysteresis."""
+    leaves = may_leave(features, policy)
+    if leaves and chain and action is not RuleAction.LOCAL:
+        choice = _pick_target(chain, snapshot, policy, tenant, math.inf, features.body_bytes, True)
+        if choice is not None:
+            name, chosen, cost = choice
+            return Decision(name, chosen, overflowing=True, cost_usd=cost, tenant=tenant)
+    retry = policy.retry_after_s
+    return Decision(
+        SHED, Reason.LOCAL_FAILING, 503, retry, overflowing=True, tenant=tenant, on_prem_only=not leaves
+    )
 
 
 def _stay_local(

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from gateway_plugin.config import LocalHealth
 from gateway_plugin.routing.gauges import Gauges, GaugeSpec, read_gauges
+from gateway_plugin.routing.local_health import CLOSED, LocalBreaker
 from gateway_plugin.routing.overflow import gauges_hot
 from gateway_plugin.routing.policy import LocalLoad, Threshold
 
@@ -113,6 +115,7 @@ class _ModelLoad:
     observed_ms: float = 0.0
     observed_at: float = float("-inf")
     onprem: Rate = field(default_factory=Rate)
+    health: LocalBreaker = field(default_factory=LocalBreaker)
 
     def scraped(self, now: Counters, first: bool) -> None:
         done = now.success - self.counters.success
@@ -125,10 +128,9 @@ class _ModelLoad:
         self.sent = 0
         self.counters = now
 
-    def view(
-        self, fresh: bool, age_ms: float, now: float, stale_after_s: float, in_flight: int, gauges_hot: bool
-    ) -> LocalLoad:
-        observed = self.observed_ms if now - self.observed_at <= stale_after_s else 0.0
+    def view(self, fresh: bool, age_ms: float, now: float, tracker: LoadTracker, in_flight: int) -> LocalLoad:
+        observed = self.observed_ms if now - self.observed_at <= tracker.stale_after_s else 0.0
+        settings, refused = tracker.health, tracker.refused
         return LocalLoad(
             fresh,
             self.queue_ms,
@@ -140,7 +142,9 @@ class _ModelLoad:
             observed,
             in_flight,
             self.onprem.read(now),
-            gauges_hot,
+            tracker.gauges_hot,
+            self.health.current(settings, now, refused) is not CLOSED,
+            self.health.probe_allowed(settings, now, refused),
         )
 
 
@@ -163,6 +167,9 @@ class LoadTracker:
     thresholds: tuple[Threshold, ...] = ()
     gauges: Gauges = ()
     gauges_hot: bool = False
+    health: LocalHealth = field(default_factory=LocalHealth)
+    # Whether the last scrape found a metrics endpoint refusing connections (the host is down).
+    refused: bool = False
     _models: dict[str, _ModelLoad] = field(default_factory=lambda: {ALL_MODELS: _ModelLoad()})
 
     def declare(self, models: Iterable[str]) -> None:
@@ -221,6 +228,19 @@ class LoadTracker:
             entry.observed_ms = entry.observed_ms + weight * (ms - entry.observed_ms) if fresh else ms
             entry.observed_at = now
 
+    def local_answer(self, model: str | None, ok: bool) -> None:
+        """The cluster answered a request (``ok``: not 5xx, not timed out or refused): its
+        breakers, the model's and every model's, learn of it."""
+        now = self.clock()
+        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+            entry.health.record(self.health, ok, now, self.refused)
+
+    def dispatched_local(self, model: str | None) -> None:
+        """A request went local: a probe where the cluster's breaker is half-open."""
+        now = self.clock()
+        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+            entry.health.dispatched(self.health, now, self.refused)
+
     def known(self, model: str) -> bool:
         """Whether the cluster reports ``model`` or the config names it (not merely a client's path)."""
         return model != ALL_MODELS and model in self._models
@@ -249,13 +269,26 @@ class LoadTracker:
         age_ms = age_s * 1000 if fresh else 0.0
         names = list(self._models) if model is None else [model, ALL_MODELS]
         return {
-            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s, in_flight, self.gauges_hot)
+            name: self._models[name].view(fresh, age_ms, now, self, in_flight)
             for name in names
             if name in self._models
         }
 
 
 Fetch = Callable[[str], Awaitable[str]]
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a failed fetch was a connection refused (nothing listens: the host is down or
+    restarting), however the HTTP client wrapped it; a timeout or a bad answer is not."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class Scraper:
@@ -283,13 +316,20 @@ class Scraper:
         self._gauges = gauges
 
     async def scrape_once(self) -> bool:
-        try:
-            texts = await asyncio.gather(*(self._fetch(url) for url in self._urls))
-        except (OSError, TimeoutError, ValueError) as exc:
+        """One round; the tracker is told the cluster refuses only when every endpoint does (one
+        node down is the route's health checks' business, not a sign the cluster is)."""
+        results = await asyncio.gather(*(self._fetch(url) for url in self._urls), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, OSError | TimeoutError | ValueError):
+                raise failure
+        if failures:
             self._on_failure()
-            log.warning("metrics scrape failed: %s", exc)
+            self.tracker.refused = len(failures) == len(results) and all(refused(f) for f in failures)
+            log.warning("metrics scrape failed: %s", failures[0])
             return False
-        samples = [samples_of(text) for text in texts]
+        self.tracker.refused = False
+        samples = [samples_of(str(text)) for text in results]
         self.tracker.observe([counters_of(s) for s in samples], read_gauges(samples, self._gauges()))
         return True
 

@@ -113,6 +113,7 @@ class GatewayState:
         self.target_by_value = {value: name for name, value in self.target_values.items()}
         self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
         self.load.stale_after_s = config.local.stale_after_s
+        self.load.health = config.local.health
         self.load.declare(config.declared_models())
         self.tenants.max_tenants = config.tenants.max_tracked
         if self.shared is not None:
@@ -120,26 +121,9 @@ class GatewayState:
         self.metrics.cost.resize(config.metrics.tenant_series, config.metrics.model_series)
         self.metrics.local_cost_rate.set(config.local.cost.usd_per_hour)
         self.metrics.local_gpus.set(config.local.cost.gpus)
-        self._publish_limits(config)
+        self.metrics.publish_limits(config)
         self.version += 1
         log.info("config %d applied: targets %s", self.version, sorted(self.targets))
-
-    def _publish_limits(self, config: SpillwayConfig) -> None:
-        """What dashboards draw the gauges against: latency targets and budgets; and every target's
-        counters from zero, so a rate of them is 0 rather than no data until the first event."""
-        m = self.metrics
-        for name in self.targets:
-            m.cold_hits.labels(name)
-            m.spend.labels(name)
-        m.latency_target.labels("*").set(config.local.latency_target_ms / 1000)
-        for model, ms in config.local.model_latency_targets_ms.items():
-            m.latency_target.labels(model).set(ms / 1000)
-        for window, budgets in (
-            ("hour", config.budgets.per_target_hourly_usd),
-            ("day", config.budgets.per_target_daily_usd),
-        ):
-            for name, usd in budgets.items():
-                m.budget.labels(name, window).set(usd)
 
     @staticmethod
     def route_values(config: SpillwayConfig, secrets: GatewaySecrets) -> dict[str, str]:
@@ -240,6 +224,7 @@ class GatewayState:
         self.metrics.cost.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
         if decision.target == LOCAL:
             self.load.sent_local(model)
+            self.load.dispatched_local(model)
         elif decision.is_cloud:
             name = decision.target
             self.outstanding[name].add(now)
@@ -378,6 +363,7 @@ class GatewayState:
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing or load.gauges_hot else 0)
+            m.local_failing.labels(label).set(1 if load.failing else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
         for threshold, value in itertools.zip_longest(self.policy.thresholds, self.load.gauges):
             if threshold is not None:

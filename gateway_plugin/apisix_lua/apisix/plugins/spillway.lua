@@ -20,6 +20,7 @@ local link = require("apisix.plugins.spillway.link")
 local counters = require("apisix.plugins.spillway.counters")
 local edge = require("apisix.plugins.spillway.edge")
 local content = require("apisix.plugins.spillway.content")
+local reserve = require("apisix.plugins.spillway.reserve")
 
 local ngx = ngx
 local ngx_now = ngx.now
@@ -109,82 +110,9 @@ local function route_policy(tbl, conf)
     return p
 end
 
--- Live counters read from the shared dict: what this node has in flight and has spent.
-local live = {}
-function live.in_flight(_, name)
-    return dict():get("if:" .. name) or 0
-end
-function live.spent(_, name)
-    return counters.since_mark(dict():get("sp:" .. name) or 0, worker.tbl.targets[name].spent_mark)
-end
--- The tenant whose slot this request took before deciding, and its count before that.
-local slot = { tenant = nil, before = 0 }
-function live.tenant_in_flight(_, tenant)
-    if tenant == slot.tenant then
-        return slot.before
-    end
-    return dict():get("tif:" .. tenant) or 0
-end
-function live.probe_allowed(_, name, spec)
-    return spec.probe_allowed and dict():get("pr:" .. name) == nil
-end
--- Those of a target's that were sent there cold (each starting an instance).
-function live.starting(_, name)
-    return dict():get("ifc:" .. name) or 0
-end
--- This node's requests at the cluster for the table's model key: counted when decided local,
--- released in the log phase, so exact between the table's scrapes.
-function live.local_in_flight(_, model_key)
-    return dict():get("lif:" .. model_key) or 0
-end
-
-local full = {}
-function full.in_flight() return math.huge end
-full.spent, full.tenant_in_flight, full.probe_allowed = live.spent, live.tenant_in_flight, live.probe_allowed
-full.local_in_flight, full.starting = live.local_in_flight, live.starting
-
-local function within(spend, limit)
-    return limit == nil or spend <= limit
-end
-
--- Take the decision's place under the cap, the budget and the half-open probe, atomically across
--- workers; false (and nothing taken) when another worker got there first.
-local function reserve(d, spec)
-    local d_ = dict()
-    local key, spend_key = "if:" .. d.target, "sp:" .. d.target
-    local in_flight = counters.add(d_, key, 1)
-    if in_flight == nil or in_flight > spec.cap then
-        counters.release(d_, key)
-        return false
-    end
-    local total = counters.add(d_, spend_key, d.cost_usd)
-    if total == nil then
-        counters.release(d_, key)
-        return false
-    end
-    local spent = counters.since_mark(total, spec.spent_mark)
-    local probe_ok = spec.breaker ~= "half_open" or d_:safe_add("pr:" .. d.target, true, 1)
-    if within(spec.spent_hour_usd + spent, spec.hourly_usd)
-        and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
-        if d.reason == "overflow_cold" and counters.add(d_, "ifc:" .. d.target, 1) then
-            d.cold_counted = true
-        end
-        return true
-    end
-    counters.release(d_, key)
-    d_:incr(spend_key, -d.cost_usd)
-    return false
-end
-
-local function decide_and_reserve(f, tbl, policy)
-    for _ = 1, 4 do
-        local d = decide.decide(f, tbl, policy, live)
-        if d.target == decide.LOCAL or d.target == decide.SHED or reserve(d, tbl.targets[d.target]) then
-            return d
-        end
-    end
-    return decide.decide(f, tbl, policy, full)
-end
+-- What decide() reads of this node's counters, and the reservation of each decision's place.
+local reserving = reserve.new(dict, function() return worker.tbl end)
+local live, slot, decide_and_reserve = reserving.live, reserving.slot, reserving.decide
 
 local function fail_safe(tbl, f, conf)
     counters.add(dict(), "failsafe", 1)

@@ -26,6 +26,7 @@ local function live_of(case)
     function live.probe_allowed(_, _, spec) return spec.probe_allowed end
     function live.local_in_flight(_, model_key) return case.local_in_flight[model_key] end
     function live.starting(_, name) return case.starting[name] or 0 end
+    function live.local_probe_allowed() return true end
     return live
 end
 

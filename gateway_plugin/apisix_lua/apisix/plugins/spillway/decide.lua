@@ -7,19 +7,20 @@
 -- cold starts, targets, and local or shed when nothing is eligible.
 
 local overflow = require("apisix.plugins.spillway.overflow")
+local route = require("apisix.plugins.spillway.route")
 local latency_of, reserve_of, overflowing = overflow.latency_of, overflow.reserve_of, overflow.overflowing
 
 local re_find = ngx.re.find
 local str_lower = string.lower
 local str_byte, str_sub = string.byte, string.sub
-local pairs, ipairs, type = pairs, ipairs, type
+local ipairs = ipairs
 
 local _M = {}
 
 local LOCAL, SHED = "local", "shed"
 _M.LOCAL, _M.SHED = LOCAL, SHED
 local NO_LOAD = { fresh = false, latency_ms = 0, backlog_ms = 0, compute_ms = 0, overflowing = false,
-                  onprem_rps = 0, gauges_hot = false }
+                  onprem_rps = 0, gauges_hot = false, failing = false, probe_allowed = false }
 local NO_TARGET_STATE = { breaker = "closed", probe_allowed = false, warm = 0,
                           spent_hour_usd = 0, spent_day_usd = 0 }
 local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd = 0 }
@@ -218,11 +219,27 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, g
     return nil
 end
 
+-- routing/policy.py's _local_failing: the cluster fails its requests, so one that may leave goes
+-- to the chain's first eligible target, warm or cold (local would never answer), and one that may
+-- not, or that no target takes, gets 503 at once. A rule that keeps it local keeps it off the cloud.
+local function local_failing(f, policy, action, chain, tbl, tenant, live)
+    local leaves = may_leave(f, policy)
+    if leaves and #chain > 0 and action ~= "local" then
+        local name, reason, cost = pick_target(chain, tbl, policy, tenant, math.huge, live, f, true)
+        if name then
+            return decision(name, reason, { overflowing = true, cost_usd = cost, tenant = tenant })
+        end
+    end
+    return decision(SHED, "local_failing", { status = 503, retry_after_s = policy.retry_after_s,
+                    overflowing = true, tenant = tenant, on_prem_only = not leaves })
+end
+
 -- f: {path, headers (lower-case names, string values), args (string values), model}
 -- tbl: the decision table (compiled by the table module); policy: the route's policy;
 -- live: in_flight(name), starting(name) (those sent there cold), spent(name),
 -- tenant_in_flight(tenant), probe_allowed(name, spec), local_in_flight(model_key): this node's
--- requests at the cluster (nil: not counted).
+-- requests at the cluster (nil: not counted), local_probe_allowed(model_key): whether this node
+-- may send the half-open cluster its probe.
 function _M.decide(f, tbl, policy, live)
     local tenant = f.headers[policy.tenant_header]
     if tenant == "" then
@@ -257,6 +274,9 @@ function _M.decide(f, tbl, policy, live)
     if action == "shed" then
         return decision(SHED, "rule", { status = 503, retry_after_s = policy.retry_after_s,
                                          tenant = tenant, rule = rule_name })
+    end
+    if load.failing and not (load.probe_allowed and live:local_probe_allowed(model_key)) then
+        return local_failing(f, policy, action, chain, tbl, tenant, live)
     end
     -- A gauge of local.thresholds past its limit spills too (its own hysteresis, applied by the
     -- runner at each scrape: the table carries its verdict).
@@ -306,95 +326,10 @@ local function label(d)
 end
 _M.label = label
 
--- The route's overrides over the table's policy, as routing/spillway.py's _route_policy.
-function _M.route_policy(tbl, conf)
-    local base = tbl.policy
-    local p = setmetatable({}, { __index = base })
-    if conf.latency_target_ms then
-        p.latency_target_ms = conf.latency_target_ms
-    end
-    if conf.targets then
-        local chain = {}
-        for _, name in ipairs(conf.targets) do
-            if tbl.targets[name] then
-                chain[#chain + 1] = name
-            end
-        end
-        p.default_chain = chain
-    end
-    if conf.rules then
-        local wanted, rules = {}, {}
-        for _, name in ipairs(conf.rules) do
-            wanted[name] = true
-        end
-        for _, r in ipairs(base.rules) do
-            if wanted[r.name] then
-                rules[#rules + 1] = r
-            end
-        end
-        p.rules = rules
-    end
-    if conf.on_prem_only then
-        p.cloud_allowed_set = {}
-        p.unclassified_may_leave = false
-    end
-    -- The headers a decision under this policy reads (request_reading.read_headers).
-    p.read = { [p.classification_header] = true }
-    if not p.tenant_from_consumer then
-        p.read[p.tenant_header] = true
-    end
-    for _, r in ipairs(p.rules) do
-        for _, h in ipairs(r.headers) do
-            p.read[h[1]] = true
-        end
-    end
-    return p
-end
-
--- A request's features as the runner builds them (routing/spillway.py): the checked path,
--- the model from it, headers with repeated ones joined by ", ", arguments (the last value of a
--- repeated one; none without "=" reads "").
-local RAW, LOAD, SOURCE = {}, {}, {}  -- keys no header or argument name can be
-
-local JOINED = { __index = function(view, name)
-    local v = rawget(view, RAW)[name]
-    if type(v) == "table" then
-        return table.concat(v, ", ")
-    end
-    return v
-end }
-
--- Arguments are read from nginx only when a rule asks for one.
-local LAST = { __index = function(view, name)
-    local raw = rawget(view, RAW)
-    if raw == nil then
-        raw = rawget(view, LOAD)(rawget(view, SOURCE))
-        rawset(view, RAW, raw)
-    end
-    local v = raw[name]
-    if type(v) == "table" then
-        v = v[#v]
-    end
-    if v == true then
-        return ""
-    end
-    return v
-end }
-
--- path: the request's path as the edge checked it (edge.gateway_path); args_of(source) gives the
--- argument table, called at most once and only if a rule needs it.
-function _M.features(path, raw_headers, args_of, source)
-    return {
-        path = path,
-        model = path:match("^/v2/models/([^/]+)"),
-        headers = setmetatable({ [RAW] = raw_headers }, JOINED),
-        args = setmetatable({ [LOAD] = args_of, [SOURCE] = source }, LAST),
-    }
-end
-
 function _M.quota_limits(policy, tenant)
     return next(quota_of(policy, tenant)) ~= nil
 end
 
 _M.NO_LOAD = NO_LOAD
+_M.route_policy, _M.features = route.route_policy, route.features
 return _M

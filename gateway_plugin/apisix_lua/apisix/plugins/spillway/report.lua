@@ -1,7 +1,8 @@
 -- What happened to the requests this worker decided, summed up between two posts to the runner.
 --
 -- One entry per request would cost more than the decision itself (encoding here, parsing in the
--- runner), so each worker keeps sums: decisions per label, local answer times per model, cloud
+-- runner), so each worker keeps sums: decisions per label, local answer times per model and how
+-- many of those answers were ok and failed (the cluster's health), cloud
 -- answers ok and failed per target with the instances that answered, quota'd tenants' arrivals
 -- and spend, the table's age at each decision (histogram buckets), the few requests residency
 -- kept home (for the runner's residency log), and requests and spend per target, tenant and model
@@ -29,7 +30,7 @@ function _M.new()
         ages[i] = 0
     end
     return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, on_prem = {}, local_s = {},
-             cloud = {}, instances = {}, usage = {}, usage_other = {},
+             local_answers = {}, cloud = {}, instances = {}, usage = {}, usage_other = {},
              tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
 end
 
@@ -122,6 +123,14 @@ function _M.add(agg, seen, var, status)
             end
         end
     elseif seen.target == "local" and upstream_status then
+        local a = bounded(agg, agg.local_answers, seen.model or "", pair)
+        if a then
+            if upstream_status > 0 and upstream_status < 500 then
+                a[1] = a[1] + 1
+            else
+                a[2] = a[2] + 1
+            end
+        end
         local seconds = last_number(var.upstream_response_time)
         if seconds then
             local l = bounded(agg, agg.local_s, seen.model or "", pair)
@@ -184,7 +193,7 @@ function _M.body(agg)
     end
     return {
         decisions = agg.decisions, sent_local = agg.sent_local, on_prem = agg.on_prem, local_s = agg.local_s,
-        cloud = agg.cloud, instances = instances,
+        local_answers = agg.local_answers, cloud = agg.cloud, instances = instances,
         tenants = agg.tenants, residency = agg.residency, table_ages = agg.ages,
         usage = agg.usage, usage_other = agg.usage_other,
         table_age_sum = agg.age_sum, dropped = agg.dropped,

@@ -11,7 +11,7 @@ local detect = require("apisix.plugins.spillway.detect")
 local re_find = ngx.re.find
 local type, pairs, ipairs, tonumber = type, pairs, ipairs, tonumber
 
-local _M = { FORMAT = 5 }
+local _M = { FORMAT = 6 }
 
 local ACTIONS = { ["local"] = true, overflow = true, target = true, shed = true }
 local BREAKERS = { closed = true, open = true, half_open = true }
@@ -75,7 +75,7 @@ end
 local function load_ok(l)
     return type(l) == "table" and is_bool(l.fresh) and is_num(l.latency_ms) and is_num(l.backlog_ms)
         and is_num(l.compute_ms) and is_bool(l.overflowing) and is_num(l.onprem_rps)
-        and is_bool(l.gauges_hot)
+        and is_bool(l.gauges_hot) and is_bool(l.failing) and is_bool(l.probe_allowed)
 end
 
 local function target_ok(t)

@@ -1,0 +1,111 @@
+-- A decision and its place, taken together: the live counters decide() reads from the shared dict
+-- (what this node has in flight at each target and at the cluster, what it has spent, the probes
+-- it has taken), and the reservation of a target's cap, budget and half-open probe, or of the
+-- half-open cluster's probe, atomically across workers.
+
+local counters = require("apisix.plugins.spillway.counters")
+local decide = require("apisix.plugins.spillway.decide")
+
+local _M = {}
+
+-- dict(): the shared dict; tbl(): the decision table this worker last compiled.
+function _M.new(dict, tbl)
+    -- Live counters read from the shared dict: what this node has in flight and has spent.
+    local live = {}
+    function live.in_flight(_, name)
+        return dict():get("if:" .. name) or 0
+    end
+    function live.spent(_, name)
+        return counters.since_mark(dict():get("sp:" .. name) or 0, tbl().targets[name].spent_mark)
+    end
+    -- The tenant whose slot this request took before deciding, and its count before that.
+    local slot = { tenant = nil, before = 0 }
+    function live.tenant_in_flight(_, tenant)
+        if tenant == slot.tenant then
+            return slot.before
+        end
+        return dict():get("tif:" .. tenant) or 0
+    end
+    function live.probe_allowed(_, name, spec)
+        return spec.probe_allowed and dict():get("pr:" .. name) == nil
+    end
+    -- Those of a target's that were sent there cold (each starting an instance).
+    function live.starting(_, name)
+        return dict():get("ifc:" .. name) or 0
+    end
+    -- This node's requests at the cluster for the table's model key: counted when decided local,
+    -- released in the log phase, so exact between the table's scrapes.
+    function live.local_in_flight(_, model_key)
+        return dict():get("lif:" .. model_key) or 0
+    end
+
+    -- Whether this node may send the half-open cluster a probe (one a second, taken in local_probe).
+    function live.local_probe_allowed(_, model_key)
+        return dict():get("lpr:" .. model_key) == nil
+    end
+
+    local full = {}
+    function full.in_flight() return math.huge end
+    full.spent, full.tenant_in_flight, full.probe_allowed = live.spent, live.tenant_in_flight, live.probe_allowed
+    full.local_in_flight, full.starting = live.local_in_flight, live.starting
+    full.local_probe_allowed = live.local_probe_allowed
+
+    -- A local decision while the table says the cluster fails is its probe: taken atomically across
+    -- workers, one a second per node; false when another worker took it first.
+    local function local_probe(f, tbl)
+        local key = (f.model and tbl["local"][f.model]) and f.model or ""
+        local load = tbl["local"][key]
+        if not (load and load.failing) then
+            return true
+        end
+        return dict():safe_add("lpr:" .. key, true, 1)
+    end
+
+    local function within(spend, limit)
+        return limit == nil or spend <= limit
+    end
+
+    -- Take the decision's place under the cap, the budget and the half-open probe, atomically across
+    -- workers; false (and nothing taken) when another worker got there first.
+    local function reserve(d, spec)
+        local d_ = dict()
+        local key, spend_key = "if:" .. d.target, "sp:" .. d.target
+        local in_flight = counters.add(d_, key, 1)
+        if in_flight == nil or in_flight > spec.cap then
+            counters.release(d_, key)
+            return false
+        end
+        local total = counters.add(d_, spend_key, d.cost_usd)
+        if total == nil then
+            counters.release(d_, key)
+            return false
+        end
+        local spent = counters.since_mark(total, spec.spent_mark)
+        local probe_ok = spec.breaker ~= "half_open" or d_:safe_add("pr:" .. d.target, true, 1)
+        if within(spec.spent_hour_usd + spent, spec.hourly_usd)
+            and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
+            if d.reason == "overflow_cold" and counters.add(d_, "ifc:" .. d.target, 1) then
+                d.cold_counted = true
+            end
+            return true
+        end
+        counters.release(d_, key)
+        d_:incr(spend_key, -d.cost_usd)
+        return false
+    end
+
+    local function decide_and_reserve(f, tbl, policy)
+        for _ = 1, 4 do
+            local d = decide.decide(f, tbl, policy, live)
+            if (d.target == decide.LOCAL and local_probe(f, tbl)) or d.target == decide.SHED
+                or (d.target ~= decide.LOCAL and reserve(d, tbl.targets[d.target])) then
+                return d
+            end
+        end
+        return decide.decide(f, tbl, policy, full)
+    end
+
+    return { live = live, slot = slot, decide = decide_and_reserve }
+end
+
+return _M
