@@ -66,7 +66,7 @@ def upstream(
 
         def _answer(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            if self.path == "/v2/health/ready":
+            if self.path == HEALTH_CHECK_PATH:
                 # APISIX's active health check, answered at once as Triton's readiness is, apart
                 # from the inferences a test holds or fails.
                 self.send_response(200)
@@ -79,15 +79,13 @@ def upstream(
                 "header_list": [[k, v] for k, v in self.headers.items()],
             }
             state.seen.append(seen)
-            # APISIX's own health checks of the on-prem upstream are no request a gateway sent.
-            counted = 0 if self.path == HEALTH_CHECK_PATH else 1
             with state.lock:
-                state.in_flight += counted
+                state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             if state.delay_s:
                 time.sleep(state.delay_s)
             with state.lock:
-                state.in_flight -= counted
+                state.in_flight -= 1
             reply = json.dumps({"upstream": name, **seen, "body": len(body)}).encode()
             self.send_response(state.status)
             self.send_header("content-type", "application/json")
