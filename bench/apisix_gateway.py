@@ -19,7 +19,7 @@ MAC'd value) and whose default upstream is the "local" one:
                      UNSIGNED-PAYLOAD; its concurrency_cap is --cloud-cap (the example config's 50 by
                      default; wrk's connections are never more than that in flight)
     spillway-local-nologger   optional: spillway-local with ``outcomes.listen: null`` (no http-logger)
-    fast-local       the fast path: the route ``gateway_plugin.apisix_fast_route.fast_route`` makes
+    fast-local       the fast path: the route ``gateway_plugin.fast_path.route.fast_route`` makes
                      (the ``spillway`` Lua plugin + traffic-split), the runner as ext-plugin.cmd
                      serving the decision table; calm feed, every request ``local;local_ok``
     fast-cloud       the same with the overloaded feed: every request spills to "aws", signed in Lua
@@ -99,9 +99,9 @@ from harness import (
     say,
 )
 
-from gateway_plugin.apisix_fast_route import config_snippet, fast_route
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import config_snippet, fast_route
 from gateway_plugin.routing.policy_build import build_policy
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed

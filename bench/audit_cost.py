@@ -38,9 +38,9 @@ import yaml
 from harness import machine_note, say
 
 from devtools import apisix
-from gateway_plugin.apisix_fast_route import config_snippet, fast_route
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import config_snippet, fast_route
 
 CASES = ("ext", "ext-audit", "fast", "fast-audit")
 

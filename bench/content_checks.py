@@ -3,7 +3,7 @@ Apache APISIX 3.18, for bodies of 1 KiB, 64 KiB and over ``content.max_scan_byte
 
 One APISIX (``devtools/apisix.py``, one nginx worker) carries four routes, told apart by the Host
 header: the ext-plugin route (``apisix_route.route``: the runner decides, and reads the body over
-ExtraInfo) and the fast path's (``apisix_fast_route.fast_route``: the ``spillway`` Lua plugin
+ExtraInfo) and the fast path's (``fast_path.route.fast_route``: the ``spillway`` Lua plugin
 decides, and reads the body in the access phase), each with ``content_checks`` and without. The
 runner (``python -m gateway_plugin run``) scrapes an overloaded feed (500 ms queueing against a
 200 ms target), so every public request is one that would leave, which is the only kind whose text
@@ -57,9 +57,9 @@ from apisix_gateway import (
 )
 from harness import LOOPBACK, ROOT, cpu_seconds, free_port, machine_note, median, render_table, say
 
-from gateway_plugin.apisix_fast_route import config_snippet, fast_route
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import config_snippet, fast_route
 from gateway_plugin.routing.content import body_verdict, content_policy
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed

@@ -26,9 +26,9 @@ from typing import Any
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.fast_path.book import FastPathBook, FastPathReport
 from gateway_plugin.plugin import HttpRequest, RequestAction
 from gateway_plugin.protocol import encode, messages
-from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport
 from gateway_plugin.routing.spillway import RouteOverrides, SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
 

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway_plugin.apisix_fast_route import VERIFY_UPSTREAM_TLS, lua_path
+from gateway_plugin.fast_path.route import VERIFY_UPSTREAM_TLS, lua_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTBED = ROOT / "third_party" / "apisix-testbed"
@@ -64,7 +64,7 @@ class ApisixSettings:
     plugin_attr: dict[str, dict[str, object]] = field(default_factory=dict)
     timeout_s: float = 60.0
     # The CAs an upstream's certificate must chain to ("system": the OS bundle), and the location
-    # snippet that makes nginx check it (apisix_fast_route.VERIFY_UPSTREAM_TLS).
+    # snippet that makes nginx check it (fast_path.route.VERIFY_UPSTREAM_TLS).
     trusted_ca: str = "system"
     verify_upstream_tls: bool = True
 

@@ -18,9 +18,9 @@ import yaml
 from devtools import apisix
 from devtools.demo_report import FEEDBACK_S
 from functions.sidecar import free_port
-from gateway_plugin.apisix_fast_route import config_snippet
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import config_snippet
 
 EXAMPLE_APISIX_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "apisix" / "config.yaml"
 

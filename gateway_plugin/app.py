@@ -17,12 +17,12 @@ from typing import Any
 
 from gateway_plugin.config import ConfigError, SharedState, SpillwayConfig, load
 from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.fast_path.book import FastPathBook, apply_outcomes
 from gateway_plugin.outcome_listener import OutcomeListener, open_outcome_listener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins import runner_plugins
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.fast_path import FastPathBook, apply_outcomes
 from gateway_plugin.routing.shared_state import SharedView
 from gateway_plugin.routing.shared_sync import SharedSync, Store
 from gateway_plugin.routing.signals import Fetch, Scraper

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             print(import_targets(raw), end="")
             return 0
         if args.command == "apisix-lua-path" and args.config is None:
-            from gateway_plugin.apisix_fast_route import lua_path
+            from gateway_plugin.fast_path.route import lua_path
 
             print(lua_path())
             return 0
@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 def _print_lua_config(config: SpillwayConfig) -> int:
     import yaml
 
-    from gateway_plugin.apisix_fast_route import config_snippet
     from gateway_plugin.apisix_route import RouteError
+    from gateway_plugin.fast_path.route import config_snippet
 
     try:
         print(yaml.safe_dump(config_snippet(config), sort_keys=False), end="")
@@ -181,9 +181,9 @@ def _print_lua_config(config: SpillwayConfig) -> int:
 
 
 def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
-    from gateway_plugin.apisix_fast_route import fast_route, invoke_targets
     from gateway_plugin.apisix_route import RouteError, admin_json, route, standalone_yaml
     from gateway_plugin.config.secrets import GatewaySecrets, RouteTokenError
+    from gateway_plugin.fast_path.route import fast_route, invoke_targets
 
     fmt, route_id, uri, auth, lambda_iam = args.format, args.id, args.uri, args.auth, args.lambda_iam
     fast_path: bool = args.fast_path

@@ -27,8 +27,8 @@ from pydantic import ValidationError
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.routing.fast_path import FastPathReport
-from gateway_plugin.routing.fast_summary import FastOutcomes
+from gateway_plugin.fast_path.book import FastPathReport
+from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.routing.metrics import Sometimes
 from gateway_plugin.routing.outcomes import Batch, Outcome, auth_header, parse_batch
 

@@ -205,7 +205,7 @@ def apisix_settings(
     """APISIX with the example config's plugins and Spillway's Lua as ``config_snippet`` says (its
     path, shared dict and plugin_attr; ``attr`` adds to the latter), the route made from ``config``
     (or ``routes``), and the runner as its ext-plugin.cmd with the route token passed through."""
-    from gateway_plugin.apisix_fast_route import config_snippet
+    from gateway_plugin.fast_path.route import config_snippet
 
     path = tmp / "spillway.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -11,7 +11,7 @@ from typing import Any
 
 from functions.contract import PathError, gateway_path
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing import decision_table
+from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.routing.content import (
     HEADER_JSON_LENGTH,
     ContentPolicy,

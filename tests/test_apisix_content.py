@@ -18,9 +18,9 @@ import yaml
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import fast_route
 from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
 from tests.support import http, wait_until
 

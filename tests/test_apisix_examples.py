@@ -221,12 +221,12 @@ def test_an_invoke_mode_answer_reaches_the_client(
     ],
 )
 def test_the_config_excerpts_hold_what_the_lua_plugins_need(name: str, plugins: set[str]) -> None:
-    from gateway_plugin.apisix_fast_route import SHARED_DICT, config_snippet
     from gateway_plugin.config import load
+    from gateway_plugin.fast_path.route import SHARED_DICT, config_snippet
 
     example = yaml.safe_load((EXAMPLES / name).read_text())
     wanted = config_snippet(load(ROOT / "examples" / "spillway.yaml"))
-    assert example["apisix"]["extra_lua_path"].endswith("/gateway_plugin/apisix_lua/?.lua")
+    assert example["apisix"]["extra_lua_path"].endswith("/gateway_plugin/fast_path/lua/?.lua")
     assert example["nginx_config"]["http"]["custom_lua_shared_dict"][SHARED_DICT]
     assert set(wanted["nginx_config"]["envs"]) <= set(example["nginx_config"]["envs"]), "every key named"
     assert wanted["plugin_attr"]["spillway"].items() <= example["plugin_attr"]["spillway"].items()

@@ -17,8 +17,8 @@ import yaml
 from devtools import apisix
 from functions.sidecar import free_port
 from functions.signature import Verifier
-from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import fast_route
 from gateway_plugin.routing.target_header import target_value
 from tests.apisix_support import (
     Stack,

@@ -22,7 +22,7 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing import decision_table
+from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.routing.outcomes import auth_header
 from tests.apisix_support import (
     Stack,

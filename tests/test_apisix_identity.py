@@ -20,9 +20,9 @@ import yaml
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.apisix_route import RouteError, route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import fast_route
 from tests.apisix_support import (
     Stack,
     example_plugins,

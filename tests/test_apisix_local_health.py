@@ -28,8 +28,8 @@ import yaml
 
 from devtools import apisix
 from functions.sidecar import Sidecar, SidecarOptions, free_port
-from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import fast_route
 from tests.apisix_support import apisix_settings, fast_path_settings, needs_apisix, upstream
 from tests.support import ADD_SUB_BODY, http, model_repository, wait_until
 

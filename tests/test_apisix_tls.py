@@ -14,8 +14,8 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.apisix_fast_route import VERIFY_UPSTREAM_TLS, config_snippet
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import VERIFY_UPSTREAM_TLS, config_snippet
 from tests.apisix_support import Stack, apisix_settings, metrics_feed, needs_apisix, upstream
 from tests.support import http, make_ca, server_context, wait_until
 

@@ -18,7 +18,7 @@ from functions.contract import PathError
 from gateway_plugin.cli import main
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
 from gateway_plugin.explain import explain
-from gateway_plugin.routing import decision_table
+from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.routing.content import content_policy, tightened
 from gateway_plugin.routing.content_detectors import (
     BUILT_IN,

@@ -23,8 +23,8 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.apisix_fast_route import lua_path
-from gateway_plugin.routing import decision_table
+from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.fast_path.route import lua_path
 from gateway_plugin.routing.content import HEADER_JSON_LENGTH, Unscannable
 from gateway_plugin.routing.policy import LOCAL, SHED, Reason, RequestFeatures, may_leave
 from gateway_plugin.routing.spillway import RouteOverrides, _route_policy

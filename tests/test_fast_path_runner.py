@@ -20,9 +20,10 @@ from pydantic import ValidationError
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing import decision_table, outcomes
-from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport, apply_outcomes, interleaved
-from gateway_plugin.routing.fast_summary import FastOutcomes
+from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_outcomes, interleaved
+from gateway_plugin.fast_path.summary import FastOutcomes
+from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.policy import BreakerState, TenantState
 from gateway_plugin.routing.target_header import target_value
 from tests.support import gateway_state, http
@@ -254,7 +255,7 @@ def test_the_endpoint_serves_tables_only_to_apisix_and_only_for_good_reports() -
 def test_every_file_of_the_lua_plugin_ships_in_the_wheel() -> None:
     import tomllib
 
-    from gateway_plugin.apisix_fast_route import lua_path
+    from gateway_plugin.fast_path.route import lua_path
     from tests.support import ROOT
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]

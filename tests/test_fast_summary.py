@@ -11,9 +11,9 @@ import pytest
 
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
+from gateway_plugin.fast_path.book import apply_outcomes
+from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.fast_path import apply_outcomes
-from gateway_plugin.routing.fast_summary import FastOutcomes
 from gateway_plugin.routing.policy import BreakerState
 from gateway_plugin.routing.tenants import tenant_key
 from tests.support import gateway_state

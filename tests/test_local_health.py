@@ -16,9 +16,10 @@ from functions.sidecar import free_port
 from gateway_plugin.app import http_fetcher
 from gateway_plugin.config import ConfigError, LocalHealth, SpillwayConfig
 from gateway_plugin.explain import explain
-from gateway_plugin.routing import decision_table, outcomes
-from gateway_plugin.routing.fast_path import FastPathBook, apply_outcomes
-from gateway_plugin.routing.fast_summary import FastOutcomes
+from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.fast_path.book import FastPathBook, apply_outcomes
+from gateway_plugin.fast_path.summary import FastOutcomes
+from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.local_health import CLOSED, HALF_OPEN, OPEN, LocalBreaker
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Reason, Snapshot, decide
 from gateway_plugin.routing.policy_build import build_policy

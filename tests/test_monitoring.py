@@ -31,9 +31,9 @@ from devtools import apisix
 from devtools import prometheus as prometheus_server
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin import bill
-from gateway_plugin.apisix_fast_route import fast_route
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import fast_route
 from tests.apisix_support import apisix_settings, example_plugins, needs_apisix
 from tests.support import (
     ROOT,

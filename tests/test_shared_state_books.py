@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport, apply_outcomes
-from gateway_plugin.routing.fast_summary import FastOutcomes
+from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_outcomes
+from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.routing.policy import RequestFeatures
 from tests.redis_support import RedisServer, needs_redis
 from tests.test_shared_state import Clock, Node, config, nodes, server, times

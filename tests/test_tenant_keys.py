@@ -15,10 +15,10 @@ import pytest
 from devtools.apisix_peer import ApisixPeer, PeerRequest
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.fast_path.book import FastPathBook, FastPathReport
 from gateway_plugin.plugin import HttpRequest, RequestAction
 from gateway_plugin.protocol import encode, messages
-from gateway_plugin.routing import decision_table
-from gateway_plugin.routing.fast_path import FastPathBook, FastPathReport
 from gateway_plugin.routing.ledger import TenantBook
 from gateway_plugin.routing.outcomes import auth_header
 from gateway_plugin.routing.policy import Snapshot, TenantState

@@ -19,7 +19,7 @@ Only what is read is checked: a body over ``max_scan_bytes``, of unknown size (c
 Reading costs CPU on the request's path, so it happens only for a request that would otherwise
 leave: the caller decides first and reads only when that decision is a cloud one (a request staying
 home anyway has nothing to protect), then decides again. The Lua plugin
-(``apisix_lua/.../spillway/content.lua``) reads the same bytes the same way on the fast path.
+(``fast_path/lua/.../spillway/content.lua``) reads the same bytes the same way on the fast path.
 """
 
 from __future__ import annotations

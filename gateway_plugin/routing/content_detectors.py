@@ -1,7 +1,7 @@
 """What counts as sensitive text: the built-in detectors and the operator's patterns.
 
 Each detector says whether any of a request's texts (UTF-8 bytes) holds what it looks for; the
-``spillway`` Lua plugin (``apisix_lua/.../spillway/detect.lua``) runs the same detectors the same
+``spillway`` Lua plugin (``fast_path/lua/.../spillway/detect.lua``) runs the same detectors the same
 way on the fast path. Everything is defined over bytes with ASCII classes, so that Python's ``re``
 and PCRE agree: the regexes below are plain ones whose match, wherever it starts, both engines
 find, and the checksums are arithmetic.

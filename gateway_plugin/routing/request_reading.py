@@ -13,7 +13,7 @@ A request that goes to a cloud function carries only the headers inference needs
 (``FORWARDED_TO_CLOUD``, plus what a target adds): cookies, API keys and other credentials a
 client sent to the gateway never reach a function.
 
-The ``spillway`` Lua plugin (``apisix_lua/.../spillway/edge.lua``) applies the same rules on the
+The ``spillway`` Lua plugin (``fast_path/lua/.../spillway/edge.lua``) applies the same rules on the
 fast path and on the ext-plugin route before the runner is asked.
 """
 

@@ -2,7 +2,7 @@
 it gets back.
 
 Outcomes come in summaries, one per worker every few hundred milliseconds (``FastOutcomes``, read
-part by part in ``fast_summary``):
+part by part in ``summary``):
 decisions per label, local answer times and answers ok and failed per model (the cluster's
 health), cloud answers ok and failed per target with
 the instances that answered, quota'd tenants' arrivals and spend, the table's age at each
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway_plugin.routing import decision_table
+from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing.content import Unscannable
 from gateway_plugin.routing.cost_series import UNNAMED
-from gateway_plugin.routing.fast_summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing.ledger import TenantBook
 from gateway_plugin.routing.policy import LOCAL, SHED, BreakerState, Reason, Snapshot, TenantState
 from gateway_plugin.routing.state import GatewayState, residency_log
