@@ -74,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
         default=EXAMPLE_REPOSITORY,
         help="model repository holding add_sub (default: the bundled example)",
     )
+    contract = sub.add_parser(
+        "fast-path-contract",
+        help="write the fast path's Lua contract (spillway/contract.lua, table_schema.lua) from Python",
+        description="Generate spillway/contract.lua from gateway_plugin/fast_path/contract.py and "
+        "spillway/table_schema.lua from the decision table's models; --check writes nothing and exits 1 "
+        "when either file is stale.",
+    )
+    contract.add_argument("--check", action="store_true", help="only say whether the files are current")
     return parser
 
 
@@ -88,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         from devtools.function_demo import run_demo as run_function_demo
 
         return run_function_demo(args.model_repository)
+    if args.command == "fast-path-contract":
+        from devtools import fast_path_contract
+
+        changed = fast_path_contract.stale() if args.check else fast_path_contract.write()
+        for path in changed:
+            print(f"{'stale' if args.check else 'wrote'}: {path}")
+        return 1 if args.check and changed else 0
     return _devgateway_command(args.config)
 
 

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.fast_path import contract
 from gateway_plugin.fast_path.book import FastPathReport
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.routing.metrics import Sometimes
@@ -35,9 +36,8 @@ from gateway_plugin.routing.outcomes import Batch, Outcome, auth_header, parse_b
 log = logging.getLogger("spillway.outcomes")
 
 PATH = "/spillway/outcomes"
-TABLE_PATH = "/spillway/table"
-FAST_OUTCOMES_PATH = "/spillway/fast-outcomes"
-ALIVE_PATH = "/spillway/alive"
+# The fast path's (its plugin's paths are the contract's).
+TABLE_PATH, FAST_OUTCOMES_PATH, ALIVE_PATH = contract.TABLE_PATH, contract.OUTCOMES_PATH, contract.ALIVE_PATH
 ALIVE_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 8 << 20
 MAX_REPORT_BYTES = 256 << 10

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.fast_path.contract import FAIL_SAFE
 from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing.content import Unscannable
 from gateway_plugin.routing.cost_series import UNNAMED
@@ -39,8 +40,6 @@ from gateway_plugin.routing.tenants import tenant_key
 
 log = logging.getLogger("spillway.fast_path")
 MAX_NODES = 16
-# The reason of a fast-path decision made without a usable decision table.
-FAIL_SAFE = "table_stale"
 _Counters = dict[str, float]
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from gateway_plugin.apisix_route import RouteError, observers, route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.contract import SHARED_DICT
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
-SHARED_DICT = "spillway"
 # APISIX sends SNI (the node's host) and names the trusted CAs, but verifies no HTTP upstream's
 # certificate unless nginx is told to: without it anyone on the path to a function URL reads and
 # changes what goes there. The name checked is the node's host (proxy_ssl_name $upstream_host).

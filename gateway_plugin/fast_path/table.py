@@ -16,8 +16,22 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+from gateway_plugin.fast_path.contract import FORMAT
+from gateway_plugin.fast_path.table_model import (
+    ContentRow,
+    DecisionTable,
+    DetectorKind,
+    DetectorRow,
+    LoadRow,
+    PolicyRow,
+    QuotaRow,
+    RuleRow,
+    TargetRow,
+    TenantRow,
+    as_dict,
+)
 from gateway_plugin.routing.content import ContentPolicy
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
 from gateway_plugin.routing.overflow import backlog_ms, scraped_latency_ms
@@ -33,7 +47,6 @@ from gateway_plugin.routing.policy import (
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 6
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -57,114 +70,96 @@ class TargetWiring(NamedTuple):
     forward: frozenset[str] = FORWARDED_TO_CLOUD
 
 
-def _quota(q: Quota) -> dict[str, float | int]:
-    fields = {
-        "requests_per_minute": q.requests_per_minute,
-        "concurrency": q.concurrency,
-        "hourly_usd": q.hourly_usd,
-        "daily_usd": q.daily_usd,
-    }
-    return {k: v for k, v in fields.items() if v is not None}
+def _quota(q: Quota) -> QuotaRow:
+    return QuotaRow(q.requests_per_minute, q.concurrency, q.hourly_usd, q.daily_usd)
 
 
-def _rule(r: RulePolicy) -> dict[str, Any]:
-    rule: dict[str, Any] = {
-        "name": r.name,
-        "action": r.action.value,
-        "targets": list(r.targets),
-        "headers": [[name, p.pattern] for name, p in r.headers],
-        "args": [[name, p.pattern] for name, p in r.args],
-        "models": sorted(r.models),
-    }
-    if r.uri is not None:
-        rule["uri"] = r.uri.pattern
-    return rule
+def _rule(r: RulePolicy) -> RuleRow:
+    return RuleRow(
+        name=r.name,
+        action=r.action,
+        targets=list(r.targets),
+        headers=[(name, p.pattern) for name, p in r.headers],
+        args=[(name, p.pattern) for name, p in r.args],
+        models=sorted(r.models),
+        uri=None if r.uri is None else r.uri.pattern,
+    )
 
 
-def _policy(policy: Policy) -> dict[str, Any]:
-    return {
-        "classification_header": policy.classification_header,
-        "cloud_allowed": sorted(policy.cloud_allowed),
-        "unclassified_may_leave": policy.unclassified_may_leave,
-        "tenant_header": policy.tenant_header,
-        "tenant_from_consumer": policy.tenant_from_consumer,
-        "consumer_ceilings": dict(policy.consumer_ceilings),
-        "quotas": {name: _quota(q) for name, q in policy.quotas.items()},
-        "default_quota": _quota(policy.default_quota),
-        "latency_target_ms": policy.latency_target_ms,
-        "model_targets_ms": dict(policy.model_targets_ms),
-        "max_queue_ms": policy.max_queue_ms,
-        "enter_ratio": policy.enter_ratio,
-        "exit_ratio": policy.exit_ratio,
-        "saturation_ratio": policy.saturation_ratio,
-        "retry_after_s": policy.retry_after_s,
-        "parallelism": policy.parallelism,
-        "onprem_headroom": policy.onprem_headroom,
-        "default_chain": list(policy.default_chain),
-        "rules": [_rule(r) for r in policy.rules],
-    }
+def _policy(policy: Policy) -> PolicyRow:
+    return PolicyRow(
+        classification_header=policy.classification_header,
+        cloud_allowed=sorted(policy.cloud_allowed),
+        unclassified_may_leave=policy.unclassified_may_leave,
+        tenant_header=policy.tenant_header,
+        tenant_from_consumer=policy.tenant_from_consumer,
+        consumer_ceilings=dict(policy.consumer_ceilings),
+        quotas={name: _quota(q) for name, q in policy.quotas.items()},
+        default_quota=_quota(policy.default_quota),
+        latency_target_ms=policy.latency_target_ms,
+        model_targets_ms=dict(policy.model_targets_ms),
+        max_queue_ms=policy.max_queue_ms,
+        enter_ratio=policy.enter_ratio,
+        exit_ratio=policy.exit_ratio,
+        saturation_ratio=policy.saturation_ratio,
+        retry_after_s=policy.retry_after_s,
+        parallelism=policy.parallelism,
+        onprem_headroom=policy.onprem_headroom,
+        default_chain=list(policy.default_chain),
+        rules=[_rule(r) for r in policy.rules],
+    )
 
 
-def _content(content: ContentPolicy) -> dict[str, Any]:
-    return {
-        "detectors": [
-            {"name": d.name, "kind": d.kind, **({"pattern": d.pattern} if d.pattern is not None else {})}
-            for d in content.detectors
-        ],
-        "max_bytes": content.max_bytes,
-        "unscannable_stays": content.unscannable_stays,
-        "classify_as": content.classify_as,
-        "rules": sorted(content.rules),
-    }
+def _content(content: ContentPolicy) -> ContentRow:
+    return ContentRow(
+        detectors=[DetectorRow(d.name, cast(DetectorKind, d.kind), d.pattern) for d in content.detectors],
+        max_bytes=content.max_bytes,
+        unscannable_stays=content.unscannable_stays,
+        classify_as=content.classify_as,
+        rules=sorted(content.rules),
+    )
 
 
-def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
+def _load(load: LocalLoad, policy: Policy) -> LoadRow:
     """The scrape's estimates: ``latency_ms`` where the plugin counts nothing, ``backlog_ms`` to
     take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``);
     the thresholds' verdict (``routing.overflow.gauges_hot``)."""
-    return {
-        "gauges_hot": load.gauges_hot,
-        "fresh": load.fresh,
-        "latency_ms": scraped_latency_ms(load, policy),
-        "backlog_ms": backlog_ms(load, policy),
-        "compute_ms": load.compute_ms,
-        "overflowing": load.overflowing,
-        "onprem_rps": load.onprem_rps,
-        "failing": load.failing,
-        "probe_allowed": load.probe_allowed,
-    }
+    return LoadRow(
+        gauges_hot=load.gauges_hot,
+        fresh=load.fresh,
+        latency_ms=scraped_latency_ms(load, policy),
+        backlog_ms=backlog_ms(load, policy),
+        compute_ms=load.compute_ms,
+        overflowing=load.overflowing,
+        onprem_rps=load.onprem_rps,
+        failing=load.failing,
+        probe_allowed=load.probe_allowed,
+    )
 
 
-def _target(
-    spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: float, cap: int
-) -> dict[str, Any]:
-    target: dict[str, Any] = {
-        "cap": cap,
-        "slots": spec.slots,
-        "idle_usd": spec.idle_usd,
-        "cold_start_ms": spec.cold_start_ms,
-        "cost_usd": spec.cost_usd,
-        "cold_cost_usd": spec.cold_cost_usd,
-        "breaker": state.breaker.value,
-        "probe_allowed": state.probe_allowed,
-        "warm": state.warm_instances,
-        "spent_hour_usd": state.spent_hour_usd,
-        "spent_day_usd": state.spent_day_usd,
-        "spent_mark": mark,
-        "invoke": wiring.value is None,
-        "sign_body": wiring.sign_body,
-        "forward": sorted(wiring.forward),
-    }
-    for key, value in (
-        ("hourly_usd", spec.hourly_usd),
-        ("daily_usd", spec.daily_usd),
-        ("max_request_bytes", spec.max_request_bytes),
-        ("value", wiring.value),
-        ("key_env", wiring.key_env),
-    ):
-        if value is not None:
-            target[key] = value
-    return target
+def _target(spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: float, cap: int) -> TargetRow:
+    return TargetRow(
+        cap=cap,
+        slots=spec.slots,
+        idle_usd=spec.idle_usd,
+        cold_start_ms=spec.cold_start_ms,
+        cost_usd=spec.cost_usd,
+        cold_cost_usd=spec.cold_cost_usd,
+        breaker=state.breaker,
+        probe_allowed=state.probe_allowed,
+        warm=state.warm_instances,
+        spent_hour_usd=state.spent_hour_usd,
+        spent_day_usd=state.spent_day_usd,
+        spent_mark=mark,
+        invoke=wiring.value is None,
+        sign_body=wiring.sign_body,
+        forward=sorted(wiring.forward),
+        hourly_usd=spec.hourly_usd,
+        daily_usd=spec.daily_usd,
+        max_request_bytes=spec.max_request_bytes,
+        value=wiring.value,
+        key_env=wiring.key_env,
+    )
 
 
 def build_table(
@@ -187,15 +182,15 @@ def build_table(
     (``routing.content``); none where absent.
     """
     marks, node_caps = spent_marks or {}, caps or {}
-    return {
-        "format": FORMAT,
-        "version": version,
-        "built_at": built_at,
-        "decision_header": decision_header,
-        "policy": _policy(policy),
-        "content": _content(content or ContentPolicy()),
-        "local": {model: _load(load, policy) for model, load in snapshot.local.items()},
-        "targets": {
+    table = DecisionTable(
+        format=FORMAT,
+        version=version,
+        built_at=built_at,
+        decision_header=decision_header,
+        policy=_policy(policy),
+        content=_content(content or ContentPolicy()),
+        local={model: _load(load, policy) for model, load in snapshot.local.items()},
+        targets={
             name: _target(
                 spec,
                 snapshot.targets.get(name, TargetState()),
@@ -206,15 +201,12 @@ def build_table(
             for name, spec in policy.targets.items()
             if name in wiring
         },
-        "tenants": {
-            tenant_key(name): {
-                "requests_last_minute": t.requests_last_minute,
-                "spent_hour_usd": t.spent_hour_usd,
-                "spent_day_usd": t.spent_day_usd,
-            }
+        tenants={
+            tenant_key(name): TenantRow(t.requests_last_minute, t.spent_hour_usd, t.spent_day_usd)
             for name, t in snapshot.tenants.items()
         },
-    }
+    )
+    return as_dict(table)
 
 
 def tenants_at_a_limit(

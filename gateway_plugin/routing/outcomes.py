@@ -57,9 +57,13 @@ def log_format(tenant_header: str) -> dict[str, str]:
     }
 
 
+# What the route token MACs into the outcome endpoint's Authorization (the fast path's plugin too).
+AUTH_LABEL = "spillway-outcomes"
+
+
 def auth_header(route_token: bytes) -> str:
     """The ``Authorization`` the route's logger sends: only APISIX may report outcomes."""
-    return "Spillway " + hmac.new(route_token, b"spillway-outcomes", hashlib.sha256).hexdigest()[:32]
+    return "Spillway " + hmac.new(route_token, AUTH_LABEL.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 class Outcome(BaseModel):

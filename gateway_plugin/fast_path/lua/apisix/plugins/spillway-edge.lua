@@ -17,7 +17,7 @@ local link = require("apisix.plugins.spillway.link")
 local ngx = ngx
 local clear_header = ngx.req.clear_header
 local floor = math.floor
-local DICT = "spillway"
+local DICT = require("apisix.plugins.spillway.contract").DICT
 
 local _M = {
     version = 0.1,

@@ -12,6 +12,7 @@
 -- never a cloud decision from stale data.
 
 local core = require("apisix.core")
+local contract = require("apisix.plugins.spillway.contract")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local sign = require("apisix.plugins.spillway.sign")
@@ -27,9 +28,10 @@ local ngx_now = ngx.now
 local tostring = tostring
 
 local plugin_name = "spillway"
-local DICT = "spillway"
+local DICT = contract.DICT
+local PREFIX, KEY = contract.PREFIX, contract.KEY
 local SIGNATURE_HEADER = "X-Spillway-Signature"
-local FAIL_SAFE = "table_stale"
+local FAIL_SAFE = contract.FAIL_SAFE
 local NO_CONSUMER = "no authenticated consumer: tenants.source is consumer, so the tenant comes from "
     .. "APISIX's authentication; put an authentication plugin on this route (apisix-route --auth)"
 local LOG_EVERY_S = 10
@@ -82,7 +84,7 @@ end
 
 -- The table as this worker last compiled it, re-read when the fetching worker stored a new one.
 local function current()
-    local version = dict():get("version")
+    local version = dict():get(KEY.version)
     if version and version ~= worker.version then
         worker.version = version
         local tbl, err = table_mod.parse(table_mod.stored(dict()))
@@ -115,7 +117,7 @@ local reserving = reserve.new(dict, function() return worker.tbl end)
 local live, slot, decide_and_reserve = reserving.live, reserving.slot, reserving.decide
 
 local function fail_safe(tbl, f, conf)
-    counters.add(dict(), "failsafe", 1)
+    counters.add(dict(), KEY.fail_safe, 1)
     local attr = worker.attr
     if tbl == nil then
         log_sometimes("stale", "spillway: no decision table from the runner at ", attr.runner,
@@ -172,7 +174,7 @@ local function reserve_tenant(f, policy)
     if not quota.concurrency then
         return nil
     end
-    local count, err = counters.take_tenant(dict(), "tif:" .. tenant)
+    local count, err = counters.take_tenant(dict(), PREFIX.tenant_in_flight .. tenant)
     if count == nil then
         -- Clients choose tenant names: a full dict stops counting new tenants, nothing else.
         log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight ",
@@ -184,7 +186,7 @@ local function reserve_tenant(f, policy)
 end
 
 local function release_tenant(tenant)
-    counters.release_tenant(dict(), "tif:" .. tenant)
+    counters.release_tenant(dict(), PREFIX.tenant_in_flight .. tenant)
 end
 
 -- Content checks before the decision that counts (content.lua), counted in the shared dict and
@@ -213,7 +215,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
                            or (policy and f.headers[policy.classification_header]) }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
-        if counters.add(d_, "lif:" .. model_key, 1) then
+        if counters.add(d_, PREFIX.local_in_flight .. model_key, 1) then
             seen.local_counted = true
         end
     elseif d.target ~= decide.SHED then
@@ -232,7 +234,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
         if (d.overflowing or false) ~= load.overflowing then
-            d_:safe_set("hot:" .. model_key, d.overflowing or false)
+            d_:safe_set(PREFIX.hot .. model_key, d.overflowing or false)
         end
         seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
                               and decide.quota_limits(policy, d.tenant)
@@ -311,12 +313,12 @@ function _M.log(conf, ctx)
     end
     local d_ = dict()
     if seen.cloud then
-        counters.release(d_, "if:" .. seen.target)
+        counters.release(d_, PREFIX.in_flight .. seen.target)
         if seen.cold_counted then
-            counters.release(d_, "ifc:" .. seen.target)
+            counters.release(d_, PREFIX.in_flight_cold .. seen.target)
         end
     elseif seen.local_counted then
-        counters.release(d_, "lif:" .. seen.model)
+        counters.release(d_, PREFIX.local_in_flight .. seen.model)
     end
     if ctx.spillway_slot then
         release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete

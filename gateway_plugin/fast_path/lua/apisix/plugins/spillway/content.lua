@@ -14,6 +14,7 @@
 -- through and Python's json does not), at most MAX_DEPTH levels, an object at the top.
 
 local cjson = require("cjson.safe").new()
+local contract = require("apisix.plugins.spillway.contract")
 local decide = require("apisix.plugins.spillway.decide")
 local detect = require("apisix.plugins.spillway.detect")
 
@@ -21,6 +22,7 @@ local re_find = ngx.re.find
 local find, sub = string.find, string.sub
 local type, pairs, ipairs, getmetatable, tonumber = type, pairs, ipairs, getmetatable, tonumber
 
+local PREFIX, WHY = contract.PREFIX, contract.UNSCANNABLE
 local _M = { HEADER_JSON_LENGTH = "inference-header-content-length", MAX_DEPTH = 32 }
 
 cjson.decode_array_with_array_mt(true)
@@ -130,29 +132,29 @@ end
 function _M.verdict(c, headers, read_body)
     local declared = decide.body_bytes(headers)
     if declared == nil then
-        return nil, "unknown_size"
+        return nil, WHY.unknown_size
     end
     if declared > c.max_bytes then
-        return nil, "too_large"
+        return nil, WHY.too_large
     end
     if declared == 0 then
         return nil, nil
     end
     local body = read_body(c.max_bytes) or ""
     if #body > c.max_bytes then
-        return nil, "too_large"
+        return nil, WHY.too_large
     end
     local header = json_header(body, headers[_M.HEADER_JSON_LENGTH])
     local doc = header and document(header)
     if not doc then
-        return nil, "not_json"
+        return nil, WHY.not_json
     end
     local texts, binary_text = text_inputs(doc)
     local found = detect.first_found(c.detectors, texts)
     if found then
         return found, nil
     end
-    return nil, binary_text and "binary_text" or nil
+    return nil, binary_text and WHY.binary_text or nil
 end
 
 -- The route's policy (decide.route_policy) given what content checks it has: every request
@@ -223,7 +225,7 @@ function _M.screen(f, tbl, policy, live, read_body, count)
         return nil
     end
     if found or why then
-        count(found and ("cm:" .. found) or ("cu:" .. why))
+        count(found and (PREFIX.content_match .. found) or (PREFIX.content_unscannable .. why))
     end
     if found or (why and policy.content.c.unscannable_stays) then
         return { label = _M.label(found, why), classification = sent }
@@ -239,5 +241,8 @@ function _M.label(found, why)
     return why and ("unscannable:" .. why) or nil
 end
 
-_M.UNSCANNABLE = { too_large = true, unknown_size = true, not_json = true, binary_text = true }
+_M.UNSCANNABLE = {}
+for _, reason in pairs(WHY) do
+    _M.UNSCANNABLE[reason] = true
+end
 return _M

@@ -8,6 +8,7 @@
 
 local sha256 = require("resty.sha256")
 local to_hex = require("resty.string").to_hex
+local KEY = require("apisix.plugins.spillway.contract").KEY
 
 local _M = {}
 
@@ -81,10 +82,10 @@ end
 
 -- The node's id, made anew (a new node for the runner, so no spend is lost) when evicted.
 function _M.node(d_)
-    local node = d_:get("node")
+    local node = d_:get(KEY.node)
     if node == nil then
-        d_:safe_add("node", ngx.worker.pid() .. "-" .. ngx.now())
-        node = d_:get("node")
+        d_:safe_add(KEY.node, ngx.worker.pid() .. "-" .. ngx.now())
+        node = d_:get(KEY.node)
     end
     return node
 end

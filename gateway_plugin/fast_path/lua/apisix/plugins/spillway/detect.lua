@@ -148,5 +148,4 @@ function _M.first_found(detectors, texts)
     return nil
 end
 
-_M.KINDS = { card = true, iban = true, search = true, pattern = true }
 return _M

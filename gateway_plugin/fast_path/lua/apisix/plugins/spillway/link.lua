@@ -17,6 +17,7 @@ local cjson = require("cjson.safe")
 local ffi = require("ffi")
 local hmac = require("resty.hmac")
 local http = require("resty.http")
+local contract = require("apisix.plugins.spillway.contract")
 local table_mod = require("apisix.plugins.spillway.table")
 local report = require("apisix.plugins.spillway.report")
 local shared_counters = require("apisix.plugins.spillway.counters")
@@ -25,6 +26,7 @@ local ngx = ngx
 local pairs, pcall, tostring, type = pairs, pcall, tostring, type
 -- How long a table is asked to fit the room left after a store failed, before a whole one is tried.
 local ROOM_HELD_S = 10
+local PREFIX, KEY, ALIVE = contract.PREFIX, contract.KEY, contract.PREFIX.alive
 local UNSCANNABLE = require("apisix.plugins.spillway.content").UNSCANNABLE
 
 local _M = {}
@@ -58,13 +60,13 @@ function _M.settings()
         return nil
     end
     local token = os.getenv(attr.token_env) or ""
-    if #token < 16 then
-        core.log.error("spillway: ", attr.token_env, " must hold the route token (at least 16 ",
+    if #token < contract.TOKEN.min_len then
+        core.log.error("spillway: ", attr.token_env, " must hold the route token (at least ", contract.TOKEN.min_len, " ",
                        "characters; nginx_config.envs must name it); without it the runner cannot ",
                        "be asked: no table is fetched (every request stays local) and no runner is ",
                        "watched")
     end
-    local mac = hmac:new(token, hmac.ALGOS.SHA256):final("spillway-outcomes", true)
+    local mac = hmac:new(token, hmac.ALGOS.SHA256):final(contract.TOKEN.auth_label, true)
     return attr, "Spillway " .. mac:sub(1, 32)
 end
 
@@ -88,7 +90,7 @@ local function started_of(pid)
 end
 
 local function stop(d_, pid, started, attr)
-    d_:delete("alive:pid")
+    d_:delete(ALIVE .. "pid")
     if started == nil or started == "" or started_of(pid) ~= started then
         return  -- gone already, or the pid now names another process
     end
@@ -101,20 +103,20 @@ end
 local function probe(attr, auth, d_)
     local httpc = http.new()
     httpc:set_timeout(attr.timeout_s * 1000)
-    local res = httpc:request_uri("http://" .. attr.runner .. "/spillway/alive", {
+    local res = httpc:request_uri("http://" .. attr.runner .. contract.PATH.alive, {
         method = "GET", headers = { ["Authorization"] = auth }, keepalive_timeout = 60000,
     })
     local now = ngx.now()
     local seen = res and res.status == 200 and cjson.decode(res.body)
     if type(seen) == "table" and type(seen.pid) == "number" then
-        d_:safe_set("alive:at", now)
-        d_:safe_set("alive:pid", seen.pid)
-        d_:safe_set("alive:started", tostring(seen.started or ""))
+        d_:safe_set(ALIVE .. "at", now)
+        d_:safe_set(ALIVE .. "pid", seen.pid)
+        d_:safe_set(ALIVE .. "started", tostring(seen.started or ""))
         return
     end
-    local at, pid = d_:get("alive:at"), d_:get("alive:pid")
+    local at, pid = d_:get(ALIVE .. "at"), d_:get(ALIVE .. "pid")
     if at and pid and now - at > attr.kill_after_s then
-        stop(d_, pid, d_:get("alive:started"), attr)
+        stop(d_, pid, d_:get(ALIVE .. "started"), attr)
     end
 end
 
@@ -138,7 +140,7 @@ end
 
 -- Seconds since the runner last answered; nil before it ever did.
 function _M.silent_for(d_)
-    local at = d_:get("alive:at")
+    local at = d_:get(ALIVE .. "at")
     return at and ngx.now() - at or nil
 end
 
@@ -172,13 +174,13 @@ function _M.start(worker, with)
         local d_ = dict()
         return cjson.encode({
             node = shared_counters.node(d_),
-            spent = counters("sp:", targets),
-            hot = counters("hot:", models),
-            content = counters("cm:", tbl and tbl.content.names or {}),
-            unscannable = counters("cu:", UNSCANNABLE),
-            fail_safe = d_:get("failsafe") or 0,
-            dropped = d_:get("dropped") or 0,
-            store_failed = d_:get("store_failed") or 0,
+            spent = counters(PREFIX.spent, targets),
+            hot = counters(PREFIX.hot, models),
+            content = counters(PREFIX.content_match, tbl and tbl.content.names or {}),
+            unscannable = counters(PREFIX.content_unscannable, UNSCANNABLE),
+            fail_safe = d_:get(KEY.fail_safe) or 0,
+            dropped = d_:get(KEY.dropped) or 0,
+            store_failed = d_:get(KEY.store_failed) or 0,
             room = worker.room,
         })
     end
@@ -200,7 +202,7 @@ function _M.start(worker, with)
 
     local function fetch()
         current()
-        local res, err = post("/spillway/table", node_counters())
+        local res, err = post(contract.PATH.table, node_counters())
         if not res or res.status ~= 200 then
             log_sometimes("fetch", "spillway: decision table not fetched from ", worker.attr.runner, ": ",
                           err or ("status " .. res.status .. " " .. tostring(res.body)))
@@ -208,8 +210,8 @@ function _M.start(worker, with)
         end
         local tbl, problem = table_mod.parse(res.body)
         if not tbl then
-            shared_counters.add(dict(), "malformed", 1)
-            log_sometimes("malformed", "spillway: the runner's decision table is refused (", problem,
+            shared_counters.add(dict(), KEY.malformed, 1)
+            log_sometimes("refused", "spillway: the runner's decision table is refused (", problem,
                           "); the last good one stays until it is stale")
             return
         end
@@ -217,7 +219,7 @@ function _M.start(worker, with)
         if not stored then
             -- The last good table stays and is served until stale; the next fetch asks the runner
             -- for one within the room there is (without some tenant rows), stored in place.
-            dict():incr("store_failed", 1)
+            dict():incr(KEY.store_failed, 1)
             worker.room, worker.room_until = room, ngx.now() + ROOM_HELD_S
             if (worker.logged.store or 0) + ROOM_HELD_S <= ngx.now() then
                 worker.logged.store = ngx.now()
@@ -231,7 +233,7 @@ function _M.start(worker, with)
         if worker.room and ngx.now() >= worker.room_until then
             worker.room = nil  -- try the whole table again: the dict may have room by now
         end
-        shared_counters.add(dict(), "version", 1)
+        shared_counters.add(dict(), KEY.version, 1)
     end
 
     local function flush()
@@ -240,9 +242,9 @@ function _M.start(worker, with)
             return
         end
         worker.agg = report.new()
-        local res, err = post("/spillway/fast-outcomes", cjson.encode(report.body(agg)))
+        local res, err = post(contract.PATH.outcomes, cjson.encode(report.body(agg)))
         if not res or res.status >= 300 then
-            shared_counters.add(dict(), "dropped", agg.n)
+            shared_counters.add(dict(), KEY.dropped, agg.n)
             log_sometimes("flush", "spillway: outcomes of ", agg.n, " requests not delivered to ",
                           worker.attr.runner, ": ", err or ("status " .. res.status .. " " .. tostring(res.body)))
         end
@@ -250,7 +252,7 @@ function _M.start(worker, with)
 
     if ngx.worker.id() == 0 then
         table_mod.prepare(dict())
-        dict():safe_add("store_failed", 0)
+        dict():safe_add(KEY.store_failed, 0)
         ngx.timer.every(worker.attr.fetch_interval_s, guarded("fetching", fetch))
         ngx.timer.at(0, guarded("fetching", fetch))
     end

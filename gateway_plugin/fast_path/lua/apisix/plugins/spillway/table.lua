@@ -6,114 +6,54 @@
 -- or carries a rule pattern PCRE cannot compile is refused: the last good one stays, ageing
 -- towards stale.
 
-local cjson = require("cjson.safe")
-local detect = require("apisix.plugins.spillway.detect")
+local core = require("apisix.core")
+local contract = require("apisix.plugins.spillway.contract")
+local schema = require("apisix.plugins.spillway.table_schema")
 local re_find = ngx.re.find
-local type, pairs, ipairs, tonumber = type, pairs, ipairs, tonumber
+local type, pairs, ipairs = type, pairs, ipairs
 
-local _M = { FORMAT = 6 }
+-- NaN and Infinity are not JSON (the schema bounds what 1e999 reads as).
+local cjson = require("cjson.safe").new()
+cjson.decode_invalid_numbers(false)
 
-local ACTIONS = { ["local"] = true, overflow = true, target = true, shed = true }
-local BREAKERS = { closed = true, open = true, half_open = true }
+local _M = { FORMAT = contract.FORMAT }
 
-local function is_num(v) return type(v) == "number" and v == v and v > -math.huge and v < math.huge end
-local function is_str(v) return type(v) == "string" end
-local function is_bool(v) return type(v) == "boolean" end
-local function opt_num(v) return v == nil or is_num(v) end
-
-local function list_of(v, check)
-    if type(v) ~= "table" then
-        return false
-    end
-    for k, item in pairs(v) do
-        if type(k) ~= "number" or not check(item) then
-            return false
-        end
-    end
-    return true
-end
-
-local function map_of(v, check)
-    if type(v) ~= "table" then
-        return false
-    end
-    for k, item in pairs(v) do
-        if type(k) ~= "string" or not check(item) then
-            return false
-        end
-    end
-    return true
-end
-
+-- What a schema cannot say: every pattern compiles in PCRE (a rule's uri as a search, its headers'
+-- and args' as whole-value matches, a search or pattern detector's), and a cloud target that is
+-- not invoke-mode names the value traffic-split matches.
 local function regex_ok(pattern, full)
-    if not is_str(pattern) then
-        return false
-    end
     local p = full and ("\\A(?:" .. pattern .. ")\\z") or pattern
     local _, _, err = re_find("", p, "jo")
     return err == nil
 end
 
-local function pair_ok(full)
-    return function(p)
-        return type(p) == "table" and is_str(p[1]) and regex_ok(p[2], full)
+local function pairs_ok(list)
+    for _, p in ipairs(list) do
+        if not regex_ok(p[2], true) then
+            return false
+        end
     end
+    return true
 end
 
-local function quota_ok(q)
-    return type(q) == "table" and opt_num(q.requests_per_minute) and opt_num(q.concurrency)
-        and opt_num(q.hourly_usd) and opt_num(q.daily_usd)
-end
-
-local function rule_ok(r)
-    return type(r) == "table" and is_str(r.name) and ACTIONS[r.action]
-        and list_of(r.targets, is_str) and list_of(r.models, is_str)
-        and list_of(r.headers, pair_ok(true)) and list_of(r.args, pair_ok(true))
-        and (r.uri == nil or regex_ok(r.uri, false))
-end
-
-local function load_ok(l)
-    return type(l) == "table" and is_bool(l.fresh) and is_num(l.latency_ms) and is_num(l.backlog_ms)
-        and is_num(l.compute_ms) and is_bool(l.overflowing) and is_num(l.onprem_rps)
-        and is_bool(l.gauges_hot) and is_bool(l.failing) and is_bool(l.probe_allowed)
-end
-
-local function target_ok(t)
-    return type(t) == "table" and is_num(t.cap) and is_num(t.slots) and is_num(t.idle_usd)
-        and is_num(t.cold_start_ms)
-        and is_num(t.cost_usd)
-        and is_num(t.cold_cost_usd) and BREAKERS[t.breaker] and is_bool(t.probe_allowed)
-        and is_num(t.warm) and is_num(t.spent_hour_usd) and is_num(t.spent_day_usd)
-        and is_num(t.spent_mark) and is_bool(t.invoke) and opt_num(t.hourly_usd)
-        and opt_num(t.daily_usd) and opt_num(t.max_request_bytes) and (t.invoke or is_str(t.value))
-        and (t.key_env == nil or is_str(t.key_env)) and list_of(t.forward, is_str)
-end
-
-local function tenant_ok(t)
-    return type(t) == "table" and is_num(t.requests_last_minute) and is_num(t.spent_hour_usd)
-        and is_num(t.spent_day_usd)
-end
-
-local function detector_ok(d)
-    return type(d) == "table" and is_str(d.name) and detect.KINDS[d.kind]
-        and ((d.kind ~= "search" and d.kind ~= "pattern") or regex_ok(d.pattern, false))
-end
-
-local function content_ok(c)
-    return type(c) == "table" and list_of(c.detectors, detector_ok) and is_num(c.max_bytes)
-        and is_bool(c.unscannable_stays) and is_str(c.classify_as) and list_of(c.rules, is_str)
-end
-
-local function policy_ok(p)
-    return type(p) == "table" and is_str(p.classification_header) and list_of(p.cloud_allowed, is_str)
-        and is_bool(p.unclassified_may_leave) and is_str(p.tenant_header)
-        and is_bool(p.tenant_from_consumer) and map_of(p.consumer_ceilings, is_str)
-        and map_of(p.quotas, quota_ok) and quota_ok(p.default_quota)
-        and is_num(p.latency_target_ms) and map_of(p.model_targets_ms, is_num)
-        and is_num(p.max_queue_ms) and is_num(p.enter_ratio) and is_num(p.exit_ratio)
-        and is_num(p.saturation_ratio) and is_num(p.retry_after_s) and is_num(p.parallelism)
-        and is_num(p.onprem_headroom)
-        and list_of(p.default_chain, is_str) and list_of(p.rules, rule_ok)
+local function patterns_problem(t)
+    for _, r in ipairs(t.policy.rules) do
+        if not pairs_ok(r.headers) or not pairs_ok(r.args) or (r.uri ~= nil and not regex_ok(r.uri, false)) then
+            return "policy section malformed (a rule pattern PCRE does not compile)"
+        end
+    end
+    for _, d in ipairs(t.content.detectors) do
+        if (d.kind == "search" or d.kind == "pattern") and (type(d.pattern) ~= "string"
+                or not regex_ok(d.pattern, false)) then
+            return "content section malformed (a detector's pattern PCRE does not compile)"
+        end
+    end
+    for name, target in pairs(t.targets) do
+        if not target.invoke and target.value == nil then
+            return "targets section malformed (" .. name .. " has no value and is not invoke-mode)"
+        end
+    end
+    return nil
 end
 
 -- Why a decoded table cannot be used (nil when it can).
@@ -124,25 +64,11 @@ function _M.problem(t)
     if t.format ~= _M.FORMAT then
         return "format " .. tostring(t.format) .. ", this plugin reads format " .. _M.FORMAT
     end
-    if not is_num(t.version) or not is_num(t.built_at) or not is_bool(t.decision_header) then
-        return "version, built_at or decision_header missing"
+    local ok, err = core.schema.check(schema, t)
+    if not ok then
+        return "not a decision table: " .. tostring(err)
     end
-    if not policy_ok(t.policy) then
-        return "policy section malformed (or a rule pattern PCRE does not compile)"
-    end
-    if not content_ok(t.content) then
-        return "content section malformed (or a detector's pattern PCRE does not compile)"
-    end
-    if not map_of(t["local"], load_ok) then
-        return "local section malformed"
-    end
-    if not map_of(t.targets, target_ok) then
-        return "targets section malformed"
-    end
-    if not map_of(t.tenants, tenant_ok) then
-        return "tenants section malformed"
-    end
-    return nil
+    return patterns_problem(t)
 end
 
 local function set_of(list)
@@ -188,7 +114,7 @@ end
 --    room the plugin reports) replaces it in place.
 -- Nothing else is ever evicted (safe_set), and a table read half-written is impossible (a dict
 -- operation holds the dict's lock).
-local KEY, CLASS_KEY, MIN_CLASS = "table:", "table_class", 65536
+local KEY, CLASS_KEY, MIN_CLASS = contract.PREFIX.table, contract.KEY.table_class, 65536
 
 -- The class pointer is made at start, while the dict has room; updating a number is in place.
 function _M.prepare(d_)

@@ -1,0 +1,60 @@
+"""The fast path's contract exists once: the Lua half's copy is generated and current, and no Lua
+file spells one of its values itself."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from devtools import fast_path_contract
+from gateway_plugin.fast_path import contract, table_model
+from gateway_plugin.fast_path.route import lua_path
+
+GENERATED = {"contract.lua", "table_schema.lua"}
+
+
+def test_the_generated_lua_is_what_the_python_side_says() -> None:
+    stale = fast_path_contract.stale()
+    assert not stale, f"regenerate with: python -m devtools fast-path-contract ({stale})"
+
+
+def test_a_change_on_the_python_side_makes_the_lua_stale(monkeypatch: object) -> None:
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(contract, "FAIL_SAFE", "table_old")
+    assert fast_path_contract.OUT / "contract.lua" in fast_path_contract.stale()
+
+
+def _lua_sources() -> dict[Path, str]:
+    root = lua_path() / "apisix" / "plugins"
+    return {p: p.read_text() for p in root.rglob("*.lua") if p.name not in GENERATED}
+
+
+def test_no_lua_file_spells_a_value_of_the_contract() -> None:
+    values = [
+        contract.FAIL_SAFE,
+        contract.ALIVE_PATH,
+        contract.TABLE_PATH,
+        contract.OUTCOMES_PATH,
+        *contract.KEY_PREFIXES.values(),
+        *contract.KEYS.values(),
+        *contract.UNSCANNABLE.values(),
+        str(contract.TOKEN_RULES["auth_label"]),
+    ]
+    found = []
+    for path, text in _lua_sources().items():
+        code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+        for value in values:
+            if re.search(r"""["']""" + re.escape(value) + r"""["']""", code):
+                found.append(f"{path.name}: {value!r}")
+        if re.search(r"FORMAT\s*=\s*\d|#token\s*<\s*\d", code):
+            found.append(f"{path.name}: a number the contract holds")
+    assert not found, "use require('apisix.plugins.spillway.contract') instead: " + ", ".join(found)
+
+
+def test_the_schema_is_in_the_form_apisix_checks() -> None:
+    """APISIX's jsonschema library reads draft 4: no references, no nulls, tuples as items."""
+    text = str(fast_path_contract.lua_schema(table_model.json_schema()))
+    for absent in ("$ref", "$defs", "prefixItems", "'null'", "anyOf"):
+        assert absent not in text, absent
