@@ -21,10 +21,11 @@ from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path import table as decision_table
-from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_outcomes, interleaved
+from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_outcomes
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.policy import BreakerState, TenantState
+from gateway_plugin.routing.summed_outcomes import interleaved
 from gateway_plugin.routing.target_header import target_value
 from tests.support import gateway_state, http
 

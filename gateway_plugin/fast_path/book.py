@@ -20,10 +20,8 @@ only what it spent past that mark. Counters restart at zero when nginx restarts 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,8 +32,8 @@ from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing.content import Unscannable
 from gateway_plugin.routing.cost_series import UNNAMED
 from gateway_plugin.routing.ledger import TenantBook
-from gateway_plugin.routing.policy import LOCAL, SHED, BreakerState, Reason, Snapshot, TenantState
-from gateway_plugin.routing.state import GatewayState, residency_log
+from gateway_plugin.routing.policy import LOCAL, SHED, Reason, Snapshot, TenantState
+from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.tenants import tenant_key
 
 log = logging.getLogger("spillway.fast_path")
@@ -151,22 +149,21 @@ class FastPathBook:
                 self._nodes.popitem(last=False)
             node = self._nodes[report.node] = _Node()
         self._nodes.move_to_end(report.node)
-        state, wall = self.state, self.state.wall()
+        state = self.state
         for name, total in report.spent.items():
             if name in state.targets:
                 usd = _growth(total, node.spent.get(name, 0.0))
                 node.spent[name] = total
                 if usd > 0:
-                    state.ledger.spend(f"target:{name}", usd, wall)
-                    if state.shared is not None:
-                        state.shared.spent_elsewhere(name, usd, wall)
-                    state.metrics.spend.labels(name).inc(usd)
+                    state.spent_elsewhere(name, usd)
         for model, hot in report.hot.items():
-            state.load.set_overflowing(model or None, hot)
+            state.overflow_decided(model or None, hot)
         _content_counts(state, node, report)
-        state.metrics.fast_path_fail_safe.inc(_growth(report.fail_safe, node.fail_safe))
-        state.metrics.fast_path_dropped.inc(_growth(report.dropped, node.dropped))
-        state.metrics.fast_path_store_failed.inc(_growth(report.store_failed, node.store_failed))
+        state.fast_path_counted(
+            fail_safe=_growth(report.fail_safe, node.fail_safe),
+            dropped=_growth(report.dropped, node.dropped),
+            store_failed=_growth(report.store_failed, node.store_failed),
+        )
         node.fail_safe, node.dropped = report.fail_safe, report.dropped
         node.store_failed = report.store_failed
         return node
@@ -177,16 +174,16 @@ def _content_counts(state: GatewayState, node: _Node, report: FastPathReport) ->
     knows (the metric's labels stay bounded whatever a report says)."""
     known = {d.name for d in state.content.detectors}
     reasons = {r.value for r in Unscannable}
-    for counts, seen, names, family in (
-        (report.content, node.content, known, state.metrics.content_matches),
-        (report.unscannable, node.unscannable, reasons, state.metrics.content_unscannable),
+    for counts, seen, names, count in (
+        (report.content, node.content, known, state.content_matched),
+        (report.unscannable, node.unscannable, reasons, state.content_unscannable),
     ):
         for name, total in counts.items():
             if name in names:
                 grown = _growth(total, seen.get(name, 0.0))
                 seen[name] = total
                 if grown > 0:
-                    family.labels(name).inc(grown)
+                    count(name, grown)
 
 
 def _labels(state: GatewayState) -> set[str]:
@@ -194,89 +191,46 @@ def _labels(state: GatewayState) -> set[str]:
     return {*(r.value for r in Reason), FAIL_SAFE, *(f"rule:{r.name}" for r in state.policy.rules)}
 
 
-def _records(count: int, state: GatewayState) -> int:
-    """Only the last ``window`` answers (and a run of ``consecutive_failures``) move a breaker."""
-    settings = state.config.breaker
-    return min(count, max(settings.window, settings.consecutive_failures) + 1)
-
-
-def interleaved(ok: int, failed: int, records: int) -> Iterator[bool]:
-    """``records`` answers with ok and failed spread evenly in their proportion (a worker's sums
-    say how many, not in what order): scattered failures never become a run of them."""
-    total = ok + failed
-    if total == 0:
-        return
-    failures = round(failed * records / total)
-    if failed and not failures:
-        failures = 1
-    for i in range(records):
-        yield (i + 1) * failures // records == i * failures // records
-
-
 def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
     """Take one worker's summary into the gateway's books."""
-    labels, now, wall = _labels(state), state.clock(), state.wall()
+    labels = _labels(state)
     for key, count in summary.decisions.items():
         target, _, label = key.partition(";")
         if (target in state.targets or target in (LOCAL, SHED)) and label.split("+")[0] in labels:
-            state.metrics.decided(target, label, count)
-            if label.startswith(Reason.RESIDENCY):
-                state.metrics.residency_kept.inc(count)
+            state.decided_elsewhere(target, label, count)
     for key, (count, usd) in summary.usage.items():
         target, _, rest = key.partition("\t")
         tenant, _, model = rest.partition("\t")
         if target in state.targets or target == LOCAL:
-            state.metrics.cost.counted(
-                tenant_key(tenant) if tenant else None, model or None, target, count, usd
-            )
+            state.used(tenant_key(tenant) if tenant else None, model or None, target, count, usd)
     for target, (count, usd) in summary.usage_other.items():
         if target in state.targets or target == LOCAL:
-            state.metrics.cost.counted(UNNAMED, UNNAMED, target, count, usd)
+            state.used(UNNAMED, UNNAMED, target, count, usd)
     for kept in summary.residency:
         seen = {"event": "residency_kept", **kept.model_dump(exclude={"content"}), "via": "fast_path"}
         if kept.content is not None:
             seen["content"] = kept.content
-        residency_log.info(json.dumps(seen))
+        state.kept_home(seen)
     for model, sent in summary.sent_local.items():
-        state.load.sent_local_many(model or None, sent)
+        state.sent_local(model or None, sent)
     for model, arrived in summary.on_prem.items():
-        state.load.arrived_onprem(model or None, arrived)
+        state.arrived_onprem(model or None, arrived)
     for model, (count, seconds) in summary.local_s.items():
         if count:
             state.answered_local(model or None, seconds / count * 1000)
-    health = state.config.local.health
     for model, (ok, failed) in summary.local_answers.items():
-        records = min(ok + failed, max(health.window, health.failures_to_open) + 1)
-        for result in interleaved(ok, failed, records):
-            state.load.local_answer(model or None, result)
+        state.local_answers(model or None, ok, failed)
     for name, (ok, failed, _) in summary.cloud.items():
-        breaker = state.breakers.get(name)
-        if breaker is not None:
-            if breaker.current(now) is BreakerState.HALF_OPEN and ok + failed:
-                # Which answer was the probe is not known: it closes only a batch without failures.
-                breaker.record(failed == 0, now)
-                ok, failed = (ok - 1, failed) if failed == 0 else (ok, failed - 1)
-            for result in interleaved(ok, failed, _records(ok + failed, state)):
-                breaker.record(result, now)
+        state.cloud_answers(name, ok, failed)
     for name, instances in summary.instances.items():
-        pool = state.pools.get(name)
-        if pool is None:
-            continue
-        for instance, cold in list(instances.items())[:64]:
-            pool.seen(instance, now, cold)
-            if cold:
-                state.metrics.cold_hits.labels(name).inc()
+        state.instances_answered(name, instances)
     for tenant, (arrivals, spend) in summary.tenants.items():
-        quota = state.policy.quota_of(tenant)
-        if quota.limits_anything:
-            book = state.tenants.book(tenant)
-            if quota.requests_per_minute is not None:
-                book.arrivals.extend([wall] * min(arrivals, quota.requests_per_minute))
-            book.add_spend(spend, wall)
-            if state.shared is not None:
-                state.shared.tenant_reported(tenant, arrivals, spend, wall)
-    state.metrics.fast_path_table_age.add(summary.table_ages, summary.table_age_sum)
-    state.metrics.fast_path_dropped.inc(summary.dropped + summary.invalid)
+        state.tenant_counts(tenant, arrivals, spend)
+    state.fast_path_counted(
+        dropped=summary.dropped + summary.invalid,
+        table_ages=summary.table_ages,
+        table_age_sum=summary.table_age_sum,
+    )
     if summary.invalid and state.metrics.due("fast_path_invalid"):
         log.warning(
             "fast path: %d malformed parts of a worker's summary read as absent or dropped (the rest "

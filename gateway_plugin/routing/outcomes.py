@@ -187,7 +187,7 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
     """
     for outcome in outcomes:
         for name in outcome.invalid:
-            state.metrics.outcome_fields_invalid.labels(name).inc()
+            state.outcome_field_invalid(name)
         target = state.target_by_value.get(outcome.target or "")
         upstream_status = _last_number(outcome.upstream_status)
         if upstream_status is None and target is not None and outcome.status:
@@ -196,10 +196,7 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
             continue
         seconds = _last_number(outcome.upstream_s)
         if target is None:
-            model = model_of(outcome.uri or "")
-            state.load.local_answer(model, ok=0 < upstream_status < 500)
-            if seconds is not None:
-                state.answered_local(model, seconds * 1000)
+            state.cluster_answered(model_of(outcome.uri or ""), 0 < upstream_status < 500, seconds)
         state.answered(
             target,
             outcome.tenant or None,

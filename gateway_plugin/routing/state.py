@@ -37,13 +37,13 @@ from gateway_plugin.routing.policy import (
 from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.shared_state import Round, SharedView
 from gateway_plugin.routing.signals import LoadTracker
+from gateway_plugin.routing.summed_outcomes import SummedOutcomes, residency_log
 from gateway_plugin.routing.target_header import target_values
 from gateway_plugin.routing.target_states import Counts, TargetStates
 from gateway_plugin.routing.warm_instances import WarmPool
 from gateway_plugin.targets.signing import TargetSigner
 
 log = logging.getLogger("spillway.state")
-residency_log = logging.getLogger("spillway.residency")
 
 # What the residency log says of the request a decision was for (request id, path, model, class).
 RequestSeen = dict[str, object]
@@ -56,7 +56,7 @@ def _described(decision: Decision) -> dict[str, object]:
     return {"decision": decision.target, "reason": decision.label}
 
 
-class GatewayState:
+class GatewayState(SummedOutcomes):
     def __init__(
         self,
         config: SpillwayConfig,
@@ -282,6 +282,15 @@ class GatewayState:
             if cold:
                 self.metrics.cold_hits.labels(target).inc()
 
+    def cluster_answered(self, model: str | None, ok: bool, seconds: float | None) -> None:
+        """The cluster's answer to a request the route sent there: its health, its latency."""
+        self.load.local_answer(model, ok=ok)
+        if seconds is not None:
+            self.answered_local(model, seconds * 1000)
+
+    def outcome_field_invalid(self, name: str) -> None:
+        self.metrics.outcome_fields_invalid.labels(name).inc()
+
     def invoke_started(self, target: str) -> None:
         self.retry_budget.request(is_retry=False)
 
@@ -306,10 +315,6 @@ class GatewayState:
             cold=headers.get(HEADER_COLD) == "1",
             seconds=seconds,
         )
-
-    def answered_local(self, model: str | None, ms: float) -> None:
-        """The cluster answered a request in ``ms``, as the gateway saw it."""
-        self.load.answered_local(model, ms)
 
     def scrape_failed(self) -> None:
         self.metrics.scrape_errors.inc()
