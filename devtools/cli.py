@@ -1,8 +1,9 @@
 """``python -m devtools``: the development tools (a source checkout with the ``dev`` extra).
 
 ``demo`` runs the whole hybrid on one machine; ``devgateway`` serves a stand-in for APISIX in front
-of a real runner; ``function-demo`` serves one function and answers one inference. None of this
-ships in the packages or the images.
+of a real runner; ``function-demo`` serves one function and answers one inference;
+``fast-path-contract`` writes the Lua half of the fast path's contract. None of this ships in the
+packages or the images.
 """
 
 from __future__ import annotations
