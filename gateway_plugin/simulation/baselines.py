@@ -33,9 +33,39 @@ from gateway_plugin.simulation.world import World
 UTILISATION_THRESHOLD = 0.8
 
 
-class _Baseline:
-    name = ""
+class Unlearning:
+    """A router that learns nothing from what happens (``listens`` False): scrapes, answers and
+    warm-up reports are the engine's calls it ignores."""
+
     listens = False
+
+    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
+        pass
+
+    def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
+        pass
+
+    def answered_cloud(
+        self,
+        target: str,
+        instance: str,
+        cold: bool,
+        ok: bool,
+        seconds: float,
+        now: float,
+        tenant: str | None = None,
+    ) -> None:
+        pass
+
+    def warm_report(self, target: str, instances: list[str], now: float) -> None:
+        pass
+
+    def returned(self, job: Job, now: float) -> None:
+        pass
+
+
+class _Baseline(Unlearning):
+    name = ""
 
     def __init__(self, config: SpillwayConfig) -> None:
         self.policy: Policy = build_policy(config)
@@ -61,30 +91,6 @@ class _Baseline:
         if not self.may_leave(job, world):
             return LOCAL
         return next(iter(self.open_targets(job, world)), LOCAL)
-
-    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
-        pass
-
-    def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
-        pass
-
-    def answered_cloud(
-        self,
-        target: str,
-        instance: str,
-        cold: bool,
-        ok: bool,
-        seconds: float,
-        now: float,
-        tenant: str | None = None,
-    ) -> None:
-        pass
-
-    def warm_report(self, target: str, instances: list[str], now: float) -> None:
-        pass
-
-    def returned(self, job: Job, now: float) -> None:
-        pass
 
 
 class AllLocal(_Baseline):

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.policy import LOCAL, SHED, may_leave
 from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.signals import Counters
+from gateway_plugin.simulation.baselines import Unlearning
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.world import World
 
@@ -54,9 +54,8 @@ HORIZON_S = 5.0
 HORIZON_REQUESTS = 64
 
 
-class Oracle:
+class Oracle(Unlearning):
     name = "oracle"
-    listens = False
 
     def __init__(
         self,
@@ -192,30 +191,6 @@ class Oracle:
                 break
             k = next_stay[k]
         return met
-
-    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
-        pass
-
-    def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
-        pass
-
-    def answered_cloud(
-        self,
-        target: str,
-        instance: str,
-        cold: bool,
-        ok: bool,
-        seconds: float,
-        now: float,
-        tenant: str | None = None,
-    ) -> None:
-        pass
-
-    def warm_report(self, target: str, instances: list[str], now: float) -> None:
-        pass
-
-    def returned(self, job: Job, now: float) -> None:
-        pass
 
 
 def _window_max(values: list[float], start: int, length: int) -> list[float]:
