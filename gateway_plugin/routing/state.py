@@ -152,11 +152,13 @@ class GatewayState:
             tenants[tenant] = self.shared.tenant_state(tenant, tenants.get(tenant, _NO_TENANT), wall)
         return Snapshot(self.load.snapshot(model or ""), _TargetStates(self, now, wall), tenants)
 
-    def target_state(self, name: str, now: float, wall: float) -> TargetState:
+    def target_state(self, name: str, now: float, wall: float, fast_path: bool = False) -> TargetState:
+        """``fast_path``: the state the fast path's table gives the plugin (under shared state, its
+        block of each budget)."""
         breaker = self.breakers[name]
         in_flight, warm = self.outstanding[name].count(now), self.pools[name].warm(now)
         if self.shared is not None:
-            return self.shared.target_state(name, breaker, in_flight, warm, now, wall)
+            return self.shared.target_state(name, breaker, in_flight, warm, now, wall, fast_path)
         hour, day = self.ledger.spent(f"target:{name}", wall)
         return TargetState(
             breaker=breaker.current(now),
@@ -167,9 +169,10 @@ class GatewayState:
             spent_day_usd=day,
         )
 
-    def cap(self, name: str) -> int:
-        """The concurrency cap this node may fill: under a shared cap, the slots it holds."""
-        shared = self.shared.cap(name) if self.shared is not None else None
+    def fast_path_cap(self, name: str) -> int:
+        """The concurrency cap the fast path's plugin may fill: under a shared cap, its block of
+        this node's slots."""
+        shared = self.shared.fast_path_cap(name) if self.shared is not None else None
         return self.targets[name].concurrency_cap if shared is None else shared
 
     def target(self, name: str) -> Target:
