@@ -36,6 +36,11 @@ apt_component chromium chromium "the report's browser tests"
 # A real redis-server for the shared-state tests. Only the binary is used: the tests start their
 # own servers.
 apt_component redis-server redis-server "the shared-state tests"
+# Sentinel for the shared-state failover tests (Redis Cluster needs only redis-server and redis-cli),
+# and etcd for APISIX's traditional deployment (several nodes, routes from the Admin API): the
+# tests start their own on loopback.
+apt_component redis-sentinel redis-sentinel "the Sentinel failover tests"
+apt_component etcd etcd-server "the multi-node APISIX tests (tests/test_apisix_nodes.py)"
 # A C compiler for the Lambda image's /dev/shm shim (images/aws-lambda/shm_redirect.c).
 apt_component cc gcc "the Lambda image's shim tests"
 # buildah (builds the function images without a daemon or a registry), mmdebstrap (their stand-in

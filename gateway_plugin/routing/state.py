@@ -323,8 +323,15 @@ class GatewayState:
     def shared_answered(self, sent: Round, reply: list[object]) -> None:
         """A breaker the store opened for every node is open in the shared view; the local one,
         its detector, starts afresh."""
-        for target in self._shared().round_done(sent, reply):
+        shared = self._shared()
+        for target in shared.round_done(sent, reply):
             self.breakers[target] = Breaker(self.config.breaker)
+        wall = self.wall()
+        for name, limits in shared.targets.items():
+            for window, lease in (("hour", limits.hour), ("day", limits.day)):
+                if lease is not None:
+                    alone = lease.remaining(wall, connected=False) + lease.spent
+                    self.metrics.shared_alone.labels(name, window).set(alone / 1e9)
 
     def refresh_gauges(self) -> None:
         now = self.clock()
