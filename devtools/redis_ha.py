@@ -71,8 +71,10 @@ class Promotion:
 class SentinelGroup:
     """A master, one replica and three sentinels (quorum 2), all on 127.0.0.1."""
 
-    def __init__(self, folder: Path, down_after_ms: int = 1000) -> None:
-        self.folder, self.down_after_ms = folder, down_after_ms
+    def __init__(self, folder: Path, down_after_ms: int = 1000, failover_timeout_ms: int = 3000) -> None:
+        # A sentinel starts another failover of the same master name only 2 x failover_timeout_ms
+        # after its last one.
+        self.folder, self.down_after_ms, self.failover_timeout_ms = folder, down_after_ms, failover_timeout_ms
         self.servers = [RedisServer(folder / f"redis-{n}", args=SYNC_AT_ONCE) for n in "ab"]
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels: list[subprocess.Popen[bytes]] = []
@@ -102,7 +104,7 @@ class SentinelGroup:
             f"port {port}\nbind 127.0.0.1\ndir {folder}\nlogfile {folder / 'sentinel.log'}\n"
             f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n"
             f"sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}\n"
-            f"sentinel failover-timeout {MASTER_NAME} {max(3 * self.down_after_ms, 3000)}\n"
+            f"sentinel failover-timeout {MASTER_NAME} {self.failover_timeout_ms}\n"
             f"sentinel parallel-syncs {MASTER_NAME} 1\n"
         )
         proc = subprocess.Popen([str(REDIS_SENTINEL), str(conf)], stdout=subprocess.DEVNULL)

@@ -66,7 +66,7 @@ def upstreams() -> Iterator[Upstreams]:
         yield Upstreams(local, aws, stack.enter_context(metrics_feed()))
 
 
-def node_config(up: Upstreams, store_url: str) -> dict[str, Any]:
+def node_config(up: Upstreams, store_url: str, replicas_ack: int = 0) -> dict[str, Any]:
     """One node's spillway.yaml: every public request to aws (a rule), $0.01 each, an hourly budget
     of 100 of them and a cap of 4 in flight shared by both nodes; its own metrics and outcome ports."""
     made = stack_config(up.local, up.aws, up.feed)
@@ -74,7 +74,12 @@ def node_config(up: Upstreams, store_url: str) -> dict[str, Any]:
     made["targets"][0]["cost"] = {"usd_per_request": COST_USD, "usd_per_gb_second": 0, "billed_init": False}
     made["budgets"] = {"per_target_hourly_usd": {"aws": BUDGET_REQUESTS * COST_USD}}
     made["rules"] = [{"name": "out", "action": "target", "targets": ["aws"]}]
-    made["shared_state"] = {"redis_url": store_url, "nodes_expected": 2, "key_prefix": secrets.token_hex(4)}
+    made["shared_state"] = {
+        "redis_url": store_url,
+        "nodes_expected": 2,
+        "key_prefix": secrets.token_hex(4),
+        "replicas_ack": replicas_ack,
+    }
     return made
 
 
@@ -86,9 +91,9 @@ def clear_of_the_hour() -> None:
 
 
 @contextmanager
-def two_nodes(tmp: Path, up: Upstreams, store_url: str) -> Iterator[Nodes]:
+def two_nodes(tmp: Path, up: Upstreams, store_url: str, replicas_ack: int = 0) -> Iterator[Nodes]:
     key = secrets.token_hex(24)
-    configs = [node_config(up, store_url) for _ in range(2)]
+    configs = [node_config(up, store_url, replicas_ack) for _ in range(2)]
     prefix = configs[0]["shared_state"]["key_prefix"]
     for config in configs:
         config["shared_state"]["key_prefix"] = prefix
@@ -258,7 +263,7 @@ def test_a_master_killed_mid_traffic_stops_no_request_and_keeps_the_bounds(
     most the stated bound: the budget, or what the runners' last answered rounds let them spend
     alone, together; each request's spend counted once."""
     clear_of_the_hour()
-    with store(kind, tmp_path / kind) as group, two_nodes(tmp_path, upstreams, group.url) as nodes:
+    with store(kind, tmp_path / kind) as group, two_nodes(tmp_path, upstreams, group.url, 1) as nodes:
         prefix = nodes.nodes[0].config["shared_state"]["key_prefix"]
         traffic = Traffic(nodes)
         traffic.start()

@@ -13,14 +13,18 @@ same in test_apisix_nodes.py.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from devtools.redis import RedisServer
 from devtools.redis_ha import (
     REDIS_SENTINEL,
     SENTINEL_HINT,
@@ -34,7 +38,7 @@ from gateway_plugin.config import SharedState
 from gateway_plugin.routing.leases import Lease
 from gateway_plugin.routing.shared_sync import SharedSync
 from gateway_plugin.shared_store import make_client
-from tests.redis_support import needs_redis
+from tests.redis_support import needs_redis, redis_server
 from tests.support import wait_until
 from tests.test_shared_state import Clock, Node, config
 
@@ -188,3 +192,37 @@ def test_every_key_of_a_round_lives_in_the_slot_of_its_hash_tag(group: Group) ->
         assert {k.decode() for k in everywhere} == set(keys), "no key of a round outside the tag's slot"
     finally:
         client.close()
+
+
+def test_with_replicas_ack_an_answer_waits_for_the_replica_the_master_has(
+    group: Group, tmp_path: Path
+) -> None:
+    """Replication is asynchronous: a master can answer, then die before its replica has what it
+    wrote, and the replica promoted leases it again. With ``replicas_ack`` a node uses an answer
+    only once the master's replica holds it; with the replica stopped (SIGSTOP) the master answers,
+    but the node decides alone. A master with no replica (a lone server) has none to fail over to."""
+    times = Clock(1000.0), Clock(3600 * 500 + 60.0)
+    shared = {"redis_url": group.url, "nodes_expected": 2, "replicas_ack": 1, "key_prefix": "acked"}
+    node = Syncing(config(group.url, shared_state=shared), "node-0", *times)
+    assert node.round()
+    replica = replica_of(group, "{acked}:round")
+    os.kill(replica.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        assert not node.round(), "no replica holds the round's writes"
+        assert not node.view.connected
+    finally:
+        os.kill(replica.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    wait_until(node.round, FOLLOW_S, "the replica back")
+    with redis_server(tmp_path / "redis") as server:
+        alone = {"redis_url": server.url, "nodes_expected": 2, "replicas_ack": 1}
+        assert Syncing(config(server.url, shared_state=alone), "node-1", *times).round()
+
+
+def replica_of(group: Group, key: str) -> RedisServer:
+    master = group.master_port() if isinstance(group, SentinelGroup) else group.master_port(key)
+    for server in group.servers:
+        with redis.Redis(port=server.port, socket_timeout=2) as client:
+            info = client.info("replication")
+        if info["role"] == "slave" and int(info["master_port"]) == master:
+            return server
+    raise AssertionError(f"no replica of the master on {master}")
