@@ -114,15 +114,12 @@ class Bench:
             **dict(item.split("=", 1) for item in self.args.env),
             "SPILLWAY_TRITON_HTTP_PORT": str(self.triton_port),
             "SPILLWAY_MODELS": ",".join(models),
-            # Requests are counted from Triton's statistics, which the sidecar locks by default.
+            # Requests are counted from Triton's statistics, which the sidecar locks by default, and
+            # perf_analyzer reads each model's configuration first: both opened by their settings.
             "SPILLWAY_EXPOSE_STATISTICS": "1",
+            "SPILLWAY_EXPOSE_MODEL_CONFIG": "1",
         }
-        # The shipped command, run through a launcher that lets perf_analyzer read model configs.
-        cmd = [
-            sys.executable,
-            str(Path(__file__).with_name("readable_config.py")),
-            *serve_command(self.function_port, repository)[3:],
-        ]
+        cmd = serve_command(self.function_port, repository)
         say(f"starting the function on {self.function_port}, its Triton sidecar on {self.triton_port}")
         self.function = launch(cmd, env, self.work / "function.log")
         launched.append(self.function)

@@ -32,6 +32,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.demo_gateway import cluster_times, start_gateway, wait_for
+from devtools.demo_monitoring import METRICS_TOKEN, monitoring, render_dashboards
 from devtools.demo_report import FEEDBACK_S
 from devtools.loadgen import BODY, LoadRun, Phase, generate, phase_bounds
 from devtools.local_pool import PoolSettings, running_pool
@@ -74,6 +75,7 @@ class DemoSettings:
     latency_target_ms: float = 500.0
     enter_ratio: float = 0.5
     exit_ratio: float = 0.4
+    onprem_headroom: float = 4.0
     cloud_start_delay_s: tuple[float, float] = (1.0, 2.0)
     pool_max: int = 2
     warm_instances: int = 2
@@ -142,7 +144,12 @@ def demo_config(
             }
             for (name, url), delay in zip(pools.items(), s.cloud_start_delay_s, strict=True)
         ],
-        "overflow": {"enter_ratio": s.enter_ratio, "exit_ratio": s.exit_ratio, "saturation_ratio": 50},
+        "overflow": {
+            "enter_ratio": s.enter_ratio,
+            "exit_ratio": s.exit_ratio,
+            "saturation_ratio": 50,
+            "onprem_headroom": s.onprem_headroom,
+        },
         "metrics": {"listen": f"127.0.0.1:{runner_metrics_port}"},
         "outcomes": {"listen": f"127.0.0.1:{outcomes_port}", "batch_s": APISIX_BATCH_S},
         "warmup": {
@@ -247,6 +254,14 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
         gateway = start_gateway(
             s.gateway, s.out_dir, stack, config, config_path, env, gateway_port, tell.step
         )
+        exporter = gateway.get("exporter")
+        live = {name: pool for name, (_, pool) in pools.items()}
+        prometheus = stack.enter_context(monitoring(s.out_dir, runner_port, metrics_port, exporter, live))
+        if prometheus is not None:
+            also = " and APISIX's exporter" if exporter else ""
+            tell.step(
+                f"Prometheus on {prometheus.url} scrapes the runner, the on-prem Triton, the functions{also}"
+            )
         tell.step(
             f"warming the on-prem Triton ({ONPREM_WARMUP_REQUESTS} requests), as a cluster in service is"
         )
@@ -260,6 +275,7 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
             "sending load: " + ", ".join(f"{p.name} {p.rate_per_s:g}/s for {p.seconds:g} s" for p in s.phases)
         )
         load = LoadRun()
+        began = time.time()
         tell.load_started(s.phases, load, time.monotonic())
         try:
             asyncio.run(generate("127.0.0.1", gateway_port, s.phases, s.sensitive_share, load))
@@ -267,6 +283,10 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
             tell.load_finished()
         metrics = runner_metrics(f"http://127.0.0.1:{runner_port}/metrics")
         stats = {name: vars(pool.stats).copy() for name, (_, pool) in pools.items()}
+        dashboards = None
+        if prometheus is not None:
+            tell.step("drawing Spillway's dashboards from Prometheus")
+            dashboards = render_dashboards(prometheus, s.out_dir, began, time.time())
         tell.step("stopping every process the demo started")
     samples = [vars(x) for x in load.samples]
     if s.gateway == "apisix":
@@ -285,6 +305,7 @@ def run(settings: DemoSettings, observer: Observer | None = None) -> dict[str, A
         "runner_metrics": metrics,
         "pools": stats,
         "warmup_rounds": warmer.rounds,
+        "dashboards": dashboards,
         "instance_logs": {name: str(s.out_dir / f"instances-{name}") for name in CLOUD},
     }
 
@@ -324,6 +345,7 @@ def _pool_settings(s: DemoSettings, repo: Path, name: str) -> PoolSettings:
             "SPILLWAY_SIGNING_KEY": os.environ["SPILLWAY_SIGNING_KEY"],
             "SPILLWAY_ALLOW_UNSIGNED_PAYLOAD": "1",
             "SPILLWAY_ACCESS_LOG_HEADERS": "x-data-classification",
+            "SPILLWAY_METRICS_TOKEN": METRICS_TOKEN,
         },
     )
 

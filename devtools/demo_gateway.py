@@ -17,6 +17,7 @@ import yaml
 
 from devtools import apisix
 from devtools.demo_report import FEEDBACK_S
+from functions.sidecar import free_port
 from gateway_plugin.apisix_fast_route import config_snippet
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
@@ -49,20 +50,29 @@ def start_gateway(
     label = f"Apache APISIX {found.group(1) if found else ''} (the runner as its ext-plugin)"
     step(f"starting {label} on 127.0.0.1:{port}")
     snippet = config_snippet(config)
+    # APISIX's own exporter on a port of its own (the example's 9091 may be taken here), every second.
+    exporter = {"ip": "127.0.0.1", "port": free_port()}
+    attr = {**snippet["plugin_attr"], "prometheus": {"export_addr": exporter, "refresh_interval": 1}}
+    made = route(config, os.environ["SPILLWAY_ROUTE_TOKEN"].encode(), prometheus=True)
     settings = apisix.ApisixSettings(
         port=port,
-        routes_yaml=standalone_yaml(route(config, os.environ["SPILLWAY_ROUTE_TOKEN"].encode())),
+        routes_yaml=standalone_yaml(made),
         runner_cmd=[sys.executable, "-m", "gateway_plugin", "run", "--config", str(config_path)],
         plugins=list(yaml.safe_load(EXAMPLE_APISIX_CONFIG.read_text())["plugins"]),
         envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
         shared_dicts=snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
-        plugin_attr=snippet["plugin_attr"],
+        plugin_attr=attr,
     )
     # Registered before APISIX starts: copied once it has quit (and flushed its buffered logs).
     for name, kept in (("error.log", "gateway.log"), ("access.log", "apisix-access.log")):
         stack.callback(_keep, home / "logs" / name, out_dir / kept)
     stack.enter_context(apisix.running(settings))
-    return {"name": "apisix", "label": label, "feedback_s": float(config.outcomes.batch_s)}
+    return {
+        "name": "apisix",
+        "label": label,
+        "feedback_s": float(config.outcomes.batch_s),
+        "exporter": f"127.0.0.1:{exporter['port']}",
+    }
 
 
 def _read(path: Path) -> str:

@@ -19,6 +19,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from devtools.demo_monitoring import dashboards_html
+
 COLORS = {"local": "#2b6cb0", "aws": "#dd6b20", "aliyun": "#805ad5", "shed": "#c53030", "unknown": "#718096"}
 CLOUD_TARGETS = ("aws", "aliyun")
 # A steady phase keeps at least this share of its requests on premises.
@@ -436,6 +438,7 @@ def report_html(result: dict[str, Any], summary: dict[str, Any]) -> str:
             f"out; cluster p99: the on-prem answer time the gateway measured. {recovery}</p>",
             f"<h2>Per target</h2>{targets}",
             figures,
+            dashboards_html(result),
             f"<p>{tail}</p>{_SCRIPT}</body></html>",
         ]
     )

@@ -76,6 +76,10 @@ class LocalFunctionPool:
     def live(self) -> int:
         return len(self._all)
 
+    def addresses(self) -> list[str]:
+        """host:port of each live instance (read from another thread: a copy of the list)."""
+        return [f"127.0.0.1:{instance.port}" for instance in list(self._all)]
+
     def start(self) -> None:
         self._reaper = asyncio.ensure_future(self._reap())
 

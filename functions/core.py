@@ -7,6 +7,8 @@ into a ``Request`` and hands it here; the answer is one ``Response``, whatever w
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import json
 import sys
 import time
@@ -33,6 +35,8 @@ from functions.sidecar_client import Headers, UpstreamPool, UpstreamResponse, Up
 from functions.signature import ReplayCacheFull, SignatureError, Verifier
 
 MIN_TIMEOUT_S = 0.05
+# Triton's statistics, read for /spillway/metrics: a scrape waits no longer for them.
+STATS_TIMEOUT_S = 2.0
 RETRY_AFTER_S = "1"
 
 _FORWARD_REQUEST_HEADERS = (
@@ -128,7 +132,8 @@ class FunctionCore:
     async def handle(self, request: Request, time_left_s: float | None = None) -> Response:
         """Answer one HTTP request; ``time_left_s`` is what the platform still allows."""
         started = time.perf_counter()
-        cold = self.take_cold()
+        # A metrics scrape is no one's request: the first inference after it is still a cold start.
+        cold = False if request.path == contract.METRICS_PATH else self.take_cold()
         kind = "infer" if request.path.endswith("/infer") else "control"
         try:
             response = await self._route(request, self._timeout(time_left_s), cold)
@@ -213,7 +218,7 @@ class FunctionCore:
             )
         if len(request.body) > self.settings.max_body_bytes:
             return body_too_large(self.settings.max_body_bytes)
-        if self._verifier is not None:
+        if self._verifier is not None and not self._scraper(request):
             try:
                 self._verifier.verify(
                     request.headers.get(contract.HEADER_SIGNATURE),
@@ -231,7 +236,10 @@ class FunctionCore:
         except contract.PathError as exc:
             return error_response(400, str(exc))
         if surface.is_v2(path):
-            refusal = surface.check(request.method, path, self.settings.expose_statistics)
+            settings = self.settings
+            refusal = surface.check(
+                request.method, path, settings.expose_statistics, settings.expose_model_config
+            )
             if refusal is not None:
                 allow = [("allow", refusal.allow)] if refusal.allow else None
                 return error_response(refusal.status, refusal.message, allow)
@@ -239,12 +247,20 @@ class FunctionCore:
         if path == contract.WARMUP_PATH and request.method == "POST":
             return await self._warmup_over_http(request, timeout, cold)
         if path == contract.METRICS_PATH and request.method == "GET":
-            return self._metrics()
+            return await self._metrics()
         return error_response(
             404,
             f"no such path: {request.method} {path}; this function serves "
             f"/v2/..., POST {contract.WARMUP_PATH} and GET {contract.METRICS_PATH}",
         )
+
+    def _scraper(self, request: Request) -> bool:
+        """A metrics scrape carrying SPILLWAY_METRICS_TOKEN: it may read /spillway/metrics unsigned."""
+        token = self.settings.metrics_token
+        if token is None or request.method != "GET" or request.path != contract.METRICS_PATH:
+            return False
+        sent = request.headers.get("authorization", "")
+        return hmac.compare_digest(sent.encode("latin-1", "replace"), b"Bearer " + token)
 
     async def _forward(self, request: Request, path: str, timeout: float | None) -> Response:
         headers = [
@@ -292,9 +308,16 @@ class FunctionCore:
         report = await self._warmup(event.spillway_warmup, timeout, cold)
         return Response(200, [("content-type", "application/json")], report.model_dump_json().encode())
 
-    def _metrics(self) -> Response:
+    async def _metrics(self) -> Response:
         state = self.sidecar.state
         self.metrics.sidecar_up.set(1 if state is SidecarState.READY else 0)
+        if state is SidecarState.READY:
+            with contextlib.suppress(TimeoutError, UpstreamUnavailable):
+                stats = await self._pool.request(
+                    "GET", "/v2/models/stats", [self.sidecar.admin_header()], b"", STATS_TIMEOUT_S
+                )
+                if stats.status == 200:
+                    self.metrics.triton.read(stats.body)
         new_restarts = self.sidecar.restarts - self._restarts_seen
         if new_restarts > 0:
             self.metrics.sidecar_restarts.inc(new_restarts)

@@ -2,10 +2,52 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class TritonStats(Collector):
+    """Triton's own cumulative time per model (its statistics: queue, compute, successes), as the
+    handler last read them, shown on /spillway/metrics: a function's sidecar has no port anyone
+    scrapes. Models are the function's own (its repository), so the labels are bounded."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, tuple[float, float, float]] = {}
+
+    def read(self, body: bytes) -> None:
+        """Triton's ``GET /v2/models/stats`` answer; what does not parse leaves the last reading."""
+        try:
+            stats = json.loads(body)["model_stats"]
+            read = {}
+            for model in stats:
+                inference = model["inference_stats"]
+                read[str(model["name"])[:128]] = (
+                    inference["queue"]["ns"] / 1e9,
+                    inference["compute_infer"]["ns"] / 1e9,
+                    float(inference["success"]["count"]),
+                )
+        except (ValueError, KeyError, TypeError):
+            return
+        self.models = dict(list(read.items())[:100])
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        families = (
+            ("spillway_function_triton_queue_seconds", "Time requests waited in Triton's queue."),
+            ("spillway_function_triton_compute_seconds", "Time Triton spent computing inferences."),
+            ("spillway_function_triton_inferences", "Inferences Triton completed."),
+        )
+        for position, (name, documentation) in enumerate(families):
+            family = CounterMetricFamily(name, documentation, labels=["model"])
+            for model, values in sorted(self.models.items()):
+                family.add_metric([model], values[position])
+            yield family
 
 
 class FunctionMetrics:
@@ -44,6 +86,8 @@ class FunctionMetrics:
             ["cold"],
             registry=r,
         )
+        self.triton = TritonStats()
+        r.register(self.triton)
 
     def observe(self, kind: str, status: int, seconds: float) -> None:
         """Per-request accounting; label children are looked up once and cached."""

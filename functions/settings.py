@@ -61,9 +61,12 @@ class FunctionSettings:
     triton_http_port: int = 0
     access_log_headers: tuple[str, ...] | None = None
     expose_statistics: bool = False
+    expose_model_config: bool = False
     triton_env: tuple[str, ...] = ()
     replay_cache_entries: int = 500_000
     http: HttpLimits = HttpLimits()
+    # Lets a scraper read /spillway/metrics with "Authorization: Bearer <token>" instead of a signature.
+    metrics_token: bytes | None = None
 
     def sidecar_options(self) -> SidecarOptions:
         return SidecarOptions(
@@ -72,6 +75,7 @@ class FunctionSettings:
             self.ready_timeout_s,
             self.triton_http_port,
             expose_statistics=self.expose_statistics,
+            expose_model_config=self.expose_model_config,
             env_names=self.triton_env,
         )
 
@@ -103,6 +107,8 @@ class FunctionSettings:
             triton_http_port=int(_number(env, "SPILLWAY_TRITON_HTTP_PORT", 0, allow_zero=True)),
             access_log_headers=_access_log(env),
             expose_statistics=_flag(env, "SPILLWAY_EXPOSE_STATISTICS"),
+            expose_model_config=_flag(env, "SPILLWAY_EXPOSE_MODEL_CONFIG"),
+            metrics_token=_metrics_token(env),
             triton_env=_triton_env(env),
             replay_cache_entries=_whole(env, "SPILLWAY_REPLAY_CACHE_ENTRIES", 500_000),
             http=HttpLimits.from_env(env),
@@ -179,6 +185,17 @@ def _signing_key(env: Mapping[str, str]) -> bytes | None:
     if not key.strip():
         raise SettingsError(f"{name} gives a blank signing key; set a random key of 32 bytes or more")
     return key.encode()
+
+
+def _metrics_token(env: Mapping[str, str]) -> bytes | None:
+    """Prometheus cannot sign; a bearer token that opens /spillway/metrics alone, at least 16
+    characters (a guessable one would publish the function's counters)."""
+    token = env.get("SPILLWAY_METRICS_TOKEN", "").strip()
+    if not token:
+        return None
+    if len(token) < 16:
+        raise SettingsError("SPILLWAY_METRICS_TOKEN is shorter than 16 characters; set a random token")
+    return token.encode()
 
 
 def _aws_secret(arn: str) -> str:

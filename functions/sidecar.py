@@ -56,6 +56,7 @@ class SidecarOptions:
     metrics_port: int | None = None
     log_path: Path | None = None
     expose_statistics: bool = False
+    expose_model_config: bool = False
     env_names: tuple[str, ...] = ()
     watch_period_s: float = 1.0
 
@@ -237,12 +238,19 @@ class Sidecar:
         args.extend(opts.extra_args)
         return args, triton_environment(os.environ, install.env, opts.env_names)
 
+    def admin_header(self) -> tuple[bytes, bytes]:
+        """The header that opens Triton's locked administration: the handler's own reads only
+        (statistics for /spillway/metrics), never passed on to or from a client."""
+        return _ADMIN_HEADER.encode(), self._admin_key.encode()
+
     def _restricted(self) -> tuple[str, ...]:
         """Triton's own lock on its administration, behind the handler's allow-list: the key is
         random per process and nobody is given it."""
-        if self.options.expose_statistics:
-            return tuple(a for a in _ADMIN_APIS if a != "statistics")
-        return _ADMIN_APIS
+        opened = {
+            "statistics": self.options.expose_statistics,
+            "model-config": self.options.expose_model_config,
+        }
+        return tuple(a for a in _ADMIN_APIS if not opened.get(a))
 
     def _repository(self) -> Path:
         """The models to serve, and only those: a private folder of links when a subset is named.

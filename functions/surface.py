@@ -19,6 +19,7 @@ _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(_MODEL + r"/infer"), "POST"),
 )
 _STATISTICS = re.compile(r"/v2/models(?:/[^/]+(?:/versions/[^/]+)?)?/stats")
+_CONFIG = re.compile(_MODEL + r"/config")
 # What a model name or version may hold once decoded; anything else is no model of this function.
 _PATH_CHARS = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/-]*")
 
@@ -37,10 +38,10 @@ def is_v2(path: str) -> bool:
 
 _CACHE_ENTRIES = 1024
 _CACHE_PATH_CHARS = 256
-_decided: dict[tuple[str, str, bool], Refusal | None] = {}
+_decided: dict[tuple[str, str, bool, bool], Refusal | None] = {}
 
 
-def check(method: str, path: str, expose_statistics: bool) -> Refusal | None:
+def check(method: str, path: str, expose_statistics: bool, expose_config: bool = False) -> Refusal | None:
     """Why a request for the normalised ``path`` under ``/v2`` is refused; None to forward it.
 
     Remembered per (method, path): a function serves few paths, so the regular expressions run
@@ -48,19 +49,19 @@ def check(method: str, path: str, expose_statistics: bool) -> Refusal | None:
     remembered, and the whole memo is forgotten when full.
     """
     if len(path) > _CACHE_PATH_CHARS:
-        return _check(method, path, expose_statistics)
-    key = (method, path, expose_statistics)
+        return _check(method, path, expose_statistics, expose_config)
+    key = (method, path, expose_statistics, expose_config)
     try:
         return _decided[key]
     except KeyError:
         pass
     if len(_decided) >= _CACHE_ENTRIES:
         _decided.clear()
-    decided = _decided[key] = _check(method, path, expose_statistics)
+    decided = _decided[key] = _check(method, path, expose_statistics, expose_config)
     return decided
 
 
-def _check(method: str, path: str, expose_statistics: bool) -> Refusal | None:
+def _check(method: str, path: str, expose_statistics: bool, expose_config: bool) -> Refusal | None:
     if not _PATH_CHARS.fullmatch(path):
         return Refusal(400, f"path {path[:200]!r} holds characters no model name or route can hold")
     if _STATISTICS.fullmatch(path):
@@ -69,6 +70,14 @@ def _check(method: str, path: str, expose_statistics: bool) -> Refusal | None:
                 403,
                 f"{path} (statistics) is not served by this function; "
                 "set SPILLWAY_EXPOSE_STATISTICS=1 on the function to serve it",
+            )
+        return None if method == "GET" else Refusal(405, f"{method} {path} is not allowed", "GET")
+    if _CONFIG.fullmatch(path):
+        if not expose_config:
+            return Refusal(
+                403,
+                f"{path} (a model's configuration) is not served by this function; "
+                "set SPILLWAY_EXPOSE_MODEL_CONFIG=1 on the function to serve it (read-only)",
             )
         return None if method == "GET" else Refusal(405, f"{method} {path} is not allowed", "GET")
     for pattern, allowed in _ROUTES:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway_plugin.apisix_route import RouteError, route
+from gateway_plugin.apisix_route import RouteError, observers, route
 from gateway_plugin.config import SpillwayConfig
 
 LUA_DIR = Path(__file__).resolve().parent / "apisix_lua"
@@ -22,6 +22,8 @@ SHARED_DICT = "spillway"
 # certificate unless nginx is told to: without it anyone on the path to a function URL reads and
 # changes what goes there. The name checked is the node's host (proxy_ssl_name $upstream_host).
 VERIFY_UPSTREAM_TLS = "proxy_ssl_verify on;\nproxy_ssl_verify_depth 4;\n"
+# Where APISIX's own prometheus plugin exports (its default, named so that no one guesses).
+APISIX_EXPORTER = {"ip": "127.0.0.1", "port": 9091}
 
 
 def lua_path() -> Path:
@@ -37,6 +39,7 @@ def fast_route(
     uri: str = "/v2/*",
     overrides: dict[str, Any] | None = None,
     auth: str | None = None,
+    prometheus: bool = False,
 ) -> dict[str, Any]:
     """The route object for the fast path. The plugin only sets a header for traffic-split, so
     invoke-mode targets (which the runner itself calls) stay on the ext-plugin route: when the
@@ -51,6 +54,7 @@ def fast_route(
     plugins["spillway"] = conf
     if "traffic-split" in made["plugins"]:
         plugins["traffic-split"] = made["plugins"]["traffic-split"]
+    plugins |= observers(config, prometheus)
     return {**made, "name": "triton-with-spillway-fast-path", "plugins": plugins}
 
 
@@ -65,6 +69,16 @@ def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
     to the functions."""
     if not config.outcomes.listen:
         raise RouteError("outcomes.listen is null: the fast path fetches its table from that endpoint")
+    exporter = f"{APISIX_EXPORTER['ip']}:{APISIX_EXPORTER['port']}"
+    for name, listen in (
+        ("metrics.listen", config.metrics.listen),
+        ("outcomes.listen", config.outcomes.listen),
+    ):
+        if listen == exporter:
+            raise RouteError(
+                f"{name} is {listen}, where APISIX's prometheus plugin exports (plugin_attr.prometheus."
+                "export_addr): one of them would not start; give the runner another port"
+            )
     keys = [t.signing_key_env for t in config.targets if t.signing_key_env]
     return {
         "apisix": {
@@ -78,6 +92,8 @@ def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
             "http_server_location_configuration_snippet": VERIFY_UPSTREAM_TLS,
         },
         "plugin_attr": {
-            "spillway": {"runner": config.outcomes.listen, "token_env": config.runner.route_token_env}
+            "spillway": {"runner": config.outcomes.listen, "token_env": config.runner.route_token_env},
+            # APISIX's own metrics (apisix-route --prometheus), clear of the runner's metrics.listen.
+            "prometheus": {"export_addr": dict(APISIX_EXPORTER)},
         },
     }

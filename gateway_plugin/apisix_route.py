@@ -19,7 +19,7 @@ import yaml
 
 from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.outcome_listener import PATH as OUTCOME_PATH
-from gateway_plugin.routing import outcomes
+from gateway_plugin.routing import audit, outcomes
 from gateway_plugin.routing.target_header import target_values
 
 # The variable the edge (or the fast path's plugin) sets to the decision's target value.
@@ -41,13 +41,16 @@ def route(
     lambda_iam: str | None = None,
     auth: str | None = None,
     overrides: dict[str, Any] | None = None,
+    prometheus: bool = False,
 ) -> dict[str, Any]:
     """The route object; ``lambda_iam`` names an upstream-mode aws_lambda target that APISIX's
     aws-lambda plugin calls with SigV4 (the function URL's AWS_IAM auth) instead of traffic-split;
     ``auth`` the APISIX plugin that authenticates consumers (``key-auth``, ``jwt-auth``, ...): on
     this route it runs before the edge and the runner, which decide in the rewrite phase, so the
     runner is told the consumer (``tenants.source: consumer`` needs one); ``overrides`` the route's
-    conf for the runner (``routing.spillway.RouteOverrides``: ``content_checks``, ``on_prem_only``, ...)."""
+    conf for the runner (``routing.spillway.RouteOverrides``: ``content_checks``, ``on_prem_only``, ...);
+    ``prometheus`` adds APISIX's own prometheus plugin (its per-route metrics, exported on
+    ``plugin_attr.prometheus.export_addr``)."""
     upstream_targets = [t for t in config.targets if t.mode == "upstream"]
     values = target_values([t.name for t in upstream_targets], token)
     plugins: dict[str, Any] = {}
@@ -85,6 +88,7 @@ def route(
             "timeout": 3,
             "concat_method": "json",
         }
+    plugins |= observers(config, prometheus)
     return {
         "id": route_id,
         "uri": uri,
@@ -92,6 +96,17 @@ def route(
         "plugins": plugins,
         "upstream": _local_upstream(config),
     }
+
+
+def observers(config: SpillwayConfig, prometheus: bool) -> dict[str, Any]:
+    """The plugins that watch a route without changing it: the audit trail's logger (one line per
+    request) and APISIX's prometheus plugin."""
+    plugins: dict[str, Any] = {}
+    if config.audit.logger is not None:
+        plugins[config.audit.logger] = audit.logger_conf(config.audit)
+    if prometheus:
+        plugins["prometheus"] = {"prefer_name": True}
+    return plugins
 
 
 def admin_json(route_object: dict[str, Any]) -> str:

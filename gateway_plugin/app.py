@@ -27,7 +27,7 @@ from gateway_plugin.routing.signals import Fetch, Scraper
 from gateway_plugin.routing.spillway import SpillwayPlugin
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_header import RouteTokenError, route_token
-from gateway_plugin.routing.warm_instances import read_warm_report
+from gateway_plugin.routing.warm_instances import read_warm_counts, read_warm_report
 from gateway_plugin.runner.workers import HEARTBEAT, HEARTBEAT_S
 from gateway_plugin.targets.invoke import InvokePool, Invoker, make_invoker
 
@@ -62,6 +62,7 @@ class RunnerApp:
         share = config.shared_state.nodes_expected * config.runner.workers if config.shared_state else None
         self.state = GatewayState(config, clock=clock, shared=self._shared_view(config, share))
         self.state.worker = None if worker is None else str(worker)
+        self.state.metrics.cost.share = 1 / share if share else 1.0
         self.pool = InvokePool(max(4, sum(t.concurrency_cap for t in config.targets if t.mode == "invoke")))
         self.spillway = SpillwayPlugin(self.state, self._invokers(config), self.pool)
         self.plugins: dict[str, Plugin[Any]] = {p.name: p for p in (self.spillway, HeadersPlugin())}
@@ -235,8 +236,10 @@ class RunnerApp:
                 mtime = path.stat().st_mtime
                 if mtime != seen:
                     seen = mtime
-                    for target, instances in read_warm_report(path.read_text()).items():
+                    text = path.read_text()
+                    for target, instances in read_warm_report(text).items():
                         self.state.warm_report(target, instances)
+                    self.state.warm_counts(*read_warm_counts(text))
             except (OSError, ValueError) as exc:
                 log.debug("warm-up report %s unreadable: %s", path, exc)
             await asyncio.sleep(period_s)

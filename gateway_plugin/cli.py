@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway_plugin import bill
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
 from gateway_plugin.simulation import command as simulation
 
@@ -77,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
         "Spillway decides after it and, with tenants.source: consumer, takes the tenant from it",
     )
     route.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="add APISIX's own prometheus plugin to the route (its exporter: plugin_attr.prometheus, "
+        "127.0.0.1:9091, clear of the runner's metrics.listen)",
+    )
+    route.add_argument(
         "--content-checks",
         action="store_true",
         help="read the text inputs of each request that would leave (spillway.yaml's content: detectors; "
@@ -122,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
     simulation.add_parser(sub)
+    bill.add_parser(sub)
     return parser
 
 
@@ -129,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "simulate":
         return simulation.run(args)
+    if args.command == "costs":
+        return bill.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "import-targets":
@@ -206,7 +216,7 @@ def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
                     "--lambda-iam and --fast-path do not combine: aws-lambda needs the ext-plugin route"
                 )
             fast_id = route_id if route_id != "spillway" else "spillway-fast"
-            made = fast_route(config, token, fast_id, uri, overrides, auth=auth)
+            made = fast_route(config, token, fast_id, uri, overrides, auth=auth, prometheus=args.prometheus)
             if invoke_targets(config):
                 print(
                     f"note: targets {invoke_targets(config)} are in invoke mode, which the fast path does "
@@ -214,7 +224,7 @@ def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
         else:
-            made = route(config, token, route_id, uri, lambda_iam, auth, overrides)
+            made = route(config, token, route_id, uri, lambda_iam, auth, overrides, args.prometheus)
     except (RouteError, RouteTokenError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -6,6 +6,9 @@ FC bills compute units and active GPU time: both fit requests + memory-seconds +
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 from gateway_plugin.config import TargetCost
 
 
@@ -24,3 +27,23 @@ def monthly_warm_cost_usd(cost: TargetCost, instances: int, pings_per_hour: floa
         cost.memory_gb * cost.usd_per_gb_second + cost.usd_per_gpu_second
     )
     return per_ping * instances * pings_per_hour * 24 * 30
+
+
+class PeakFleet(NamedTuple):
+    gpus: int
+    usd: float
+    saved_pct: float
+
+
+def peak_fleet(
+    spent_usd: float, hours: float, gpus: int, usd_per_gpu_hour: float, peak_rps: float, local_peak_rps: float
+) -> PeakFleet | None:
+    """What serving the busiest window at home would have cost: the cluster serves at most what it
+    served in its busiest window (it spills only when full), so the peak takes
+    ``ceil(gpus x peak / local peak)`` GPUs for the whole period; and how much less was spent
+    (``spent_usd``: the cluster and the clouds together). None when a figure is missing."""
+    if not (gpus and usd_per_gpu_hour and hours and peak_rps and local_peak_rps):
+        return None
+    needed = max(gpus, math.ceil(gpus * peak_rps / local_peak_rps - 1e-9))
+    fleet = needed * usd_per_gpu_hour * hours
+    return PeakFleet(needed, fleet, 100 * (1 - spent_usd / fleet))

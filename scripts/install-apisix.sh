@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX=${SPILLWAY_APISIX_PREFIX:-/opt/spillway-apisix}
 TESTBED=third_party/apisix-testbed
-STAMP="$PREFIX/.spillway-installed-$(sha256sum "$TESTBED/vendor/SHA256SUMS" "$TESTBED/install.sh" | sha256sum | cut -c1-16)"
+STAMP="$PREFIX/.spillway-installed-$(sha256sum "$TESTBED/vendor/SHA256SUMS" "$TESTBED/install.sh" "$TESTBED"/vendor/patches/*.patch | sha256sum | cut -c1-16)"
 
 if [ -e "$STAMP" ] && [ -x "$PREFIX/bin/apisix" ]; then
     echo "APISIX already installed in $PREFIX" >&2

@@ -41,6 +41,9 @@ apt_component redis-server redis-server "the shared-state tests"
 # tests start their own on loopback.
 apt_component redis-sentinel redis-sentinel "the Sentinel failover tests"
 apt_component etcd etcd-server "the multi-node APISIX tests (tests/test_apisix_nodes.py)"
+# A real Prometheus and promtool for the monitoring tests (rules, dashboards' queries, the bill) and
+# the demo. Only the binaries are used: the tests and the demo start their own on loopback.
+apt_component prometheus prometheus "the monitoring tests"
 # A C compiler for the Lambda image's /dev/shm shim (images/aws-lambda/shm_redirect.c).
 apt_component cc gcc "the Lambda image's shim tests"
 # buildah (builds the function images without a daemon or a registry), mmdebstrap (their stand-in

@@ -48,6 +48,8 @@ class Upstream:
     url: str = ""
     in_flight: int = 0
     max_in_flight: int = 0
+    # Headers it adds to every answer (what a hostile upstream might send).
+    extra_headers: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -81,6 +83,8 @@ def upstream(
             self.send_header("content-length", str(len(reply)))
             if state.instance is not None:
                 self.send_header("x-spillway-instance", state.instance)
+            for header, value in state.extra_headers.items():
+                self.send_header(header, value)
             self.end_headers()
             self.wfile.write(reply)
 
@@ -96,15 +100,23 @@ def upstream(
 
 @dataclass
 class MetricsFeed:
-    """Triton's cumulative counters for one model, moving by 10 requests per scrape."""
+    """Triton's cumulative counters for one model, moving by 10 requests per scrape, and its
+    pending count: unless set, the queue its queue time implies (one instance)."""
 
     queue_ms: float = 0.0
     compute_ms: float = 10.0
-    pending: int = 0
+    pending: int | None = None
     url: str = ""
     _success: float = 0.0
     _queue_us: float = 0.0
     _compute_us: float = 0.0
+
+    @property
+    def scrapes(self) -> int:
+        return int(self._success // 10)
+
+    def _pending(self) -> int:
+        return round(self.queue_ms / self.compute_ms) if self.pending is None else self.pending
 
     def text(self) -> str:
         self._success += 10
@@ -115,7 +127,7 @@ class MetricsFeed:
             f"nv_inference_request_success{labels} {self._success}\n"
             f"nv_inference_queue_duration_us{labels} {self._queue_us}\n"
             f"nv_inference_compute_infer_duration_us{labels} {self._compute_us}\n"
-            f"nv_inference_pending_request_count{labels} {self.pending}\n"
+            f"nv_inference_pending_request_count{labels} {self._pending()}\n"
         )
 
 

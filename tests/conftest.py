@@ -32,6 +32,7 @@ SET_UP_INSTALLS: dict[str, re.Pattern[str]] = {
     "redis-server (apt)": re.compile(r"\bredis-server is not installed"),
     "redis-sentinel (apt)": re.compile(r"\bredis-sentinel is not installed"),
     "etcd (apt etcd-server)": re.compile(r"\betcd is not installed"),
+    "prometheus (apt)": re.compile(r"\bprometheus is not installed"),
     "Chromium (apt)": re.compile(r"\bchromium is not installed", re.IGNORECASE),
     "a C compiler (apt gcc)": re.compile(r"\bno C compiler\b"),
     "the nvidia-pytriton wheel (pip)": re.compile(r"\bnvidia-pytriton wheel\b.* not installed"),

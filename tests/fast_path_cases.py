@@ -93,10 +93,12 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "url": "http://127.0.0.1:1",
             "concurrency_cap": rng.randint(1, 4),
             "cold_start_ms": rng.choice([0, 50, 400, 5000]),
+            "instance_concurrency": rng.choice([1, 1, 2, 4]),
             "max_request_bytes": _maybe(rng, rng.choice([100, 10_000]), 0.3),
             "cost": {
                 "memory_gb": rng.choice([1, 2, 4, 10]),
                 "expected_duration_ms": rng.choice([20, 100, 900]),
+                "usd_per_idle_second": rng.choice([0.0, 0.0, 0.00002]),
             },
         }
         for n in names
@@ -149,6 +151,7 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "exit_ratio": rng.choice([0.5, 0.8, enter]),
             "saturation_ratio": rng.choice([1.5, 4.0]),
             "retry_after_s": rng.randint(1, 3),
+            "onprem_headroom": rng.choice([0.0, 1.0, 2.0, 5.0, 20.0]),
         },
         "budgets": {
             "per_target_hourly_usd": {
@@ -164,32 +167,39 @@ def random_config(rng: random.Random) -> dict[str, Any]:
 
 
 def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
-    local = {
-        model: LocalLoad(
+    local = {}
+    for model in ("", *MODELS):
+        if model and rng.random() >= 0.6:
+            continue
+        compute_ms = rng.choice([0.0, 5.0, 30.0, 80.0])
+        # On-prem-only utilisation of the cluster: none, some, near and past its capacity.
+        rho = rng.choice([0.0, 0.0, 0.2, 0.5, 0.8, 0.95, 1.2])
+        local[model] = LocalLoad(
             fresh=rng.random() < 0.8,
             queue_ms=rng.choice([0.0, 1.0, 40.0, 150.0, 190.0, 600.0, 9000.0]),
-            compute_ms=rng.choice([0.0, 5.0, 30.0, 80.0]),
+            compute_ms=compute_ms,
             pending=rng.randint(0, 20),
             sent_since_scrape=rng.randint(0, 40),
             age_ms=rng.choice([0.0, 50.0, 400.0]),
             overflowing=rng.random() < 0.5,
             observed_ms=rng.choice([0.0, 100.0, 250.0]),
+            in_flight=rng.choice([-1, rng.randint(0, 3 * policy.parallelism + 6), 200]),
+            onprem_rps=rho * policy.parallelism * 1000 / compute_ms if compute_ms else rho * 50,
         )
-        for model in ("", *MODELS)
-        if model == "" or rng.random() < 0.6
-    }
     targets = {}
     for name, spec in policy.targets.items():
         hourly = spec.hourly_usd or 0.0
+        in_flight = rng.randint(0, spec.concurrency_cap + 1)
         targets[name] = TargetState(
             breaker=rng.choice(
                 [BreakerState.CLOSED, BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN]
             ),
             probe_allowed=rng.random() < 0.5,
-            in_flight=rng.randint(0, spec.concurrency_cap + 1),
+            in_flight=in_flight,
             warm_instances=rng.randint(0, 4),
             spent_hour_usd=rng.choice([0.0, hourly, hourly * 0.999, hourly - spec.cost_usd]),
             spent_day_usd=rng.choice([0.0, 0.5, 0.0001]),
+            starting=rng.randint(0, in_flight),
         )
     tenants = {
         t: TenantState(
@@ -313,6 +323,10 @@ def random_group(rng: random.Random, requests: int, content_focus: bool = False)
                 **request,
                 "route": route,
                 "in_flight": {n: s.in_flight for n, s in snap.targets.items()},
+                "starting": {n: s.starting for n, s in snap.targets.items()},
+                "local_in_flight": {
+                    m: load.in_flight for m, load in snap.local.items() if load.in_flight >= 0
+                },
                 "tenant_in_flight": {n: s.in_flight for n, s in snap.tenants.items()},
             }
         )
@@ -333,7 +347,9 @@ def bodies_group(config: dict[str, Any], bodies: list[tuple[bytes, dict[str, str
             "args": {},
             "body": base64.b64encode(body).decode(),
             "route": {"content_checks": True},
-            "in_flight": {},
+            "in_flight": {n: s.in_flight for n, s in snap.targets.items()},
+            "starting": {n: s.starting for n, s in snap.targets.items()},
+            "local_in_flight": {m: load.in_flight for m, load in snap.local.items() if load.in_flight >= 0},
             "tenant_in_flight": {},
         }
         for body, headers in bodies
@@ -357,4 +373,5 @@ def expected(group: Group, case: dict[str, Any]) -> dict[str, Any]:
         "residency_kept": d.residency_kept,
         "overflowing": d.overflowing,
         "tenant": d.tenant,
+        "on_prem_only": d.on_prem_only,
     }

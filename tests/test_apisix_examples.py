@@ -40,11 +40,11 @@ def _generated(*args: str) -> str:
 @pytest.mark.parametrize(
     ("name", "args"),
     [
-        ("route.json", ()),
-        ("apisix.yaml", ("--format", "yaml")),
+        ("route.json", ("--prometheus",)),
+        ("apisix.yaml", ("--prometheus", "--format", "yaml")),
         ("route-lambda-iam.json", ("--lambda-iam", "aws", "--id", "spillway-lambda-iam")),
-        ("route-fast-path.json", ("--fast-path",)),
-        ("apisix-fast-path.yaml", ("--fast-path", "--format", "yaml")),
+        ("route-fast-path.json", ("--fast-path", "--prometheus")),
+        ("apisix-fast-path.yaml", ("--fast-path", "--prometheus", "--format", "yaml")),
     ],
 )
 def test_the_examples_are_what_the_generator_makes(name: str, args: tuple[str, ...]) -> None:

@@ -36,6 +36,9 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Pa
         )
         cold = build_policy(SpillwayConfig.model_validate(config)).targets["ali"].cold_cost_usd
         config["budgets"] = {"per_target_hourly_usd": {"ali": cold * 3.5}}
+        # What neither target takes stays local: the feed's queue plus the requests sent since its
+        # last scrape must not read as a saturated cluster, which would shed them.
+        config["overflow"] = {"saturation_ratio": 50}
         aws.delay_s = ali.delay_s = 0.3
         settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
         gateway = stack.enter_context(apisix.running(settings))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from devtools import apisix
+from devtools import prometheus as prometheus_server
 from devtools.etcd import ETCD_HINT
 from devtools.redis import INSTALL_HINT
 from devtools.redis_ha import SENTINEL_HINT
@@ -44,6 +45,7 @@ def test_every_skip_reason_in_the_suite_is_known_to_ci(
         INSTALL_HINT: "redis-server (apt)",
         SENTINEL_HINT: "redis-sentinel (apt)",
         ETCD_HINT: "etcd (apt etcd-server)",
+        prometheus_server.INSTALL_HINT: "prometheus (apt)",
         needs_chromium.kwargs["reason"]: "Chromium (apt)",
         MISSING_TOOLS: "buildah, podman and mmdebstrap (apt)",
     }

@@ -241,7 +241,7 @@ def test_the_decision_table_carries_the_detectors_and_the_rules_that_ask() -> No
     policy = build_policy(config)
     snapshot = hot_snapshot(random.Random(0), policy)
     table = decision_table.build_table(policy, snapshot, {}, 1, 0.0, content=content_policy(config))
-    assert table["format"] == 3
+    assert table["format"] == decision_table.FORMAT
     assert table["content"] == {
         "detectors": [
             {"name": "iban", "kind": "iban"},

@@ -80,6 +80,13 @@ def test_demo_spills_the_burst_keeps_sensitive_data_home_and_reports(
     for chart in ("latency", "split", "cold", "cost"):
         assert re.search(rf'<img class="chart" id="chart-{chart}" [^>]*src="data:image/png;base64,', report)
     assert json.loads((out / "results.json").read_text())["sent"] == summary["requests"]
+    # The demo's own Prometheus scraped the runner, the cluster and the function instances: the
+    # cost, warm-up and functions dashboards are drawn from it, every panel with data, into the report.
+    drawn = json.loads((out / "results.json").read_text())["dashboards"]
+    for name in ("spillway-cost.json", "spillway-warmup.json", "spillway-functions.json"):
+        panels = len(json.loads((ROOT / "ops" / "grafana" / "dashboards" / name).read_text())["panels"])
+        assert drawn[name]["panels_with_data"] == panels, drawn
+    assert report.count("<img class='chart' alt='Spillway: ") == len(drawn) == 4
     progress = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"event"')]
     assert progress and all(p["event"] == "progress" for p in progress), "not a terminal: JSON lines"
     assert json.loads(done.stdout.splitlines()[-1])["event"] == "summary"

@@ -13,6 +13,7 @@ of cap, budget and probe (counted in the shared dict, exercised on the route by
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from gateway_plugin.routing.content import HEADER_JSON_LENGTH, Unscannable
 from gateway_plugin.routing.policy import LOCAL, SHED, Reason, RequestFeatures, may_leave
 from gateway_plugin.routing.spillway import RouteOverrides, _route_policy
 from tests.apisix_support import needs_apisix
-from tests.fast_path_cases import Group, bodies_group, expected, random_group
+from tests.fast_path_cases import Group, bodies_group, expected, python_decision, random_group
 from tests.support import ROOT, http
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -116,6 +117,8 @@ def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apis
     every_verdict = {"card", "iban", "email", "phone", "None", *(f"unscannable:{r}" for r in Unscannable)}
     assert every_verdict <= set(found), found
     assert any(k.startswith("p") for k in found), found
+    own, headroom = _moved_by_the_load_estimate(groups)
+    assert own > 300 and headroom > 100, (own, headroom)
 
 
 def _framed(body: bytes, **headers: str) -> tuple[bytes, dict[str, str]]:
@@ -212,6 +215,29 @@ def _kept_by_content(group: Group, got: dict[str, object]) -> bool:
     return got["content"] is not None and (
         not verdict.startswith("unscannable:") or group.content.unscannable_stays
     )
+
+
+def _moved_by_the_load_estimate(groups: list[Group]) -> tuple[int, int]:
+    """How many cases decide otherwise without the gateway's own in-flight count, and without the
+    on-prem-only headroom: the cases reach both, so the Lua side is checked on them."""
+    own = headroom = 0
+    for group in groups:
+        uncounted = group.snapshot._replace(
+            local={k: v._replace(in_flight=-1) for k, v in group.snapshot.local.items()}
+        )
+        no_headroom = dataclasses.replace(group.policy, onprem_headroom=0.0)
+        for case in group.cases:
+            if "refused" in expected(group, case):
+                continue
+            d, _ = python_decision(case, case["route"], group.policy, group.snapshot)
+            for other, moved in ((uncounted, "own"), (None, "headroom")):
+                if other is None:
+                    e, _ = python_decision(case, case["route"], no_headroom, group.snapshot)
+                else:
+                    e, _ = python_decision(case, case["route"], group.policy, other)
+                if (e.target, e.label, e.overflowing) != (d.target, d.label, d.overflowing):
+                    own, headroom = (own + 1, headroom) if moved == "own" else (own, headroom + 1)
+    return own, headroom
 
 
 def test_the_plugin_lives_where_apisix_lua_path_says() -> None:

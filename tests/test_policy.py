@@ -32,6 +32,7 @@ from gateway_plugin.routing.policy_build import build_policy
 CONFIG = SpillwayConfig.model_validate(
     {
         "local": {"latency_target_ms": 100, "parallelism": 2, "max_queue_ms": 2000},
+        "overflow": {"enter_ratio": 1.0, "exit_ratio": 0.8},
         "targets": [
             {
                 "name": "aws",
@@ -67,6 +68,8 @@ POLICY = build_policy(CONFIG)
 
 CALM = LocalLoad(fresh=True, queue_ms=1, compute_ms=10)
 BUSY = LocalLoad(fresh=True, queue_ms=300, compute_ms=10, pending=40)
+# Still overflowing (hysteresis) at 95 ms, which meets the 100 ms target: no reason to start a cold instance.
+EASING = LocalLoad(fresh=True, queue_ms=85, compute_ms=10, overflowing=True)
 SATURATED = LocalLoad(fresh=True, queue_ms=3000, compute_ms=10, pending=600)
 WARM = TargetState(warm_instances=3)
 
@@ -93,7 +96,8 @@ CASES = [
         "aws",
         "overflow_cold",
     ),
-    ("cold target not worth it when the local queue is shorter", req(), snap(BUSY), LOCAL, "no_target"),
+    ("cold target not worth it while local still meets the target", req(), snap(EASING), LOCAL, "no_target"),
+    ("a request local would miss starts a cold instance", req(), snap(BUSY), "aws", "overflow_cold"),
     (
         "sensitive data stays home even when busy",
         req("confidential"),
@@ -312,30 +316,33 @@ def test_a_drained_cluster_stops_the_overflow_whatever_earlier_answers_took() ->
         )
 
 
-def test_a_saturated_cluster_starts_one_cold_instance_at_a_time_rather_than_shed() -> None:
+def test_a_saturated_cluster_starts_a_cold_instance_for_each_request_rather_than_shed() -> None:
     """Past saturation the request would be shed: a cold start answers it, and the instance it
-    starts serves the rest of the burst; the next start waits until it answers, and only the first
-    cold target of the chain starts. Short of saturation, a queue shorter than the start wins."""
+    starts serves the rest of the burst. Each request that finds no warm instance free starts one,
+    up to the target's cap, then on the chain's next target; only with every target full is it shed.
+    Short of missing the target, a queue shorter than the start wins."""
     saturated = SATURATED._replace(queue_ms=450, pending=90)
     decision = decide(req(), snap(saturated), POLICY)
     assert (decision.target, decision.label) == ("aws", "overflow_cold")
     starting = TargetState(in_flight=1)
-    assert decide(req(), snap(saturated, aws=starting), POLICY).target == SHED
-    one_warm_busy = TargetState(warm_instances=1, in_flight=1)
-    assert decide(req(), snap(saturated, aws=one_warm_busy), POLICY).target == "aws"
-    assert decide(req(), snap(BUSY), POLICY).target == LOCAL
+    assert decide(req(), snap(saturated, aws=starting), POLICY).target == "aws"
+    full = TargetState(in_flight=5)
+    assert decide(req(), snap(saturated, aws=full), POLICY).target == "ali"
+    assert decide(req(), snap(saturated, aws=full, ali=full), POLICY).target == SHED
+    assert decide(req(), snap(EASING), POLICY).target == LOCAL
     assert decide(req("confidential"), snap(saturated), POLICY).target == SHED
 
 
-def test_a_busy_warm_pool_grows_one_instance_at_a_time_while_local_would_miss() -> None:
+def test_a_busy_warm_pool_grows_with_each_request_local_would_miss() -> None:
     """Local would miss the target (not saturated): a target whose warm instances are all busy
-    starts one more, since the request misses either way and the instance serves the burst; a
-    target with no warm instance, or one already starting, keeps the old rule (local)."""
+    starts one more for each such request, since the request misses either way and the instance
+    serves the burst; while local still meets the target, the request stays."""
     all_busy = TargetState(warm_instances=2, in_flight=2)
     decision = decide(req(), snap(BUSY, aws=all_busy), POLICY)
     assert (decision.target, decision.label) == ("aws", "overflow_cold")
     starting = TargetState(warm_instances=2, in_flight=3)
-    assert decide(req(), snap(BUSY, aws=starting, ali=all_busy), POLICY).target == LOCAL
+    assert decide(req(), snap(BUSY, aws=starting, ali=all_busy), POLICY).target == "aws"
+    assert decide(req(), snap(EASING, aws=all_busy), POLICY).target == LOCAL
     assert decide(req(), snap(CALM, aws=all_busy), POLICY).target == LOCAL
 
 

@@ -75,7 +75,10 @@ def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -
                     "signing_key_env": None,
                 }
             ],
-            "overflow": {"saturation_ratio": 20},
+            # The on-prem-only requests sent to check residency take half the slow model's capacity:
+            # the headroom they earn (tests/test_policy_overflow.py) would keep every public
+            # request out; this test follows the load the workers add.
+            "overflow": {"saturation_ratio": 20, "onprem_headroom": 0},
             "metrics": {"listen": None},
         }
     )

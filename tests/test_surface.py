@@ -128,5 +128,5 @@ def test_the_memo_of_decisions_stays_small_whatever_paths_clients_send() -> None
         surface.check("POST", f"/v2/models/m{i}/infer", False)
         surface.check("POST", f"/v2/models/{'x' * 1_000}{i}/infer", False)
     assert len(surface._decided) <= surface._CACHE_ENTRIES
-    assert max(len(path) for _, path, _ in surface._decided) <= surface._CACHE_PATH_CHARS
+    assert max(len(key[1]) for key in surface._decided) <= surface._CACHE_PATH_CHARS
     assert surface.check("POST", f"/v2/models/{'x' * 10_000}/infer", False) is None

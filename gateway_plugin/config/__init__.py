@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from gateway_plugin.config.cluster import LocalCluster, LocalEndpoint
+from gateway_plugin.config.audit import AuditSettings
+from gateway_plugin.config.cluster import LocalCluster, LocalCost, LocalEndpoint
 from gateway_plugin.config.content import ContentChecks
 from gateway_plugin.config.model import Model
 from gateway_plugin.config.policy import (
@@ -41,11 +42,13 @@ __all__ = [
     "FC_MAX_INVOKE_BYTES",
     "LAMBDA_MAX_REQUEST_BYTES",
     "Adaptive",
+    "AuditSettings",
     "BreakerSettings",
     "Budgets",
     "ConfigError",
     "ContentChecks",
     "LocalCluster",
+    "LocalCost",
     "LocalEndpoint",
     "Match",
     "MetricsSettings",
@@ -88,6 +91,7 @@ class SpillwayConfig(Model):
     tenants: Tenants = Field(default_factory=Tenants)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
     warmup: WarmupSettings = Field(default_factory=WarmupSettings)
     simulation: SimulationSettings = Field(
         default_factory=SimulationSettings, description="what `simulate` assumes; the runner ignores it"
@@ -129,6 +133,10 @@ class SpillwayConfig(Model):
                 f"runner.workers is {self.runner.workers}: more than one worker needs a shared_state "
                 "section, through which the workers share in-flight counts, budgets, breakers and quotas "
                 "(alone, each would count only its own)"
+            )
+        if self.metrics.listen and self.metrics.listen == self.outcomes.listen:
+            raise ValueError(
+                f"metrics.listen and outcomes.listen are both {self.metrics.listen}: give each its own port"
             )
         for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
             if set(budget) - set(names):

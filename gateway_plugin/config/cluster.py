@@ -14,6 +14,19 @@ class LocalEndpoint(Model):
     metrics_url: str = Field(description="Triton's Prometheus endpoint, http://host:8002/metrics")
 
 
+class LocalCost(Model):
+    """What the on-prem cluster costs whether it is busy or not: the price of its GPUs by the hour
+    (amortised purchase, power, space, operations), so a local request has a price as a cloud one
+    has, and bursting can be weighed against buying GPUs for the peak."""
+
+    gpus: int = Field(default=0, ge=0, description="GPUs serving the cluster (0: on-prem cost unknown)")
+    usd_per_gpu_hour: float = Field(default=0.0, ge=0, description="what one of them costs an hour")
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.gpus * self.usd_per_gpu_hour
+
+
 class LocalCluster(Model):
     """The on-prem Triton cluster: where requests go while it meets its latency target."""
 
@@ -28,3 +41,4 @@ class LocalCluster(Model):
     max_queue_ms: float = Field(
         default=5000.0, gt=0, description="past this local wait, shed instead of queueing"
     )
+    cost: LocalCost = Field(default_factory=LocalCost, description="what the cluster costs an hour")

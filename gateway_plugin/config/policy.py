@@ -61,10 +61,12 @@ class Residency(Model):
 
 
 class Overflow(Model):
-    enter_ratio: float = Field(default=1.0, gt=0, description="overflow when estimate > target x this")
-    exit_ratio: float = Field(default=0.8, gt=0, description="stop when estimate < target x this")
+    enter_ratio: float = Field(default=0.8, gt=0, description="overflow when estimate > target x this")
+    exit_ratio: float = Field(default=0.7, gt=0, description="stop when estimate < target x this")
     saturation_ratio: float = Field(default=4.0, gt=0, description="local is saturated past target x this")
     retry_after_s: int = Field(default=1, ge=1)
+    # Spill sooner by this many times the queueing that on-prem-only arrivals alone would cause.
+    onprem_headroom: float = Field(default=4.0, ge=0, le=100)
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Overflow:

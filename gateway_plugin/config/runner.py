@@ -48,6 +48,29 @@ class OutcomeSettings(Model):
     )
 
 
+# APISIX's own prometheus plugin exports on 127.0.0.1:9091 by default, and its control API and
+# Prometheus itself listen on 9090: the runner's metrics keep clear of both.
+METRICS_LISTEN = "127.0.0.1:9095"
+
+
 class MetricsSettings(Model):
-    listen: str | None = Field(default="127.0.0.1:9091", description="host:port of the runner's /metrics")
+    listen: str | None = Field(
+        default=METRICS_LISTEN,
+        description="host:port of the runner's /metrics (worker i of several: port + i); keep it off "
+        "APISIX's prometheus exporter (127.0.0.1:9091 by default)",
+    )
     decision_header: bool = Field(default=True, description="add X-Spillway-Decision to answers")
+    tenant_series: int = Field(
+        default=20,
+        ge=0,
+        le=1000,
+        description="tenants with their own cost series (the first to reach the top by spend); the "
+        'rest are counted as tenant="other"',
+    )
+    model_series: int = Field(
+        default=20,
+        ge=0,
+        le=1000,
+        description="models with their own cost series (among those the cluster reports or the config "
+        'names, the first to reach the top by spend); the rest are model="other"',
+    )

@@ -30,6 +30,7 @@ class TargetCost(Model):
     usd_per_gpu_second: float = Field(default=0.0, ge=0)
     expected_duration_ms: float = Field(default=100.0, gt=0, description="billed time of one inference")
     billed_init: bool = Field(default=True, description="a cold start's init time is billed (Lambda images)")
+    usd_per_idle_second: float = Field(default=0.0, ge=0, description="a live idle instance (FC's idle GPUs)")
 
 
 class Target(Model):
@@ -61,6 +62,7 @@ class Target(Model):
         description="hash the body into the signature (fetches it from APISIX; else UNSIGNED-PAYLOAD)",
     )
     idle_ttl_s: float = Field(default=300.0, gt=0, description="how long an idle instance stays warm")
+    instance_concurrency: int = Field(default=1, ge=1, le=1000, description="requests one instance serves")
     max_request_bytes: int | None = Field(
         default=None,
         ge=1,

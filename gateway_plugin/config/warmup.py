@@ -18,7 +18,7 @@ class Window(Model):
 class Adaptive(Model):
     """Size from the overflow the gateway reports: rate x cloud latency x headroom (Little's law)."""
 
-    metrics_url: str = Field(description="the runner's /metrics, e.g. http://127.0.0.1:9091/metrics")
+    metrics_url: str = Field(description="the runner's /metrics, e.g. http://127.0.0.1:9095/metrics")
     sample_s: float = Field(default=10.0, gt=0, description="the overflow rate is measured over this")
     headroom: float = Field(default=1.5, ge=1.0)
     floor: int = Field(default=0, ge=0)

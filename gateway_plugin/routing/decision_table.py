@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from gateway_plugin.routing.content import ContentPolicy
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
+from gateway_plugin.routing.overflow import backlog_ms, scraped_latency_ms
 from gateway_plugin.routing.policy import (
     LocalLoad,
     Policy,
@@ -29,11 +30,10 @@ from gateway_plugin.routing.policy import (
     TargetPolicy,
     TargetState,
     TenantState,
-    estimated_latency_ms,
 )
 from gateway_plugin.routing.tenants import tenant_key
 
-FORMAT = 3
+FORMAT = 4
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
@@ -98,6 +98,8 @@ def _policy(policy: Policy) -> dict[str, Any]:
         "exit_ratio": policy.exit_ratio,
         "saturation_ratio": policy.saturation_ratio,
         "retry_after_s": policy.retry_after_s,
+        "parallelism": policy.parallelism,
+        "onprem_headroom": policy.onprem_headroom,
         "default_chain": list(policy.default_chain),
         "rules": [_rule(r) for r in policy.rules],
     }
@@ -117,11 +119,15 @@ def _content(content: ContentPolicy) -> dict[str, Any]:
 
 
 def _load(load: LocalLoad, policy: Policy) -> dict[str, Any]:
+    """The scrape's estimates: ``latency_ms`` where the plugin counts nothing, ``backlog_ms`` to
+    take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``)."""
     return {
         "fresh": load.fresh,
-        "latency_ms": estimated_latency_ms(load, policy),
+        "latency_ms": scraped_latency_ms(load, policy),
+        "backlog_ms": backlog_ms(load, policy),
         "compute_ms": load.compute_ms,
         "overflowing": load.overflowing,
+        "onprem_rps": load.onprem_rps,
     }
 
 
@@ -130,6 +136,8 @@ def _target(
 ) -> dict[str, Any]:
     target: dict[str, Any] = {
         "cap": cap,
+        "slots": spec.slots,
+        "idle_usd": spec.idle_usd,
         "cold_start_ms": spec.cold_start_ms,
         "cost_usd": spec.cost_usd,
         "cold_cost_usd": spec.cold_cost_usd,

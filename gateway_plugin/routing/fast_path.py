@@ -29,10 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_plugin.routing import decision_table
 from gateway_plugin.routing.content import Unscannable
+from gateway_plugin.routing.cost_series import UNNAMED
 from gateway_plugin.routing.fast_summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing.ledger import TenantBook
 from gateway_plugin.routing.policy import LOCAL, SHED, BreakerState, Reason, Snapshot, TenantState
 from gateway_plugin.routing.state import GatewayState, residency_log
+from gateway_plugin.routing.tenants import tenant_key
 
 log = logging.getLogger("spillway.fast_path")
 MAX_NODES = 16
@@ -220,6 +222,16 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
             state.metrics.decided(target, label, count)
             if label.startswith(Reason.RESIDENCY):
                 state.metrics.residency_kept.inc(count)
+    for key, (count, usd) in summary.usage.items():
+        target, _, rest = key.partition("\t")
+        tenant, _, model = rest.partition("\t")
+        if target in state.targets or target == LOCAL:
+            state.metrics.cost.counted(
+                tenant_key(tenant) if tenant else None, model or None, target, count, usd
+            )
+    for target, (count, usd) in summary.usage_other.items():
+        if target in state.targets or target == LOCAL:
+            state.metrics.cost.counted(UNNAMED, UNNAMED, target, count, usd)
     for kept in summary.residency:
         seen = {"event": "residency_kept", **kept.model_dump(exclude={"content"}), "via": "fast_path"}
         if kept.content is not None:
@@ -227,6 +239,8 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
         residency_log.info(json.dumps(seen))
     for model, sent in summary.sent_local.items():
         state.load.sent_local_many(model or None, sent)
+    for model, arrived in summary.on_prem.items():
+        state.load.arrived_onprem(model or None, arrived)
     for model, (count, seconds) in summary.local_s.items():
         if count:
             state.answered_local(model or None, seconds / count * 1000)

@@ -36,9 +36,13 @@ _TEXT: TypeAdapter[str] = TypeAdapter(_Text)
 _SHAPES: dict[str, tuple[tuple[TypeAdapter[Any], bool], ...]] = {
     "decisions": ((_COUNT, False),),
     "sent_local": ((_COUNT, False),),
+    "on_prem": ((_COUNT, False),),
     "local_s": ((_COUNT, False), (_AMOUNT, False)),
     "cloud": ((_COUNT, False), (_COUNT, False), (_AMOUNT, True)),
     "tenants": ((_COUNT, False), (_AMOUNT, True)),
+    # Requests and spend per "target\ttenant\tmodel"; past the plugin's bound, per target alone.
+    "usage": ((_COUNT, False), (_AMOUNT, True)),
+    "usage_other": ((_COUNT, False), (_AMOUNT, True)),
 }
 
 
@@ -134,10 +138,13 @@ class FastOutcomes(BaseModel):
 
     decisions: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     sent_local: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
+    on_prem: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
     tenants: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    usage: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    usage_other: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     residency: list[KeptHome] = Field(default_factory=list, max_length=MAX_KEYS)
     table_ages: list[_Count] = Field(default_factory=list, max_length=64)
     table_age_sum: _Amount = 0.0

@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway_plugin.routing.cost_series import CostSeries
+
 # Upper bounds (seconds) of the fast path's table-age buckets, as apisix/plugins/spillway/report.lua.
 TABLE_AGE_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 
@@ -176,6 +178,49 @@ class RunnerMetrics:
             ["target", "window"],
             registry=r,
         )
+        self.latency_target = Gauge(
+            "spillway_latency_target_seconds",
+            "The latency target a model's local wait plus service time is held to (model * : the default).",
+            ["model"],
+            registry=r,
+        )
+        self.cap = Gauge(
+            "spillway_target_concurrency_cap",
+            "In-flight requests this runner may send a target (its share of a shared cap).",
+            ["target"],
+            registry=r,
+        )
+        self.budget = Gauge(
+            "spillway_budget_usd", "A target's spend budget per window.", ["target", "window"], registry=r
+        )
+        self.spent = Gauge(
+            "spillway_target_spent_usd",
+            "Estimated spend of a target in the current wall-clock window, as its budget counts it.",
+            ["target", "window"],
+            registry=r,
+        )
+        self.cost = CostSeries(r, tenants=20, models=20)
+        self.local_cost_rate = Gauge(
+            "spillway_local_cost_usd_per_hour", "What the on-prem cluster costs an hour.", registry=r
+        )
+        self.local_gpus = Gauge("spillway_local_gpus", "GPUs serving the on-prem cluster.", registry=r)
+        self.warmup_warm = Gauge(
+            "spillway_warmup_warm_instances",
+            "Distinct warm instances the warm-up's last round verified (from warmup.report_file).",
+            ["target"],
+            registry=r,
+        )
+        self.warmup_wanted = Gauge(
+            "spillway_warmup_wanted_instances",
+            "Instances the warm-up's last round was to keep warm (from warmup.report_file).",
+            ["target"],
+            registry=r,
+        )
+        self.warmup_round = Gauge(
+            "spillway_warmup_last_round_timestamp_seconds",
+            "When the warm-up's last round ended (from warmup.report_file).",
+            registry=r,
+        )
 
     def due(self, kind: str) -> bool:
         """Whether a log line of ``kind`` is due: at most once a minute each."""
@@ -197,6 +242,12 @@ class RunnerMetrics:
         try:
             start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
         except OSError as exc:
-            logging.getLogger("spillway.metrics").error("cannot serve metrics on %s: %s", listen, exc)
+            logging.getLogger("spillway.metrics").error(
+                "cannot serve metrics on %s: %s; another process holds it (APISIX's prometheus plugin "
+                "exports on 127.0.0.1:9091 unless plugin_attr.prometheus.export_addr moves it): set "
+                "metrics.listen to a free port",
+                listen,
+                exc,
+            )
             return False
         return True

@@ -8,13 +8,15 @@ The order of concerns, each able only to narrow the choice:
 1. residency: a request whose class may not leave is never given a cloud target;
 2. tenant quota: over its quota, a tenant is shed with 429;
 3. the first matching rule picks the action (default: overflow over every target);
-4. overflow: stay local while the estimated local wait plus service time meets the latency target,
-   with hysteresis; fail safe to local when the signals are missing;
+4. overflow: stay local while the estimated local wait plus service time, plus the headroom kept
+   for on-prem-only traffic, meets the latency target, with hysteresis (``routing.overflow``);
+   fail safe to local when the signals are missing;
 5. cold starts: a cold target is not worth it when the local queue is shorter than its start,
-   unless local would miss anyway with the target's warm instances all busy, or is saturated
-   (then the chain's first cold target starts one instance at a time);
-6. targets: the first of the chain whose breaker, concurrency cap, budget and request size limit
-   allow, warm first (a body too big for one target goes to the next, else stays local);
+   unless local would miss the target anyway or is saturated: then the chain's first cold target
+   starts an instance for each request that finds no warm one free, up to its cap;
+6. targets: of those in the chain whose breaker, concurrency cap, budget and request size limit
+   allow, the cheapest with a free warm instance, else the first cold one (a body too big for one
+   target goes to the next, else stays local);
 7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
 """
 
@@ -27,10 +29,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from gateway_plugin.routing.overflow import (
+    estimated_latency_ms,
+    overflowing,
+    saturated,
+)
+
 LOCAL = "local"
 SHED = "shed"
-# Triton reports a few microseconds of queue time even for requests that never waited.
-IDLE_QUEUE_SHARE = 0.1
 # What one request's decision reads is built for every request: immutable tuples, which cost a
 # fifth of what frozen dataclasses cost to make.
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -81,7 +87,11 @@ class RequestFeatures(NamedTuple):
 
 
 class LocalLoad(NamedTuple):
-    """The on-prem cluster's state for one model, from Triton's metrics and the gateway's own count."""
+    """The on-prem cluster's state for one model, from Triton's metrics and the gateway's own count.
+
+    ``in_flight``: the requests the gateway has at the cluster now, as it counts them (negative:
+    it keeps no count); ``onprem_rps``: the rate at which requests that may not leave arrive.
+    """
 
     fresh: bool = False
     queue_ms: float = 0.0
@@ -91,15 +101,22 @@ class LocalLoad(NamedTuple):
     age_ms: float = 0.0
     overflowing: bool = False
     observed_ms: float = 0.0
+    in_flight: int = -1
+    onprem_rps: float = 0.0
 
 
 class TargetState(NamedTuple):
+    """One target as the gateway sees it; ``starting``: the requests in flight that were sent
+    there cold (each starting an instance, or on a warm one the gateway had not learnt of), so
+    ``in_flight - starting`` of them occupy the warm instances it knows."""
+
     breaker: BreakerState = BreakerState.CLOSED
     probe_allowed: bool = False
     in_flight: int = 0
     warm_instances: int = 0
     spent_hour_usd: float = 0.0
     spent_day_usd: float = 0.0
+    starting: int = 0
 
 
 class TenantState(NamedTuple):
@@ -132,6 +149,11 @@ _NO_QUOTA = Quota()
 
 @dataclass(frozen=True)
 class TargetPolicy:
+    """A target as the policy prices and fills it; ``slots``: requests one warm instance serves at
+    once (FC's instance concurrency; 1 on Lambda); ``idle_usd``: what using one of its slots may
+    keep billed as idle time (an instance used is kept alive up to its idle TTL: FC bills idle
+    GPUs), which weighs in choosing among warm targets."""
+
     name: str
     concurrency_cap: int
     cold_start_ms: float
@@ -140,6 +162,8 @@ class TargetPolicy:
     hourly_usd: float | None = None
     daily_usd: float | None = None
     max_request_bytes: int | None = None
+    slots: int = 1
+    idle_usd: float = 0.0
 
     def takes(self, body_bytes: int | None) -> bool:
         """Whether the platform accepts a body this size (an unknown size only where none is set)."""
@@ -188,10 +212,11 @@ class Policy:
     model_targets_ms: Mapping[str, float] = field(default_factory=dict)
     parallelism: int = 1
     max_queue_ms: float = 5000.0
-    enter_ratio: float = 1.0
-    exit_ratio: float = 0.8
+    enter_ratio: float = 0.8
+    exit_ratio: float = 0.7
     saturation_ratio: float = 4.0
     retry_after_s: int = 1
+    onprem_headroom: float = 4.0
 
     def quota_of(self, tenant: str | None) -> Quota:
         return _NO_QUOTA if tenant is None else self.quotas.get(tenant, self.default_quota)
@@ -208,6 +233,7 @@ class Decision(NamedTuple):
     tenant: str | None = None
     rule: str | None = None
     local_saturated: bool = False
+    on_prem_only: bool = False
 
     @property
     def is_cloud(self) -> bool:
@@ -233,36 +259,6 @@ def may_leave(features: RequestFeatures, policy: Policy) -> bool:
     return label.strip().lower() in policy.cloud_allowed
 
 
-def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
-    """Wait behind the queue plus service time.
-
-    The wait is the larger of what Triton measured and the backlog: requests pending at the
-    scrape plus those the gateway sent since, less what the cluster finished in the meantime,
-    spread over its parallelism. While the cluster queues, what the gateway itself recently saw it
-    take to answer (``observed_ms``) is a floor: it includes what Triton's own metrics do not (its
-    HTTP front, a busy host). Once nothing is left waiting and Triton's queue time is a sliver of
-    its compute time (it reports some microseconds even for requests that never waited), that
-    floor (which only local answers lower, and few are local while spilling) no longer holds a
-    drained cluster busy.
-    """
-    backlog = float(load.pending + load.sent_since_scrape)
-    if load.compute_ms > 0:
-        backlog = max(0.0, backlog - load.age_ms * policy.parallelism / load.compute_ms)
-    modelled = max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms
-    drained = backlog == 0 and load.pending == 0 and load.queue_ms <= IDLE_QUEUE_SHARE * load.compute_ms
-    return modelled if drained else max(modelled, load.observed_ms)
-
-
-def overflowing(load: LocalLoad, target_ms: float, policy: Policy) -> bool:
-    """Hysteresis: enter above target x enter_ratio, leave below target x exit_ratio, else keep."""
-    latency = estimated_latency_ms(load, policy)
-    if latency > target_ms * policy.enter_ratio:
-        return True
-    if latency < target_ms * policy.exit_ratio:
-        return False
-    return load.overflowing
-
-
 def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Decision:
     tenant = features.headers.get(policy.tenant_header) or None
     shed = _over_quota(tenant, snapshot, policy)
@@ -274,33 +270,35 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
     rule_name = rule.name if rule else None
     load = snapshot.local.get(features.model or "") or snapshot.local.get("") or _NO_LOAD
     target_ms = policy.model_targets_ms.get(features.model or "", policy.latency_target_ms)
-    hot = overflowing(load, target_ms, policy) if load.fresh else False
+    latency = estimated_latency_ms(load, policy) if load.fresh else 0.0
+    hot = overflowing(load, target_ms, policy, latency) if load.fresh else False
     if action is RuleAction.SHED:
         return Decision(SHED, Reason.RULE, 503, policy.retry_after_s, tenant=tenant, rule=rule_name)
     wants_out = bool(chain) and (action is RuleAction.TARGET or (action is RuleAction.OVERFLOW and hot))
     if not may_leave(features, policy):
         if wants_out:
-            return _stay_local(load, policy, Reason.RESIDENCY, tenant, hot, residency_kept=True)
+            kept = _stay_local(load, latency, policy, Reason.RESIDENCY, tenant, hot, residency_kept=True)
+            return kept._replace(on_prem_only=True)
         reason = Reason.LOCAL_OK if load.fresh else Reason.SIGNALS_MISSING
-        return Decision(LOCAL, reason, overflowing=hot, tenant=tenant)
+        return Decision(LOCAL, reason, overflowing=hot, tenant=tenant, on_prem_only=True)
     if action is RuleAction.LOCAL:
         return Decision(LOCAL, Reason.RULE, overflowing=hot, tenant=tenant, rule=rule_name)
     if action is RuleAction.OVERFLOW and not load.fresh:
         return Decision(LOCAL, Reason.SIGNALS_MISSING, tenant=tenant)
     if not wants_out:
         return Decision(LOCAL, Reason.LOCAL_OK, tenant=tenant)
-    latency = estimated_latency_ms(load, policy)
     local_wait = latency - load.compute_ms if action is RuleAction.OVERFLOW else float("inf")
-    grow = (latency > target_ms, _saturated(load, latency, policy))
+    grow = latency > target_ms or saturated(load, latency, policy)
     choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes, grow)
     if choice is not None:
         name, chosen, cost = choice
         return Decision(name, chosen, overflowing=hot, cost_usd=cost, tenant=tenant)
-    return _stay_local(load, policy, Reason.NO_TARGET, tenant, hot)
+    return _stay_local(load, latency, policy, Reason.NO_TARGET, tenant, hot)
 
 
 def _stay_local(
     load: LocalLoad,
+    latency_ms: float,
     policy: Policy,
     reason: Reason,
     tenant: str | None,
@@ -308,26 +306,10 @@ def _stay_local(
     residency_kept: bool = False,
 ) -> Decision:
     """Local, unless local is saturated too: then shed, so the client retries rather than times out."""
-    if load.fresh and _saturated(load, estimated_latency_ms(load, policy), policy):
+    if load.fresh and saturated(load, latency_ms, policy):
         retry = policy.retry_after_s
         return Decision(SHED, reason, 503, retry, residency_kept, hot, tenant=tenant, local_saturated=True)
     return Decision(LOCAL, reason, residency_kept=residency_kept, overflowing=hot, tenant=tenant)
-
-
-def _may_start(state: TargetState, misses: bool, saturated: bool) -> bool:
-    """Whether the chain's first cold target may start an instance though the local queue is
-    shorter than its start: one at a time, when local would miss the target anyway and the
-    target's warm instances are all busy, or local is saturated (the request would be shed). The
-    request misses either way; the instance serves the rest of the burst."""
-    one_at_a_time = state.in_flight <= state.warm_instances
-    return one_at_a_time and (saturated or (misses and state.warm_instances > 0))
-
-
-def _saturated(load: LocalLoad, latency_ms: float, policy: Policy) -> bool:
-    return (
-        latency_ms - load.compute_ms > policy.max_queue_ms
-        or latency_ms > policy.latency_target_ms * policy.saturation_ratio
-    )
 
 
 def _over_quota(tenant: str | None, snapshot: Snapshot, policy: Policy) -> Decision | None:
@@ -363,9 +345,18 @@ def _pick_target(
     tenant: str | None,
     local_wait_ms: float,
     body_bytes: int | None,
-    grow: tuple[bool, bool],
+    grow: bool,
 ) -> tuple[str, Reason, float] | None:
-    """The first eligible target of the chain, preferring one with a free warm instance."""
+    """The cheapest eligible target with a free warm instance (its price and the idle time using it
+    may keep billed; the chain's order among equals), else the chain's first eligible cold one.
+
+    A cold target whose start is longer than the local queue is not worth it, except the first
+    such target of the chain when ``grow`` (local would miss the target anyway, or is saturated):
+    the request misses either way, and the instance it starts serves the rest of the burst. Each
+    request that finds no free warm instance may start one, up to the target's concurrency cap, so
+    the pool grows at the pace of the burst. A warm instance is free while the warm instances'
+    slots outnumber the requests in flight that were not sent there cold (those are starting
+    instances of their own)."""
     eligible: list[tuple[str, bool, float]] = []
     for name in chain:
         spec = policy.targets.get(name)
@@ -378,10 +369,10 @@ def _pick_target(
             continue
         if state.in_flight >= spec.concurrency_cap:
             continue
-        warm = state.warm_instances > state.in_flight
+        warm = state.warm_instances * spec.slots > state.in_flight - state.starting
         if not warm and local_wait_ms < spec.cold_start_ms:
-            first_cold, grow = grow, (False, False)
-            if not _may_start(state, *first_cold):
+            may_start, grow = grow, False
+            if not may_start:
                 continue
         cost = spec.cost_usd if warm else spec.cold_cost_usd
         if not (
@@ -394,5 +385,8 @@ def _pick_target(
         eligible.append((name, warm, cost))
     if not eligible:
         return None
-    name, warm, cost = next((e for e in eligible if e[1]), eligible[0])
+    warm_ones = [e for e in eligible if e[1]]
+    name, warm, cost = (
+        min(warm_ones, key=lambda e: e[2] + policy.targets[e[0]].idle_usd) if warm_ones else eligible[0]
+    )
     return name, Reason.OVERFLOW_WARM if warm else Reason.OVERFLOW_COLD, cost

@@ -25,6 +25,8 @@ def build_policy(config: SpillwayConfig) -> Policy:
             hourly_usd=config.budgets.per_target_hourly_usd.get(t.name),
             daily_usd=config.budgets.per_target_daily_usd.get(t.name),
             max_request_bytes=t.request_limit_bytes,
+            slots=t.instance_concurrency,
+            idle_usd=t.cost.usd_per_idle_second * t.idle_ttl_s / t.instance_concurrency,
         )
         for t in config.targets
     }
@@ -60,4 +62,5 @@ def build_policy(config: SpillwayConfig) -> Policy:
         exit_ratio=config.overflow.exit_ratio,
         saturation_ratio=config.overflow.saturation_ratio,
         retry_after_s=config.overflow.retry_after_s,
+        onprem_headroom=config.overflow.onprem_headroom,
     )

@@ -267,6 +267,12 @@ class SharedView:
             self.dirty.add(tenant)
             self._wake_if(more)
 
+    def cap(self, target: str) -> int | None:
+        """The part of the target's concurrency cap this node may fill now (its slots), for the
+        gauge: reading it keeps nothing for the plugin."""
+        slots = self.targets[target].slots
+        return None if slots is None else slots.allowed(self._together())
+
     def fast_path_cap(self, target: str) -> int | None:
         """The part of the target's concurrency cap the fast path's plugin may fill: a block of
         this node's slots, which its runner leaves alone from now on."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
@@ -23,6 +24,9 @@ from gateway_plugin.routing.policy import LocalLoad
 log = logging.getLogger("spillway.signals")
 
 ALL_MODELS = ""
+# How fast the on-prem-only arrival rate follows the arrivals: an exponential average over about a
+# second, so it rises within a burst's first second and falls once it is over.
+RATE_S = 1.0
 _COMPUTE = (
     "nv_inference_compute_input_duration_us",
     "nv_inference_compute_infer_duration_us",
@@ -69,6 +73,22 @@ def parse_triton_metrics(text: str) -> dict[str, Counters]:
 
 
 @dataclass
+class Rate:
+    """Events per second, an exponential average over about ``RATE_S``."""
+
+    rps: float = 0.0
+    at: float = 0.0
+
+    def read(self, now: float, count: int = 0) -> float:
+        """The rate as of ``now``, ``count`` events added."""
+        if now > self.at:
+            self.rps *= math.exp((self.at - now) / RATE_S)
+            self.at = now
+        self.rps += count / RATE_S
+        return self.rps
+
+
+@dataclass
 class _ModelLoad:
     """Mutable per-model state; requests read it through immutable ``LocalLoad`` snapshots."""
 
@@ -80,6 +100,7 @@ class _ModelLoad:
     overflowing: bool = False
     observed_ms: float = 0.0
     observed_at: float = float("-inf")
+    onprem: Rate = field(default_factory=Rate)
 
     def scraped(self, now: Counters, first: bool) -> None:
         done = now.success - self.counters.success
@@ -92,10 +113,19 @@ class _ModelLoad:
         self.sent = 0
         self.counters = now
 
-    def view(self, fresh: bool, age_ms: float, now: float, stale_after_s: float) -> LocalLoad:
+    def view(self, fresh: bool, age_ms: float, now: float, stale_after_s: float, in_flight: int) -> LocalLoad:
         observed = self.observed_ms if now - self.observed_at <= stale_after_s else 0.0
         return LocalLoad(
-            fresh, self.queue_ms, self.compute_ms, self.pending, self.sent, age_ms, self.overflowing, observed
+            fresh,
+            self.queue_ms,
+            self.compute_ms,
+            self.pending,
+            self.sent,
+            age_ms,
+            self.overflowing,
+            observed,
+            in_flight,
+            self.onprem.read(now),
         )
 
 
@@ -154,6 +184,13 @@ class LoadTracker:
         if entry is not overall:
             overall.sent += count
 
+    def arrived_onprem(self, model: str | None, count: int = 1) -> None:
+        """``count`` requests that may not leave arrived for ``model`` (the headroom's measure)."""
+        if count > 0:
+            now = self.clock()
+            for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+                entry.onprem.read(now, count)
+
     def answered_local(self, model: str | None, ms: float, weight: float = 0.2) -> None:
         """The gateway saw the cluster answer in ``ms``: a moving average, per model and overall."""
         now = self.clock()
@@ -161,6 +198,10 @@ class LoadTracker:
             fresh = now - entry.observed_at <= self.stale_after_s
             entry.observed_ms = entry.observed_ms + weight * (ms - entry.observed_ms) if fresh else ms
             entry.observed_at = now
+
+    def known(self, model: str) -> bool:
+        """Whether the cluster reports ``model`` or the config names it (not merely a client's path)."""
+        return model != ALL_MODELS and model in self._models
 
     def set_overflowing(self, model: str | None, hot: bool) -> None:
         self._entry(model).overflowing = hot
@@ -175,15 +216,18 @@ class LoadTracker:
     def fresh(self) -> bool:
         return self.clock() - self.last_ok <= self.stale_after_s
 
-    def snapshot(self, model: str | None = None) -> dict[str, LocalLoad]:
-        """The named model's load and the all-models load (every model's when ``model`` is None)."""
+    def snapshot(self, model: str | None = None, in_flight: int = -1) -> dict[str, LocalLoad]:
+        """The named model's load and the all-models load (every model's when ``model`` is None).
+
+        ``in_flight``: the requests the gateway has at the cluster, as it counts them (the edge
+        plugin on the ext-plugin route, the simulator), given to the loads returned; -1: none."""
         now = self.clock()
         age_s = now - self.last_ok
         fresh = age_s <= self.stale_after_s
         age_ms = age_s * 1000 if fresh else 0.0
         names = list(self._models) if model is None else [model, ALL_MODELS]
         return {
-            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s)
+            name: self._models[name].view(fresh, age_ms, now, self.stale_after_s, in_flight)
             for name in names
             if name in self._models
         }

@@ -26,6 +26,7 @@ from functions.contract import HEADER_DECISION, HEADER_SIGNATURE, HEADER_TARGET,
 from functions.signature import canonical_target
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
+from gateway_plugin.routing.audit import HEADER_AUDIT, audit_header, refused_header
 from gateway_plugin.routing.content import (
     HEADER_JSON_LENGTH,
     ContentPolicy,
@@ -132,15 +133,15 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         try:
             path = gateway_path(request.path)
         except PathError as exc:
-            _refuse(action, 400, str(exc))
+            self._refuse(action, 400, str(exc))
             return
         refusal = settle(request, conf.read, policy.tenant_header, action)
         if refusal is not None:
-            _refuse(action, refusal.status, refusal.message)
+            self._refuse(action, refusal.status, refusal.message)
             return
         decided = as_decided(headers, policy, headers.get(HEADER_CONSUMER))
         if decided is None:
-            _refuse(action, 401, _NO_CONSUMER)
+            self._refuse(action, 401, _NO_CONSUMER)
             return
         if policy.tenant_from_consumer:
             forget(request, policy.tenant_header, action)
@@ -183,9 +184,19 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             if self.state.worker is not None:
                 action.set_header(HEADER_WORKER, self.state.worker)
         elif self.state.target(decision.target).mode == "invoke":
-            await self._invoke(decision, request, action)
+            decision = await self._invoke(decision, request, action)
         else:
             await self._upstream(decision.target, request, action)
+        if self.state.config.audit.logger is not None:
+            classification = view.get(policy.classification_header)
+            action.add_response_header(HEADER_AUDIT, audit_header(decision, model, classification))
+
+    def _refuse(self, action: RequestAction, status: int, message: str) -> None:
+        """A request no layer may read two ways is answered here, before anything decides on it."""
+        headers = [("content-type", "application/json")]
+        if self.state.config.audit.logger is not None:
+            headers.append((HEADER_AUDIT, refused_header(status)))
+        action.stop(status, json.dumps({"error": message}).encode(), headers)
 
     async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
         """Into traffic-split's cloud rule, with only the headers the target may receive."""
@@ -203,8 +214,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         if signature is not None:
             action.set_header(HEADER_SIGNATURE, signature)
 
-    async def _invoke(self, decision: Decision, request: HttpRequest, action: RequestAction) -> None:
-        """Call the function; on failure, fall back to local (the request may stay, it may not leave)."""
+    async def _invoke(self, decision: Decision, request: HttpRequest, action: RequestAction) -> Decision:
+        """Call the function; on failure, fall back to local (the request may stay, it may not leave).
+        The decision the request ended with."""
         name = decision.target
         self.state.invoke_started(name)
         target = _signed_target(request)
@@ -227,7 +239,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
                 log.warning("invoke of %s failed: %s; retrying locally", name, exc)
                 action.set_header(HEADER_TARGET, LOCAL)
                 action.add_response_header(HEADER_DECISION, f"{LOCAL};{Reason.INVOKE_FAILED}")
-                return
+                return decision._replace(target=LOCAL, reason=Reason.INVOKE_FAILED, cost_usd=0.0)
             log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
             shed = decision._replace(
                 target=SHED,
@@ -236,11 +248,12 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
                 retry_after_s=self.state.policy.retry_after_s,
             )
             _shed(shed, action)
-            return
+            return shed._replace(cost_usd=0.0)
         answer_headers = {k.lower(): v for k, v in answer.headers}
         seconds = time.perf_counter() - started
         self.state.invoke_answered(name, decision.tenant, answer.status, answer_headers, seconds)
         action.stop(answer.status, answer.body, answer.headers)
+        return decision
 
 
 async def _read_content(content: ContentPolicy, request: HttpRequest, declared: int | None) -> Verdict:
@@ -261,11 +274,6 @@ def body_bytes(headers: Mapping[str, str]) -> int | None:
         return None if "transfer-encoding" in headers else 0
     declared = declared.strip()
     return int(declared) if declared.isascii() and declared.isdigit() else None
-
-
-def _refuse(action: RequestAction, status: int, message: str) -> None:
-    """A request no layer may read two ways is answered here, before anything decides on it."""
-    action.stop(status, json.dumps({"error": message}).encode(), [("content-type", "application/json")])
 
 
 def _shed(decision: Decision, action: RequestAction) -> None:

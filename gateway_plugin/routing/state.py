@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target
@@ -25,6 +25,7 @@ from gateway_plugin.routing.policy import (
     BreakerState,
     Decision,
     Policy,
+    Reason,
     Snapshot,
     TargetState,
     TenantState,
@@ -33,6 +34,7 @@ from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.shared_state import Round, SharedView
 from gateway_plugin.routing.signals import LoadTracker
 from gateway_plugin.routing.target_header import RouteTokenError, route_token, target_values
+from gateway_plugin.routing.target_states import Counts, TargetStates
 from gateway_plugin.routing.warm_instances import WarmPool
 from gateway_plugin.targets.signing import TargetSigner
 
@@ -48,32 +50,6 @@ _NO_TENANT = TenantState()
 
 def _described(decision: Decision) -> dict[str, object]:
     return {"decision": decision.target, "reason": decision.label}
-
-
-class _TargetStates(Mapping[str, TargetState]):
-    """Per-target states for one snapshot, each taken once, on first read, at the snapshot's time.
-
-    Most requests never reach target selection (a calm cluster keeps them local), so states are
-    not gathered for them; a state once read does not change for the rest of the decision.
-    """
-
-    def __init__(self, state: GatewayState, now: float, wall: float) -> None:
-        self._state, self._now, self._wall = state, now, wall
-        self._taken: dict[str, TargetState] = {}
-
-    def __getitem__(self, name: str) -> TargetState:
-        taken = self._taken.get(name)
-        if taken is None:
-            if name not in self._state.targets:
-                raise KeyError(name)
-            taken = self._taken[name] = self._state.target_state(name, self._now, self._wall)
-        return taken
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._state.targets)
-
-    def __len__(self) -> int:
-        return len(self._state.targets)
 
 
 class GatewayState:
@@ -96,9 +72,13 @@ class GatewayState:
         self.breakers: dict[str, Breaker] = {}
         self.pools: dict[str, WarmPool] = {}
         self.outstanding: dict[str, Outstanding] = {}
+        # Cold dispatches not yet answered by an instance that said it was cold.
+        self.starting: dict[str, Outstanding] = {}
         self.shared = shared
         # Where several runner workers share the socket: this one's index, sent with each decision.
         self.worker: str | None = None
+        self.metrics.cost.models.eligible = self.load.known
+        self.metrics.cost.accrue(clock(), 0.0)
         self.apply(config)
 
     def apply(self, config: SpillwayConfig) -> None:
@@ -112,6 +92,7 @@ class GatewayState:
         self.outstanding = {
             n: self.outstanding.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()
         }
+        self.starting = {n: self.starting.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()}
         self.signers = {n: TargetSigner(t) for n, t in self.targets.items()}
         self.target_values = self.route_values(config)
         self.target_by_value = {value: name for name, value in self.target_values.items()}
@@ -121,8 +102,29 @@ class GatewayState:
         self.tenants.max_tenants = config.tenants.max_tracked
         if self.shared is not None:
             self.shared.apply(config, self.policy)
+        self.metrics.cost.resize(config.metrics.tenant_series, config.metrics.model_series)
+        self.metrics.local_cost_rate.set(config.local.cost.usd_per_hour)
+        self.metrics.local_gpus.set(config.local.cost.gpus)
+        self._publish_limits(config)
         self.version += 1
         log.info("config %d applied: targets %s", self.version, sorted(self.targets))
+
+    def _publish_limits(self, config: SpillwayConfig) -> None:
+        """What dashboards draw the gauges against: latency targets and budgets; and every target's
+        counters from zero, so a rate of them is 0 rather than no data until the first event."""
+        m = self.metrics
+        for name in self.targets:
+            m.cold_hits.labels(name)
+            m.spend.labels(name)
+        m.latency_target.labels("*").set(config.local.latency_target_ms / 1000)
+        for model, ms in config.local.model_latency_targets_ms.items():
+            m.latency_target.labels(model).set(ms / 1000)
+        for window, budgets in (
+            ("hour", config.budgets.per_target_hourly_usd),
+            ("day", config.budgets.per_target_daily_usd),
+        ):
+            for name, usd in budgets.items():
+                m.budget.labels(name, window).set(usd)
 
     @staticmethod
     def route_values(config: SpillwayConfig) -> dict[str, str]:
@@ -135,8 +137,13 @@ class GatewayState:
         except RouteTokenError as exc:
             raise ConfigError(str(exc)) from None
 
-    def snapshot(self, tenant: str | None, model: str | None = None) -> Snapshot:
-        """What the policy may read for one request; target states are taken when first read."""
+    def snapshot(
+        self, tenant: str | None, model: str | None = None, counts: Counts | None = None
+    ) -> Snapshot:
+        """What the policy may read for one request; target states are taken when first read.
+
+        ``counts``: the requests the gateway has in flight, as it counts them itself; they replace
+        the runner's own books, which learn of answers only when the logger reports them."""
         now, wall = self.clock(), self.wall()
         tenants = {}
         book = self.tenants.get(tenant) if tenant is not None else None
@@ -150,15 +157,23 @@ class GatewayState:
             )
         if tenant is not None and self.shared is not None:
             tenants[tenant] = self.shared.tenant_state(tenant, tenants.get(tenant, _NO_TENANT), wall)
-        return Snapshot(self.load.snapshot(model or ""), _TargetStates(self, now, wall), tenants)
+        local = self.load.snapshot(model or "", counts.in_flight.get(LOCAL, -1) if counts is not None else -1)
+        return Snapshot(local, TargetStates(self, now, wall, counts), tenants)
 
-    def target_state(self, name: str, now: float, wall: float, fast_path: bool = False) -> TargetState:
-        """``fast_path``: the state the fast path's table gives the plugin (under shared state, its
+    def target_state(
+        self, name: str, now: float, wall: float, counts: Counts | None = None, fast_path: bool = False
+    ) -> TargetState:
+        """``counts``: the gateway's own, where it keeps them; else the runner's books.
+        ``fast_path``: the state the fast path's table gives the plugin (under shared state, its
         block of each budget)."""
         breaker = self.breakers[name]
-        in_flight, warm = self.outstanding[name].count(now), self.pools[name].warm(now)
+        counted = counts.in_flight.get(name) if counts is not None else None
+        in_flight = self.outstanding[name].count(now) if counted is None else counted
+        starting = counts.starting.get(name, 0) if counts is not None else self.starting[name].count(now)
+        warm = self.pools[name].warm(now)
         if self.shared is not None:
-            return self.shared.target_state(name, breaker, in_flight, warm, now, wall, fast_path)
+            shared = self.shared.target_state(name, breaker, in_flight, warm, now, wall, fast_path)
+            return shared._replace(starting=min(starting, shared.in_flight))
         hour, day = self.ledger.spent(f"target:{name}", wall)
         return TargetState(
             breaker=breaker.current(now),
@@ -167,7 +182,13 @@ class GatewayState:
             warm_instances=warm,
             spent_hour_usd=hour,
             spent_day_usd=day,
+            starting=min(starting, in_flight),
         )
+
+    def cap(self, name: str) -> int:
+        """The concurrency cap this node may fill: under a shared cap, the slots it holds."""
+        shared = self.shared.cap(name) if self.shared is not None else None
+        return self.targets[name].concurrency_cap if shared is None else shared
 
     def fast_path_cap(self, name: str) -> int:
         """The concurrency cap the fast path's plugin may fill: under a shared cap, its block of
@@ -206,16 +227,21 @@ class GatewayState:
                 json.dumps({"event": "residency_kept", **(seen or {}), **_described(decision)})
             )
         self.load.set_overflowing(model, decision.overflowing)
+        if decision.on_prem_only:
+            self.load.arrived_onprem(model)
         book = self._tenant_book(decision)
         if book is not None:
             if self.policy.quota_of(decision.tenant).requests_per_minute is not None:
                 book.arrivals.append(wall)
             book.in_flight.add(now)
+        self.metrics.cost.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
         if decision.target == LOCAL:
             self.load.sent_local(model)
         elif decision.is_cloud:
             name = decision.target
             self.outstanding[name].add(now)
+            if decision.reason is Reason.OVERFLOW_COLD:
+                self.starting[name].add(now)
             self.breakers[name].dispatched(now)
             self.ledger.spend(f"target:{name}", decision.cost_usd, wall)
             if book is not None:
@@ -255,6 +281,8 @@ class GatewayState:
         if target is None or target not in self.targets:
             return
         self.outstanding[target].done(now, seconds)
+        if cold:
+            self.starting[target].done(now, seconds)
         breaker = self.breakers[target]
         was_open = breaker.current(now) is BreakerState.OPEN
         breaker.record(ok, now)
@@ -298,6 +326,19 @@ class GatewayState:
     def scrape_failed(self) -> None:
         self.metrics.scrape_errors.inc()
 
+    def warm_counts(self, counts: dict[str, dict[str, float]], ended: float | None) -> None:
+        """The warm-up's last round as it reported it: verified warm and wanted, per known target."""
+        m = self.metrics
+        for family, gauge in (
+            ("spillway_warmup_warm_instances", m.warmup_warm),
+            ("spillway_warmup_wanted_instances", m.warmup_wanted),
+        ):
+            for target, value in counts.get(family, {}).items():
+                if target in self.targets:
+                    gauge.labels(target).set(value)
+        if ended is not None:
+            m.warmup_round.set(ended)
+
     def warm_report(self, target: str, instances: list[str]) -> None:
         """Instances a warm-up ping reached count as warm from now."""
         now = self.clock()
@@ -336,6 +377,7 @@ class GatewayState:
     def refresh_gauges(self) -> None:
         now = self.clock()
         m = self.metrics
+        m.cost.accrue(now, self.config.local.cost.usd_per_hour)
         m.signals_fresh.set(1 if self.load.fresh else 0)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
@@ -343,8 +385,12 @@ class GatewayState:
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
         wall = self.wall()
         for name in self.targets:
-            breaker = self.target_state(name, now, wall).breaker
+            taken = self.target_state(name, now, wall)
+            breaker = taken.breaker
             m.breaker_open.labels(name).set(0 if breaker is BreakerState.CLOSED else 1)
+            m.cap.labels(name).set(self.cap(name))
+            m.spent.labels(name, "hour").set(taken.spent_hour_usd)
+            m.spent.labels(name, "day").set(taken.spent_day_usd)
             m.in_flight.labels(name).set(self.outstanding[name].count(now))
             m.warm.labels(name).set(self.pools[name].warm(now))
 

@@ -52,3 +52,21 @@ def read_warm_report(text: str) -> dict[str, list[str]]:
             if sample.value >= 1:
                 found.setdefault(sample.labels["target"], []).append(sample.labels["instance"])
     return found
+
+
+# The warm-up report's per-target counts the runner shows again on its own /metrics.
+WARMUP_COUNTS = ("spillway_warmup_warm_instances", "spillway_warmup_wanted_instances")
+WARMUP_ROUND = "spillway_warmup_last_round_timestamp_seconds"
+
+
+def read_warm_counts(text: str) -> tuple[dict[str, dict[str, float]], float | None]:
+    """Family → target → count, and when the round ended, from the same report."""
+    counts: dict[str, dict[str, float]] = {}
+    ended = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in WARMUP_COUNTS and "target" in sample.labels:
+                counts.setdefault(sample.name, {})[sample.labels["target"]] = sample.value
+            elif sample.name == WARMUP_ROUND:
+                ended = sample.value
+    return counts, ended

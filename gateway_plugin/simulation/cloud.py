@@ -43,11 +43,12 @@ class CloudTarget:
         self.name = target.name
         self.idle_ttl_s = target.idle_ttl_s
         self.cap = target.concurrency_cap
-        self.slots = model.instance_concurrency
+        self.slots = model.instance_concurrency or target.instance_concurrency
         self.max_instances = model.max_instances
         self.network_s = model.network_ms / 1000
         self.error_rate = model.error_rate
-        self.idle_usd_per_s = model.idle_usd_per_second
+        idle = model.idle_usd_per_second
+        self.idle_usd_per_s = target.cost.usd_per_idle_second if idle is None else idle
         self.service = lognormal(model.service_ms or target.cost.expected_duration_ms, model.service_cv)
         self.cold = lognormal(max(model.cold_start_ms or target.cold_start_ms, 1e-3), model.cold_start_cv)
         self.cold_mean_s = (model.cold_start_ms or target.cold_start_ms) / 1000

@@ -5,10 +5,14 @@ Prometheus endpoint exposes (successes, cumulative queue and compute time, pendi
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from collections import deque
 
 from gateway_plugin.routing.signals import Counters
 from gateway_plugin.simulation.settings import SimulatedCluster
+
+HISTORY = 100
 
 
 class Job:
@@ -21,6 +25,7 @@ class Job:
         "cloud_z",
         "confidential",
         "local_ms",
+        "sent_cold",
         "started",
         "target",
         "tenant",
@@ -35,9 +40,16 @@ class Job:
         self.local_ms = local_ms
         self.cloud_z = cloud_z
         self.target = ""
+        self.sent_cold = False
         self.tenant: str | None = None
         self.arrived = at
         self.started = at
+
+    def copy(self) -> Job:
+        """The same request, not yet routed (a run writes where it went and when it started)."""
+        job = Job(self.at, self.body_bytes, self.confidential, self.local_ms, self.cloud_z)
+        job.tenant = self.tenant
+        return job
 
 
 Batch = list[Job]
@@ -51,9 +63,11 @@ class Cluster:
         self.growth = settings.batch_growth
         self.queue: deque[Job] = deque()
         self.running: list[float] = []
-        self.success = 0
+        # Triton has served requests before the trace begins: its cumulative counters say so, and a
+        # runner that has been scraping it knows its service time from the first scrape on.
+        self.success = HISTORY
         self.queue_us = 0.0
-        self.compute_us = 0.0
+        self.compute_us = HISTORY * settings.service_ms * 1000
         self.committed_s = 0.0
 
     @property
@@ -99,16 +113,18 @@ class Cluster:
     def counters(self) -> Counters:
         return Counters(self.success, self.queue_us, self.compute_us, float(len(self.queue)))
 
-    def wait_if_sent(self, now: float) -> float:
-        """The true wait (s) of a request sent now, before it starts: an oracle no runner has."""
-        if self.free and not self.queue:
-            return 0.0
+    def wait_if_sent(self, now: float, limit_s: float = math.inf) -> float:
+        """The true wait (s) of a request sent now, before it starts: an oracle no runner has.
+        Past ``limit_s`` the answer is only some wait longer than that (a long queue is not walked)."""
+        return max(0.0, self.free_at(now, limit_s)[0] - now)
+
+    def free_at(self, now: float, limit_s: float = math.inf) -> list[float]:
+        """When each model instance is next free for a request sent now (a heap, the soonest
+        first), once the queue ahead has run; walked only until the soonest passes ``limit_s``."""
         ends = [now] * self.free + list(self.running)
         heapq.heapify(ends)
-        step = self.max_batch
-        queued = list(self.queue)
-        for i in range(0, len(queued), step):
+        queued = iter(self.queue)
+        while ends[0] - now <= limit_s and (batch := list(itertools.islice(queued, self.max_batch))):
             first = heapq.heappop(ends)
-            n = len(queued[i : i + step])
-            heapq.heappush(ends, first + queued[i].local_ms * (1 + self.growth * (n - 1)) / 1000)
-        return max(0.0, ends[0] - now)
+            heapq.heappush(ends, first + batch[0].local_ms * (1 + self.growth * (len(batch) - 1)) / 1000)
+        return ends

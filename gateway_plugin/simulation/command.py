@@ -12,7 +12,8 @@ from typing import Any
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load, parse
 from gateway_plugin.simulation.baselines import BASELINES
-from gateway_plugin.simulation.engine import simulate
+from gateway_plugin.simulation.engine import jobs, simulate
+from gateway_plugin.simulation.oracle import Oracle
 from gateway_plugin.simulation.results import Measures
 from gateway_plugin.simulation.runner_policy import SpillwayRouter
 from gateway_plugin.simulation.trace import GENERATORS, RateTrace, Shaping, Trace, TraceError
@@ -30,8 +31,9 @@ def add_parser(sub: Any) -> None:
         description="Replay a trace through a discrete-event model of the on-prem cluster and each "
         "cloud target (cold starts, reuse, idle reaping, warm-up pings, billing), routed by the same "
         "decide() the runner runs and, on the same requests, by the baselines all_local, all_cloud, "
-        "static_threshold (spill while utilisation > 0.8), least_busy and perfect (an oracle). What "
-        "the model assumes of the cluster and the clouds is the config's `simulation:` section.",
+        "static_threshold (spill while utilisation > 0.8), least_busy, perfect (greedy, with an exact "
+        "view) and the oracle (plans with hindsight over the whole trace). What the model assumes of "
+        "the cluster and the clouds is the config's `simulation:` section.",
     )
     sim.add_argument("--config", type=Path, required=True, help="spillway.yaml")
     sim.add_argument(
@@ -53,6 +55,12 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=V1,V2,...",
         help="re-run for each value of a numeric config key, e.g. local.parallelism=1,2,4,8 or "
         "targets.aws.concurrency_cap=10,50",
+    )
+    sim.add_argument(
+        "--frontier",
+        action="store_true",
+        help="also sweep Spillway's knobs, each baseline's parameter and the oracle's: every (spend, "
+        "SLO) point, the Pareto frontier, and whether any point dominates Spillway's default",
     )
     sim.add_argument("--json", action="store_true", help="print one JSON object (default off a terminal)")
     sim.add_argument("--report", type=Path, metavar="DIR", help="write report.html and results.json here")
@@ -79,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, TraceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    progress = Progress(_total_runs(sweep), trace, shaping)
+    progress = Progress(_total_runs(sweep, args.frontier), trace, shaping)
     policies = run_policies(config, trace, shaping, args.seed, progress)
     result: dict[str, Any] = {
         "requests": policies["spillway"].summary()["requests"],
@@ -93,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
             runs = run_policies(variant, trace, shaping, args.seed, progress)
             points.append({"value": value, "policies": {n: m.summary() for n, m in runs.items()}})
         result["sweep"] = {"key": key, "points": points}
+    if args.frontier:
+        from gateway_plugin.simulation.frontier import sweep as frontier_sweep
+
+        result["frontier"] = frontier_sweep(config, trace, shaping, args.seed, progress.tick)
     progress.done()
     if args.report:
         from gateway_plugin.simulation.report import write_report
@@ -156,6 +168,10 @@ def run_policies(
         router = make(config)
         tick = progress.tick(router.name) if progress else None
         out[router.name] = simulate(config, router, trace, shaping, seed, tick)
+    oracle = Oracle(config, list(jobs(config, trace, shaping, seed)))
+    out[oracle.name] = simulate(
+        config, oracle, trace, shaping, seed, progress.tick(oracle.name) if progress else None
+    )
     return out
 
 
@@ -214,8 +230,12 @@ def _locate(data: dict[str, Any], key: str) -> tuple[Any, Any]:
     return node, parts[-1]
 
 
-def _total_runs(sweep: tuple[str, list[Any]] | None) -> int:
-    return len(POLICIES) * (1 + (len(sweep[1]) if sweep else 0))
+def _total_runs(sweep: tuple[str, list[Any]] | None, frontier: bool) -> int:
+    from gateway_plugin.simulation.baselines import SWEEPS
+    from gateway_plugin.simulation.frontier import ORACLE_GRID, SPILLWAY_KNOBS
+
+    points = len(SPILLWAY_KNOBS) + sum(len(s) for s in SWEEPS.values()) + len(ORACLE_GRID)
+    return (len(POLICIES) + 1) * (1 + (len(sweep[1]) if sweep else 0)) + (points if frontier else 0)
 
 
 class Progress:
@@ -258,6 +278,8 @@ COLUMNS = (
     ("p99_ms", "{:.0f}"),
     ("cloud_share", "{:.1%}"),
     ("cloud_cost_usd", "{:.4f}"),
+    ("usd_per_1000_requests", "{:.4f}"),
+    ("bursting_saved_pct", "{:.1f}%"),
     ("cold_hits", "{}"),
     ("flaps_per_min", "{:.1f}"),
     ("shed", "{}"),
@@ -272,13 +294,19 @@ def table(result: dict[str, Any]) -> str:
     for point in result.get("sweep", {}).get("points", []):
         lines.append(f"\n{result['sweep']['key']} = {point['value']}")
         lines.append(_rows(point["policies"]))
+    if "frontier" in result:
+        from gateway_plugin.simulation.frontier import text
+
+        lines.append(text(result["frontier"]))
     return "\n".join(lines)
 
 
 def _rows(policies: dict[str, dict[str, Any]]) -> str:
     rows = [[name for name, _ in COLUMNS]]
     for name, figures in policies.items():
-        rows.append([name, *(fmt.format(figures[key]) for key, fmt in COLUMNS[1:])])
+        rows.append(
+            [name, *("-" if figures[key] is None else fmt.format(figures[key]) for key, fmt in COLUMNS[1:])]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     return "\n".join(
         "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))

@@ -13,11 +13,12 @@ import heapq
 import math
 import random
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.policy import LOCAL, SHED, RequestFeatures
+from gateway_plugin.routing.signals import Counters
 from gateway_plugin.simulation.billing import Bill
 from gateway_plugin.simulation.cloud import CloudTarget, Served, lognormal
 from gateway_plugin.simulation.cluster import Batch, Cluster, Job
@@ -66,7 +67,7 @@ class Engine:
         self.cluster = Cluster(config.local.parallelism, sim.cluster)
         target_ms = config.local.model_latency_targets_ms.get(sim.model, config.local.latency_target_ms)
         self.world = World(self.cluster, self.clouds, target_ms, features=features(config))
-        self.measures = Measures(target_ms)
+        self.measures = Measures(target_ms, local_cost=config.local.cost)
         self.local_net_s = sim.cluster.network_ms / 1000
         self.lag_s = sim.outcome_lag_s if sim.outcome_lag_s is not None else float(config.outcomes.batch_s)
         self.invoke = {t.name for t in config.targets if t.mode == "invoke"}
@@ -81,6 +82,9 @@ class Engine:
         heapq.heappush(self.events, (at, self.seq, kind, payload))
 
     def run(self, stream: Iterator[Job], progress: Progress | None = None) -> Measures:
+        # The runner was scraping the cluster before the trace began (its counters hold the
+        # requests served before, so the first scrape in the trace gives their service time).
+        self.router.scraped(Counters(), -self.config.local.scrape_period_s)
         self.push(0.0, SCRAPE, None)
         warmup = self.config.warmup
         for name, spec in warmup.targets.items():
@@ -149,11 +153,12 @@ class Engine:
 
     def _local_done(self, batch: Batch, now: float) -> None:
         net, record = self.local_net_s, self.measures.record
-        listens = self.router.listens
+        listens, returned = self.router.listens, self.router.returned
         for job in batch:
             ms = (now - job.at + net) * 1000
             record(job.at, ms, LOCAL_KIND)
             if listens:
+                returned(job, now)
                 self._report((LOCAL_DONE, (ms, job.tenant)), now)
         self.outstanding -= len(batch)
         started = self.cluster.finish(batch, now)
@@ -170,6 +175,7 @@ class Engine:
         if instance is not None:
             self.clouds[job.target].release(instance, now)
         if self.router.listens:
+            self.router.returned(job, now)
             answer = (
                 job.target,
                 instance.id if instance else "",
@@ -223,6 +229,17 @@ class Engine:
             last = max((p.done_at for p in pings), default=now)
             self.push(last + WARM_REPORT_DELAY_S, WARM_REPORT, (name, reached))
         self.push(now + warmup.interval_s, WARMUP, None)
+
+
+def replay(
+    config: SpillwayConfig,
+    router: Router,
+    arrivals: Sequence[Job],
+    seed: int,
+    progress: Progress | None = None,
+) -> Measures:
+    """One policy over requests drawn once (``jobs``), each run on a fresh copy of them."""
+    return Engine(config, router, seed).run((job.copy() for job in arrivals), progress)
 
 
 def simulate(

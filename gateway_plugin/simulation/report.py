@@ -47,6 +47,8 @@ def render(result: dict[str, Any], policies: dict[str, Measures]) -> str:
     for point in result.get("sweep", {}).get("points", []):
         body.append(f"<h2>{html.escape(result['sweep']['key'])} = {point['value']}</h2>")
         body.append(_table(point["policies"]))
+    if "frontier" in result:
+        body.append(_frontier_table(result["frontier"]))
     style = "body{font-family:sans-serif;max-width:1000px;margin:auto}td,th{padding:2px 8px;text-align:right}"
     head = f"<meta charset='utf-8'><title>Spillway simulation</title><style>{style}</style>"
     return f"<!doctype html><html><head>{head}</head><body>{''.join(body)}</body></html>\n"
@@ -60,6 +62,25 @@ def _table(policies: dict[str, dict[str, Any]]) -> str:
         for name, figures in policies.items()
     )
     return f"<table><tr>{head}</tr>{rows}</table>"
+
+
+def _frontier_table(frontier: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><th>{html.escape(p['policy'])}</th><td>{html.escape(_params(p))}</td>"
+        f"<td>{p['slo_attainment']:.2%}</td><td>{p['cloud_cost_usd']:.4f}</td></tr>"
+        for p in frontier["frontier"]
+    )
+    verdict = (
+        f"dominated: up to {frontier['most_slo_points_more']} SLO points more at no more spend"
+        if frontier["dominated"]
+        else "dominated by no point"
+    )
+    head = "<tr><th>policy</th><th>parameters</th><th>SLO</th><th>spend USD</th></tr>"
+    return f"<h2>Pareto frontier</h2><p>Spillway's default: {verdict}.</p><table>{head}{rows}</table>"
+
+
+def _params(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in point["params"].items())
 
 
 def _windows(
@@ -133,7 +154,52 @@ def _charts(result: dict[str, Any], policies: dict[str, Measures]) -> dict[str, 
         )
         ax.legend()
         charts["frontier"] = _png(fig, plt)
+    if "frontier" in result:
+        charts["pareto"] = pareto_png(result["frontier"], plt)
     return charts
+
+
+def pareto_png(
+    frontier: dict[str, Any], plt: Any, title: str = "Spend against SLO: every policy's points"
+) -> bytes:
+    """Every point of every sweep, the frontier through them, the oracle's, and Spillway's default;
+    on the right, the same around the default."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for p in frontier["points"]:
+        by_policy.setdefault(p["policy"], []).append(p)
+    default = frontier["spillway_default"]
+    for ax in axes:
+        for name, points in by_policy.items():
+            marker = {"spillway": "o", "oracle": "s"}.get(name, ".")
+            xs, ys = [p["cloud_cost_usd"] for p in points], [p["slo_attainment"] for p in points]
+            ax.scatter(xs, ys, marker=marker, label=name, alpha=0.8)
+        for key, style, label in (
+            ("frontier", "-", "frontier"),
+            ("oracle_frontier", "--", "oracle's frontier"),
+        ):
+            line = frontier[key]
+            xs, ys = [p["cloud_cost_usd"] for p in line], [p["slo_attainment"] for p in line]
+            ax.step(xs, ys, style, where="post", label=label, color="grey")
+        ax.scatter(
+            [default["cloud_cost_usd"]],
+            [default["slo_attainment"]],
+            marker="*",
+            s=250,
+            color="black",
+            zorder=5,
+        )
+        ax.set(xlabel="cloud spend (USD)", ylabel="SLO attainment")
+    spend, slo = default["cloud_cost_usd"], default["slo_attainment"]
+    top = max(p["slo_attainment"] for p in frontier["points"])
+    axes[1].set(
+        xlim=(spend * 0.4, spend * 1.8 + 1e-6),
+        ylim=(slo - 0.1, top + 0.01),
+        title="around the default (star)",
+    )
+    axes[0].set(title=title)
+    axes[0].legend(fontsize=8)
+    return _png(fig, plt)
 
 
 def _png(fig: Any, plt: Any) -> bytes:

@@ -8,8 +8,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway_plugin.config import LocalCost
+from gateway_plugin.costs import peak_fleet
+
 # Where a request ended up, per request (``Measures.kinds``).
 LOCAL_KIND, CLOUD_KIND, SHED_KIND, FAILED_KIND = 0, 1, 2, 3
+# The window peak rates are taken over (``costs`` takes them over --peak-window, 1 m by default).
+PEAK_WINDOW_S = 60
 
 
 @dataclass
@@ -26,6 +31,7 @@ class Measures:
     cost_by_second: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     warmup_cost_usd: float = 0.0
     seconds: float = 0.0
+    local_cost: LocalCost = field(default_factory=LocalCost)
 
     def record(self, at: float, latency_ms: float, kind: int) -> None:
         self.at.append(at)
@@ -60,6 +66,31 @@ class Measures:
             "shed": self.kinds.count(SHED_KIND),
             "failed": self.kinds.count(FAILED_KIND),
             "residency_breaches": self.residency_breaches,
+            **self.costs(),
+        }
+
+    def costs(self) -> dict[str, Any]:
+        """The on-prem cluster's cost over the run, the cost per 1,000 requests, and what bursting
+        saved against GPUs for the peak, as ``python -m gateway_plugin costs`` reckons them."""
+        hours = self.seconds / 3600
+        onprem = self.local_cost.usd_per_hour * hours
+        total = onprem + sum(self.cost_by_target.values()) + self.warmup_cost_usd
+        served = sum(1 for k in self.kinds if k in (LOCAL_KIND, CLOUD_KIND))
+        windows: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for at, kind in zip(self.at, self.kinds, strict=True):
+            if kind in (LOCAL_KIND, CLOUD_KIND):
+                counts = windows[int(at // PEAK_WINDOW_S)]
+                counts[0] += 1
+                counts[1] += kind == LOCAL_KIND
+        peak = max((c[0] for c in windows.values()), default=0) / PEAK_WINDOW_S
+        local_peak = max((c[1] for c in windows.values()), default=0) / PEAK_WINDOW_S
+        cost = self.local_cost
+        fleet = peak_fleet(total, hours, cost.gpus, cost.usd_per_gpu_hour, peak, local_peak)
+        return {
+            "onprem_cost_usd": round(onprem, 6),
+            "usd_per_1000_requests": round(1000 * total / served, 6) if served else None,
+            "gpus_for_peak": fleet.gpus if fleet and self.cost_by_target else None,
+            "bursting_saved_pct": round(fleet.saved_pct, 2) if fleet and self.cost_by_target else None,
         }
 
 

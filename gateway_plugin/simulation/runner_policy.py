@@ -1,13 +1,18 @@
 """Spillway's own policy in simulated time: the runner's ``GatewayState`` (snapshots, commits,
-breakers, budgets, quotas, warm pools, in-flight horizons, the load tracker) on a simulated clock,
-and ``policy.decide()`` itself, fed the scrapes, answers and warm-up reports the runner would get."""
+breakers, budgets, quotas, warm pools, the load tracker) on a simulated clock, and
+``policy.decide()`` itself, fed the scrapes, answers and warm-up reports the runner would get, and
+(``simulation.gateway_counts``, the default) the in-flight counts the gateway keeps, local and per
+target, exact as the fast path's shared-dict counters are: APISIX sees each answer go by. Without
+them it is the ext-plugin route: the runner's own books, which learn of answers only when the
+logger reports them."""
 
 from __future__ import annotations
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.policy import RequestFeatures, decide
+from gateway_plugin.routing.policy import LOCAL, Reason, RequestFeatures, decide
 from gateway_plugin.routing.signals import Counters
 from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.routing.target_states import Counts
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.world import World
 
@@ -32,6 +37,9 @@ class SpillwayRouter:
         self.state = _SimulatedState(config, clock=self._clock, wall=self._wall)
         self.model = config.simulation.model
         self.tenant_header = config.tenants.header.lower()
+        self.in_flight = {LOCAL: 0, **{t.name: 0 for t in config.targets}}
+        self.starting = {t.name: 0 for t in config.targets}
+        self.counts = Counts(self.in_flight, self.starting) if config.simulation.gateway_counts else None
 
     def _clock(self) -> float:
         return self.now
@@ -45,9 +53,20 @@ class SpillwayRouter:
         headers = base.headers if job.tenant is None else {**base.headers, self.tenant_header: job.tenant}
         features = RequestFeatures(base.path, headers, base.args, base.model, job.body_bytes)
         state = self.state
-        decision = decide(features, state.snapshot(job.tenant, self.model), state.policy)
+        decision = decide(features, state.snapshot(job.tenant, self.model, self.counts), state.policy)
         state.commit(decision, self.model)
-        return decision.target
+        target = decision.target
+        if target in self.in_flight:
+            self.in_flight[target] += 1
+        job.sent_cold = decision.reason is Reason.OVERFLOW_COLD
+        if job.sent_cold:
+            self.starting[target] += 1
+        return target
+
+    def returned(self, job: Job, now: float) -> None:
+        self.in_flight[job.target] -= 1
+        if job.sent_cold:
+            self.starting[job.target] -= 1
 
     def scraped(self, counters: Counters, now: float) -> None:
         self.now = now

@@ -46,18 +46,20 @@ class SimulatedTarget(_Model):
     network_ms: float = Field(
         default=20.0, ge=0, description="round trip from the gateway, added to each request"
     )
-    instance_concurrency: int = Field(
-        default=1,
+    instance_concurrency: int | None = Field(
+        default=None,
         ge=1,
         le=1000,
-        description="requests one instance runs at once (Lambda: 1; FC: configurable)",
+        description="requests one instance runs at once (default: the target's instance_concurrency)",
     )
     max_instances: int = Field(
         default=1000, ge=1, description="the platform's concurrency limit; past it, 429"
     )
     error_rate: float = Field(default=0.0, ge=0, le=1, description="share of answers that fail (5xx)")
-    idle_usd_per_second: float = Field(
-        default=0.0, ge=0, description="what a live, idle instance costs (FC bills idle GPU instances)"
+    idle_usd_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description="what a live, idle instance costs (default: the target's cost.usd_per_idle_second)",
     )
 
 
@@ -66,6 +68,11 @@ class SimulationSettings(_Model):
     cluster: SimulatedCluster = Field(default_factory=SimulatedCluster)
     targets: dict[str, SimulatedTarget] = Field(
         default_factory=dict, description="per target name; targets not listed get the defaults"
+    )
+    gateway_counts: bool = Field(
+        default=True,
+        description="the gateway counts what it has in flight (the fast path); false: the runner's own "
+        "books, which learn of answers when the logger reports them (the ext-plugin route)",
     )
     outcome_lag_s: float | None = Field(
         default=None,

@@ -5,7 +5,9 @@ A trace is either a text file with one arrival rate (requests/s) per line, one l
 per request, from the first row's time; optional ``bytes``, ``classification`` and ``tenant``
 columns). The generators make rate traces:
 ``poisson``, ``mmpp`` (a Markov-modulated process: calm and burst states with exponential
-sojourns) and ``diurnal`` (a daily sine with a flash crowd), each tuned by ``name:key=value,...``.
+sojourns) and ``diurnal`` (a daily sine with a flash crowd), and the families shaped like published
+serverless workloads (``workloads``: heavy, burst, cron, daily, sporadic), each tuned by
+``name:key=value,...`` (``seed`` picks another draw of a random shape).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from gateway_plugin.simulation.workloads import FAMILIES, shaped
+
 MAX_RATE = 1_000_000.0
 MAX_LINE = 4096
 MAX_TENANT = 200
-GENERATORS = ("poisson", "mmpp", "diurnal")
+GENERATORS = ("poisson", "mmpp", "diurnal", *FAMILIES)
 
 
 class TraceError(ValueError):
@@ -125,7 +129,9 @@ def generate(name: str, p: dict[str, float], seed: int = 1) -> RateTrace:
     seconds = int(p.get("seconds", 600))
     if not 1 <= seconds <= 10_000_000:
         raise TraceError(f"{name}: seconds must be between 1 and 10000000, not {seconds}")
-    rng = random.Random(seed)
+    rng = random.Random(int(p.get("seed", seed)))
+    if name in FAMILIES:
+        return RateTrace(tuple(shaped(name, p, seconds, rng)))
     if name == "poisson":
         return RateTrace((p.get("rate", 20.0),) * seconds)
     if name == "mmpp":

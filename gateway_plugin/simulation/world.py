@@ -47,3 +47,6 @@ class Router(Protocol):
     ) -> None: ...
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None: ...
+
+    def returned(self, job: Job, now: float) -> None:
+        """A request's answer passed the gateway (no logger's delay: the gateway sees it go by)."""

@@ -50,12 +50,14 @@ end
 function _M.rewrite(conf, ctx)
     local silent = settings and link.silent_for(ngx.shared[DICT])
     if silent and silent > settings.dead_after_s then
+        ctx.spillway_refused, ctx.spillway_via = 503, "ext_plugin"
         core.response.set_header("Retry-After", "1")
         return 503, { error = "the Spillway runner has not answered for " .. floor(silent)
                               .. " s; retry shortly" }
     end
     local raw, status, why = edge.admit(ctx)
     if not raw then
+        ctx.spillway_refused, ctx.spillway_via = status, "ext_plugin"
         return status, { error = why }
     end
     -- Authenticated before the runner (the route raises its authentication plugin's priority):
@@ -79,7 +81,14 @@ function _M.access(conf, ctx)
     if ctx.consumer_name then
         clear_header("X-Spillway-Consumer")
     end
+    edge.take_audit(ctx, true)
     edge.pin_path(ctx)
+end
+
+-- The runner's audit fields (X-Spillway-Audit, on every answer when the config has an audit
+-- logger) go into the request's context for the logger, never to the client.
+function _M.header_filter(conf, ctx)
+    edge.take_audit(ctx, false)
 end
 
 return _M

@@ -128,10 +128,20 @@ end
 function live.probe_allowed(_, name, spec)
     return spec.probe_allowed and dict():get("pr:" .. name) == nil
 end
+-- Those of a target's that were sent there cold (each starting an instance).
+function live.starting(_, name)
+    return dict():get("ifc:" .. name) or 0
+end
+-- This node's requests at the cluster for the table's model key: counted when decided local,
+-- released in the log phase, so exact between the table's scrapes.
+function live.local_in_flight(_, model_key)
+    return dict():get("lif:" .. model_key) or 0
+end
 
 local full = {}
 function full.in_flight() return math.huge end
 full.spent, full.tenant_in_flight, full.probe_allowed = live.spent, live.tenant_in_flight, live.probe_allowed
+full.local_in_flight, full.starting = live.local_in_flight, live.starting
 
 local function within(spend, limit)
     return limit == nil or spend <= limit
@@ -156,6 +166,9 @@ local function reserve(d, spec)
     local probe_ok = spec.breaker ~= "half_open" or d_:safe_add("pr:" .. d.target, true, 1)
     if within(spec.spent_hour_usd + spent, spec.hourly_usd)
         and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
+        if d.reason == "overflow_cold" and counters.add(d_, "ifc:" .. d.target, 1) then
+            d.cold_counted = true
+        end
         return true
     end
     counters.release(d_, key)
@@ -262,11 +275,24 @@ local function account(ctx, d, f, tbl, policy, kept_by)
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
     local label = decide.label(d)
     local seen = { target = d.target, label = label, decision = d.target .. ";" .. label,
-                   tenant = d.tenant, cost = d.cost_usd, model = model_key }
+                   tenant = d.tenant, cost = d.cost_usd, model = model_key,
+                   -- For the cost series: a model the table does not know is "*" (the runner's other).
+                   usage_model = f.model and (model_key ~= "" and model_key or "*") or "",
+                   -- For the audit trail, keyed only if a logger asks (spillway/edge.lua).
+                   request_model = f.model,
+                   -- The class the client sent (content checks may have decided on a stricter one).
+                   class = kept_by and kept_by.classification
+                           or (policy and f.headers[policy.classification_header]) }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
+        if counters.add(d_, "lif:" .. model_key, 1) then
+            seen.local_counted = true
+        end
     elseif d.target ~= decide.SHED then
-        seen.cloud = true
+        seen.cloud, seen.cold_counted = true, d.cold_counted
+    end
+    if d.on_prem_only then
+        report.on_prem(worker.agg, model_key)
     end
     if d.residency_kept then
         local classification = kept_by and kept_by.classification
@@ -291,6 +317,7 @@ end
 function _M.access(conf, ctx)
     local raw, path, odd = edge.admit(ctx)
     if not raw then
+        ctx.spillway_refused, ctx.spillway_via = path, "fast_path"
         return path, { error = odd }
     end
     local tbl = current()
@@ -300,9 +327,11 @@ function _M.access(conf, ctx)
         policy = route_policy(tbl, conf)
         local status, why = edge.settle(ctx, raw, odd, policy.read, policy.tenant_header)
         if status then
+            ctx.spillway_refused, ctx.spillway_via = status, "fast_path"
             return status, { error = why }
         end
         if not edge.identify(ctx, raw, f.headers, policy) then
+            ctx.spillway_refused, ctx.spillway_via = 401, "fast_path"
             return 401, { error = NO_CONSUMER }
         end
     end
@@ -355,6 +384,11 @@ function _M.log(conf, ctx)
     local d_ = dict()
     if seen.cloud then
         counters.release(d_, "if:" .. seen.target)
+        if seen.cold_counted then
+            counters.release(d_, "ifc:" .. seen.target)
+        end
+    elseif seen.local_counted then
+        counters.release(d_, "lif:" .. seen.model)
     end
     if ctx.spillway_slot then
         release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete

@@ -24,6 +24,8 @@ local function live_of(case)
     function live.spent() return 0 end
     function live.tenant_in_flight(_, tenant) return case.tenant_in_flight[tenant] or 0 end
     function live.probe_allowed(_, _, spec) return spec.probe_allowed end
+    function live.local_in_flight(_, model_key) return case.local_in_flight[model_key] end
+    function live.starting(_, name) return case.starting[name] or 0 end
     return live
 end
 
@@ -41,7 +43,7 @@ local function decide_one(tbl, case, path)
         target = d.target, label = decide.label(d), status = d.status,
         retry_after_s = d.retry_after_s or 0, cost_usd = string.format("%.17g", d.cost_usd or 0),
         residency_kept = d.residency_kept or false, overflowing = d.overflowing or false,
-        tenant = d.tenant or json.null,
+        tenant = d.tenant or json.null, on_prem_only = d.on_prem_only or false,
     }
 end
 

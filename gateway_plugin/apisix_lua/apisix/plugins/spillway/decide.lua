@@ -6,6 +6,9 @@
 -- Every step mirrors policy.py and keeps its order: residency, tenant quota, rules, overflow,
 -- cold starts, targets, and local or shed when nothing is eligible.
 
+local overflow = require("apisix.plugins.spillway.overflow")
+local latency_of, reserve_of, overflowing = overflow.latency_of, overflow.reserve_of, overflow.overflowing
+
 local re_find = ngx.re.find
 local str_lower = string.lower
 local str_byte, str_sub = string.byte, string.sub
@@ -15,7 +18,8 @@ local _M = {}
 
 local LOCAL, SHED = "local", "shed"
 _M.LOCAL, _M.SHED = LOCAL, SHED
-local NO_LOAD = { fresh = false, latency_ms = 0, compute_ms = 0, overflowing = false }
+local NO_LOAD = { fresh = false, latency_ms = 0, backlog_ms = 0, compute_ms = 0, overflowing = false,
+                  onprem_rps = 0 }
 local NO_TARGET_STATE = { breaker = "closed", probe_allowed = false, warm = 0,
                           spent_hour_usd = 0, spent_day_usd = 0 }
 local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd = 0 }
@@ -75,17 +79,6 @@ local function may_leave(f, policy)
 end
 _M.may_leave = may_leave
 
-local function overflowing(load, target_ms, policy)
-    local latency = load.latency_ms
-    if latency > target_ms * policy.enter_ratio then
-        return true
-    end
-    if latency < target_ms * policy.exit_ratio then
-        return false
-    end
-    return load.overflowing
-end
-
 local function decision(target, reason, extra)
     local d = extra or {}
     d.target, d.reason = target, reason
@@ -93,9 +86,10 @@ local function decision(target, reason, extra)
     return d
 end
 
-local function stay_local(load, policy, reason, tenant, hot, residency_kept)
+-- latency: the estimate decide() made (the table's alone when omitted, as on the fail-safe path).
+local function stay_local(load, policy, reason, tenant, hot, residency_kept, latency)
     if load.fresh then
-        local latency = load.latency_ms
+        latency = latency or load.latency_ms
         if latency - load.compute_ms > policy.max_queue_ms
             or latency > policy.latency_target_ms * policy.saturation_ratio then
             return decision(SHED, reason, { status = 503, retry_after_s = policy.retry_after_s,
@@ -176,16 +170,13 @@ local function takes(spec, f)
     return f.body_bytes ~= nil and f.body_bytes <= limit
 end
 
--- The chain's first cold target may start an instance though the local queue is shorter than
--- its start: one at a time, when local misses its target anyway and the target's warm instances
--- are all busy, or local is saturated (policy.py's _may_start).
-local function may_start(warm, in_flight, misses, saturated)
-    return in_flight <= warm and (saturated or (misses and warm > 0))
-end
-
-local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, misses, saturated)
-    local first, first_warm
-    local grow = true
+-- The cheapest eligible target with a free warm instance (its price and the idle time using it
+-- may keep billed; the chain's order among equals), else the chain's first eligible cold one. A cold target whose start is longer than the local queue
+-- is not worth it, except the first such target of the chain when grow (local would miss the
+-- target anyway, or is saturated): policy.py's _pick_target. A warm instance is free when the
+-- warm ones' slots outnumber the requests in flight that were not sent there cold.
+local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, grow)
+    local first, first_cost, best, best_cost, best_price
     for _, name in ipairs(chain) do
         local spec = tbl.targets[name]
         if spec and not spec.invoke and takes(spec, f) then
@@ -194,11 +185,10 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, m
                 or (breaker == "half_open" and not live:probe_allowed(name, spec))
             local in_flight = live:in_flight(name)
             if not blocked and in_flight < spec.cap then
-                local warm_instances = spec.warm or 0
-                local warm = warm_instances > in_flight
+                local warm = (spec.warm or 0) * spec.slots > in_flight - live:starting(name)
                 local startable = warm or local_wait_ms >= spec.cold_start_ms
                 if not startable then
-                    startable = grow and may_start(warm_instances, in_flight, misses, saturated)
+                    startable = grow
                     grow = false
                 end
                 if startable then
@@ -208,25 +198,31 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, m
                         and within(spec.spent_day_usd + extra + cost, spec.daily_usd)
                         and tenant_budget_allows(tenant, cost, tbl, policy) then
                         if warm then
-                            return name, "overflow_warm", cost
-                        end
-                        if not first then
-                            first, first_warm = name, cost
+                            if best == nil or cost + spec.idle_usd < best_price then
+                                best, best_cost, best_price = name, cost, cost + spec.idle_usd
+                            end
+                        elseif not first then
+                            first, first_cost = name, cost
                         end
                     end
                 end
             end
         end
     end
+    if best then
+        return best, "overflow_warm", best_cost
+    end
     if first then
-        return first, "overflow_cold", first_warm
+        return first, "overflow_cold", first_cost
     end
     return nil
 end
 
 -- f: {path, headers (lower-case names, string values), args (string values), model}
 -- tbl: the decision table (compiled by the table module); policy: the route's policy;
--- live: in_flight(name), spent(name), tenant_in_flight(tenant), probe_allowed(name, spec).
+-- live: in_flight(name), starting(name) (those sent there cold), spent(name),
+-- tenant_in_flight(tenant), probe_allowed(name, spec), local_in_flight(model_key): this node's
+-- requests at the cluster (nil: not counted).
 function _M.decide(f, tbl, policy, live)
     local tenant = f.headers[policy.tenant_header]
     if tenant == "" then
@@ -247,11 +243,16 @@ function _M.decide(f, tbl, policy, live)
     local chain = (rule and #rule.targets > 0) and rule.targets or policy.default_chain
     local rule_name = rule and rule.name
     local model_key = f.model or ""
-    local load = tbl["local"][model_key] or tbl["local"][""] or NO_LOAD
-    local target_ms = policy.model_targets_ms[model_key] or policy.latency_target_ms
-    local hot = false
+    local load = tbl["local"][model_key]
+    if load == nil then
+        model_key = ""
+        load = tbl["local"][""] or NO_LOAD
+    end
+    local target_ms = policy.model_targets_ms[f.model or ""] or policy.latency_target_ms
+    local hot, latency = false, 0
     if load.fresh then
-        hot = overflowing(load, target_ms, policy)
+        latency = latency_of(load, policy, live:local_in_flight(model_key))
+        hot = overflowing(load, target_ms, policy, latency)
     end
     if action == "shed" then
         return decision(SHED, "rule", { status = 503, retry_after_s = policy.retry_after_s,
@@ -259,11 +260,15 @@ function _M.decide(f, tbl, policy, live)
     end
     local wants_out = #chain > 0 and (action == "target" or (action == "overflow" and hot))
     if not may_leave(f, policy) then
+        local d
         if wants_out then
-            return stay_local(load, policy, "residency", tenant, hot, true)
+            d = stay_local(load, policy, "residency", tenant, hot, true, latency)
+        else
+            d = decision(LOCAL, load.fresh and "local_ok" or "signals_missing",
+                         { overflowing = hot, tenant = tenant })
         end
-        return decision(LOCAL, load.fresh and "local_ok" or "signals_missing",
-                        { overflowing = hot, tenant = tenant })
+        d.on_prem_only = true
+        return d
     end
     if action == "local" then
         return decision(LOCAL, "rule", { overflowing = hot, tenant = tenant, rule = rule_name })
@@ -276,18 +281,16 @@ function _M.decide(f, tbl, policy, live)
     end
     local local_wait = math.huge
     if action == "overflow" then
-        local_wait = load.latency_ms - load.compute_ms
+        local_wait = latency - load.compute_ms
     end
-    local latency = load.latency_ms
-    local misses = latency > target_ms
-    local saturated = latency - load.compute_ms > policy.max_queue_ms
+    local grow = latency > target_ms
+        or latency - load.compute_ms > policy.max_queue_ms
         or latency > policy.latency_target_ms * policy.saturation_ratio
-    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live, f, misses,
-                                           saturated)
+    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live, f, grow)
     if name then
         return decision(name, reason, { overflowing = hot, cost_usd = cost, tenant = tenant })
     end
-    return stay_local(load, policy, "no_target", tenant, hot)
+    return stay_local(load, policy, "no_target", tenant, hot, false, latency)
 end
 
 -- What operators see in X-Spillway-Decision after the target: rule:<name>, +local_saturated.

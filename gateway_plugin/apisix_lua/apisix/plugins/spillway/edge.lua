@@ -19,13 +19,14 @@
 -- sent the path as decided, encoded once.
 
 local core = require("apisix.core")
+local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
 local ngx_req = ngx.req
 local clear_header, set_header = ngx_req.clear_header, ngx_req.set_header
 local find, sub, byte, lower, gsub = string.find, string.sub, string.byte, string.lower, string.gsub
 local format, concat, sort = string.format, table.concat, table.sort
-local pairs, ipairs, type = pairs, ipairs, type
+local pairs, ipairs, type, tostring, unpack = pairs, ipairs, type, tostring, unpack
 
 local _M = { MAX_HEADERS = 100 }
 
@@ -35,6 +36,79 @@ local FRAMING = { ["content-length"] = true, ["transfer-encoding"] = true }
 
 core.ctx.register_var("spillway_upstream", function(ctx) return ctx.spillway_upstream end)
 core.ctx.register_var("spillway_worker", function(ctx) return ctx.spillway_worker end)
+
+-- The audit trail (gateway_plugin/routing/audit.py): the decision as a logger's log_format reads
+-- it, built only when a logger asks. The fast path's plugin leaves its decision in ctx.spillway;
+-- on the ext-plugin route the runner's X-Spillway-Audit (taken in the header filter, below) holds
+-- the fields percent-encoded, joined by ";"; a request refused at the edge has ctx.spillway_refused.
+local AUDIT_FIELDS = { "decision", "target", "reason", "tenant", "class", "model", "cost" }
+_M.AUDIT_HEADER = "X-Spillway-Audit"
+
+local function fast_path_audit(seen)
+    local target = seen.target
+    return {
+        via = "fast_path",
+        decision = (target == "local" or target == "shed") and target or "cloud",
+        target = target, reason = seen.label, tenant = seen.tenant,
+        class = counters.tenant_key(seen.class), model = counters.tenant_key(seen.request_model),
+        cost = format("%.10g", seen.cost or 0),
+    }
+end
+
+local function runner_audit(raw)
+    local audit, i = { via = "ext_plugin" }, 0
+    for field in (raw .. ";"):gmatch("([^;]*);") do
+        i = i + 1
+        local name = AUDIT_FIELDS[i]
+        if name == nil then
+            break
+        end
+        audit[name] = field ~= "" and ngx.unescape_uri(field) or nil
+    end
+    return audit
+end
+
+local function audit_of(ctx)
+    local audit = ctx.spillway_audit
+    if audit == nil then
+        if ctx.spillway then
+            audit = fast_path_audit(ctx.spillway)
+        elseif ctx.spillway_audit_raw then
+            audit = runner_audit(ctx.spillway_audit_raw)
+        elseif ctx.spillway_refused then
+            audit = { decision = "refused", reason = tostring(ctx.spillway_refused), cost = "0",
+                      via = ctx.spillway_via }
+        else
+            return nil
+        end
+        ctx.spillway_audit = audit
+    end
+    return audit
+end
+
+for _, name in ipairs({ "via", unpack(AUDIT_FIELDS) }) do
+    core.ctx.register_var("spillway_" .. name, function(ctx)
+        local audit = audit_of(ctx)
+        return audit and audit[name]
+    end)
+end
+
+-- The runner's audit header, out of the answer and into the request's context: in the access
+-- phase, before an upstream answers (one that sent its own could otherwise write the line), or in
+-- the header filter when the runner answered itself (a Stop: no access phase, no upstream). Any
+-- copy an upstream sent is removed from the answer either way.
+function _M.take_audit(ctx, before_upstream)
+    local raw = ngx.header[_M.AUDIT_HEADER]
+    if before_upstream or not ctx.spillway_audit_taken then
+        ctx.spillway_audit_taken = true
+        if raw then
+            ctx.spillway_audit_raw = type(raw) == "table" and raw[1] or raw
+        end
+    end
+    if raw then
+        ngx.header[_M.AUDIT_HEADER] = nil
+    end
+end
 
 function _M.fold(name)
     return (gsub(lower(name), "_", "-"))

@@ -3,9 +3,10 @@
 -- One entry per request would cost more than the decision itself (encoding here, parsing in the
 -- runner), so each worker keeps sums: decisions per label, local answer times per model, cloud
 -- answers ok and failed per target with the instances that answered, quota'd tenants' arrivals
--- and spend, the table's age at each decision (histogram buckets), and the few requests residency
--- kept home (for the runner's residency log). Every map is bounded; what does not fit is counted
--- as dropped.
+-- and spend, the table's age at each decision (histogram buckets), the few requests residency
+-- kept home (for the runner's residency log), and requests and spend per target, tenant and model
+-- (the runner's cost series). Every map is bounded; what does not fit is counted as dropped, but
+-- for requests and spend, which go to their target's "other" entry so the totals stay whole.
 
 local array_mt = require("cjson.safe").array_mt
 local tonumber, pairs, setmetatable, type = tonumber, pairs, setmetatable, type
@@ -27,8 +28,8 @@ function _M.new()
     for i = 1, N_BOUNDS + 1 do
         ages[i] = 0
     end
-    return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, local_s = {}, cloud = {},
-             instances = {},
+    return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, on_prem = {}, local_s = {},
+             cloud = {}, instances = {}, usage = {}, usage_other = {},
              tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
 end
 
@@ -79,6 +80,23 @@ function _M.add(agg, seen, var, status)
             t[1], t[2] = t[1] + 1, t[2] + (seen.cost or 0)
         end
     end
+    if seen.target ~= "shed" then
+        -- A tab is in no tenant key (printable ASCII) nor model: the key splits back unambiguously.
+        local key = seen.target .. "\t" .. (seen.tenant or "") .. "\t" .. (seen.usage_model or "")
+        local u = agg.usage[key]
+        if u == nil and agg.keys < MAX_KEYS then
+            agg.keys = agg.keys + 1
+            u = { 0, 0 }
+            agg.usage[key] = u
+        elseif u == nil then
+            u = agg.usage_other[seen.target]
+            if u == nil then
+                u = { 0, 0 }
+                agg.usage_other[seen.target] = u
+            end
+        end
+        u[1], u[2] = u[1] + 1, u[2] + (seen.cost or 0)
+    end
     local upstream_status = last_number(var.upstream_status)
     if seen.cloud then
         upstream_status = upstream_status or status
@@ -114,17 +132,25 @@ function _M.add(agg, seen, var, status)
     end
 end
 
--- Requests sent local, per model: the runner adds them to the cluster's backlog estimate.
-function _M.sent_local(agg, model)
-    local sent = agg.sent_local
-    if sent[model] == nil and agg.keys >= MAX_KEYS then
+local function count(agg, map, model)
+    if map[model] == nil and agg.keys >= MAX_KEYS then
         agg.dropped = agg.dropped + 1
         return
     end
-    if sent[model] == nil then
+    if map[model] == nil then
         agg.keys = agg.keys + 1
     end
-    sent[model] = (sent[model] or 0) + 1
+    map[model] = (map[model] or 0) + 1
+end
+
+-- Requests sent local, per model: the runner adds them to the cluster's backlog estimate.
+function _M.sent_local(agg, model)
+    count(agg, agg.sent_local, model)
+end
+
+-- Requests that may not leave, per model: the runner measures the headroom they need from them.
+function _M.on_prem(agg, model)
+    count(agg, agg.on_prem, model)
 end
 
 local function clipped(text)
@@ -157,8 +183,10 @@ function _M.body(agg)
         instances[target] = ids
     end
     return {
-        decisions = agg.decisions, sent_local = agg.sent_local, local_s = agg.local_s, cloud = agg.cloud, instances = instances,
+        decisions = agg.decisions, sent_local = agg.sent_local, on_prem = agg.on_prem, local_s = agg.local_s,
+        cloud = agg.cloud, instances = instances,
         tenants = agg.tenants, residency = agg.residency, table_ages = agg.ages,
+        usage = agg.usage, usage_other = agg.usage_other,
         table_age_sum = agg.age_sum, dropped = agg.dropped,
     }
 end

@@ -11,7 +11,7 @@ local detect = require("apisix.plugins.spillway.detect")
 local re_find = ngx.re.find
 local type, pairs, ipairs, tonumber = type, pairs, ipairs, tonumber
 
-local _M = { FORMAT = 3 }
+local _M = { FORMAT = 4 }
 
 local ACTIONS = { ["local"] = true, overflow = true, target = true, shed = true }
 local BREAKERS = { closed = true, open = true, half_open = true }
@@ -73,12 +73,14 @@ local function rule_ok(r)
 end
 
 local function load_ok(l)
-    return type(l) == "table" and is_bool(l.fresh) and is_num(l.latency_ms)
-        and is_num(l.compute_ms) and is_bool(l.overflowing)
+    return type(l) == "table" and is_bool(l.fresh) and is_num(l.latency_ms) and is_num(l.backlog_ms)
+        and is_num(l.compute_ms) and is_bool(l.overflowing) and is_num(l.onprem_rps)
 end
 
 local function target_ok(t)
-    return type(t) == "table" and is_num(t.cap) and is_num(t.cold_start_ms) and is_num(t.cost_usd)
+    return type(t) == "table" and is_num(t.cap) and is_num(t.slots) and is_num(t.idle_usd)
+        and is_num(t.cold_start_ms)
+        and is_num(t.cost_usd)
         and is_num(t.cold_cost_usd) and BREAKERS[t.breaker] and is_bool(t.probe_allowed)
         and is_num(t.warm) and is_num(t.spent_hour_usd) and is_num(t.spent_day_usd)
         and is_num(t.spent_mark) and is_bool(t.invoke) and opt_num(t.hourly_usd)
@@ -108,7 +110,8 @@ local function policy_ok(p)
         and map_of(p.quotas, quota_ok) and quota_ok(p.default_quota)
         and is_num(p.latency_target_ms) and map_of(p.model_targets_ms, is_num)
         and is_num(p.max_queue_ms) and is_num(p.enter_ratio) and is_num(p.exit_ratio)
-        and is_num(p.saturation_ratio) and is_num(p.retry_after_s)
+        and is_num(p.saturation_ratio) and is_num(p.retry_after_s) and is_num(p.parallelism)
+        and is_num(p.onprem_headroom)
         and list_of(p.default_chain, is_str) and list_of(p.rules, rule_ok)
 end
 

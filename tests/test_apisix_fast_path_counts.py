@@ -1,0 +1,52 @@
+"""The fast path's own count of the requests it has at the cluster, on a real Apache APISIX 3.18:
+the plugin spills on it between scrapes, when Triton's metrics show no queue yet. A stack of its
+own: the slow answers it makes would be what the runner sees local answers take in other tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import pytest
+
+from devtools import apisix
+from functions.sidecar import free_port
+from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
+from tests.support import wait_until
+from tests.test_apisix_fast_path import routes_for
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("apisix-fast-counts")
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws", instance="fn-1"))
+        feed = stack.enter_context(metrics_feed())
+        config = stack_config(local, aws, feed)
+        settings = fast_path_settings(config, tmp, free_port(), routes_for(config))
+        gateway = stack.enter_context(apisix.running(settings))
+        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+
+
+def test_requests_held_at_the_cluster_spill_the_next_before_any_scrape_shows_a_queue(stack: Stack) -> None:
+    """Triton's metrics say idle all along; the plugin counts the requests it has at the cluster
+    (10 ms each, one at a time: with 16 held, a 17th would take 170 ms, past 0.8 x the 200 ms
+    target) and spills the next ones, and once the held ones are answered, keeps them home again."""
+    stack.set_load(0)
+    scraped = stack.feed.scrapes
+    wait_until(lambda: stack.feed.scrapes >= scraped + 3, 10, "scrapes that give the cluster's service time")
+    stack.local.delay_s = 3.0
+    try:
+        with ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(lambda _: stack.send("public"), range(24)))
+    finally:
+        stack.local.delay_s = 0
+    assert 0 < stack.local.max_in_flight <= 16
+    spilled = [stack.decision(a) for a in answers if a.get("upstream") == "aws"]
+    assert spilled and all(d.startswith("aws;overflow") for d in spilled), answers
+    calm = stack.send("public")
+    assert calm["upstream"] == "local" and stack.decision(calm) == "local;local_ok", calm
