@@ -52,6 +52,7 @@ from devtools.redis_ha import ClusterGroup, Promotion, SentinelGroup
 os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(32))
 FAILOVER_GUESS_S = 2.5  # what the pacing spreads the decisions during a failover over
 SENTINEL_FAILOVER_TIMEOUT_MS = 1000
+SETTLE_S = 30.0  # how long a trial's first rounds may wait for the group to settle after a rejoin
 
 
 @dataclass
@@ -121,9 +122,12 @@ async def trial(
         Watched(restart_config(group.url, nodes, budget, prefix, replicas_ack), f"node-{i}", book)
         for i in range(nodes)
     ]
-    for node in made:
-        if not await node.round():
-            raise SystemExit(f"{mode}: the store did not answer")
+    for node in made:  # the old master may still be syncing as a replica: what WAIT waits for
+        deadline = time.monotonic() + SETTLE_S
+        while not await node.round():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{mode}: the store did not answer within {SETTLE_S} s of the trial's start")
+            await asyncio.sleep(0.1)
     every = [rng.randint(2, 8) for _ in made]
     kill_at = rng.randint(1, budget + budget // 4)
     pace_s = FAILOVER_GUESS_S / (rng.uniform(0.25, 2.0) * budget)

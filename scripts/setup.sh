@@ -36,6 +36,9 @@ apt_component chromium chromium "the report's browser tests"
 # A real redis-server for the shared-state tests. Only the binary is used: the tests start their
 # own servers.
 apt_component redis-server redis-server "the shared-state tests"
+# redis-cli makes the Redis Cluster of the failover tests (redis-cli --cluster create); Debian's
+# redis-server depends on it, but another source of redis-server may come without it.
+apt_component redis-cli redis-tools "the Redis Cluster tests"
 # Sentinel for the shared-state failover tests (Redis Cluster needs only redis-server and redis-cli),
 # and etcd for APISIX's traditional deployment (several nodes, routes from the Admin API): the
 # tests start their own on loopback.

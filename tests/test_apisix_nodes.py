@@ -135,6 +135,7 @@ class Traffic:
 
     nodes: Nodes
     per_route: int = 1
+    paths: tuple[str, ...] = ROUTES
     answers: Counter[tuple[int, str]] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -142,7 +143,7 @@ class Traffic:
 
     def start(self) -> None:
         for node in self.nodes.nodes:
-            for path in ROUTES:
+            for path in self.paths:
                 for _ in range(self.per_route):
                     thread = threading.Thread(target=self._client, args=(node, path), daemon=True)
                     thread.start()
@@ -205,13 +206,17 @@ def test_routes_put_through_the_admin_api_serve_both_nodes(tmp_path: Path, upstr
             assert nodes.admin_key not in node.gateway.error_log()
 
 
-def test_one_budget_and_one_cap_across_two_nodes(tmp_path: Path, upstreams: Upstreams) -> None:
-    """Traffic over both nodes and both routes: aws gets the budget's requests and no more (less at
-    most a block and a half per node leased and unused), never more than the cap at once, and the
-    runners count each request's spend once."""
+@pytest.mark.parametrize("routes", [ROUTES, ROUTES[1:]], ids=["both-routes", "fast-path-alone"])
+def test_one_budget_and_one_cap_across_two_nodes(
+    tmp_path: Path, upstreams: Upstreams, routes: tuple[str, ...]
+) -> None:
+    """Traffic over both nodes (both routes, or the fast path alone, whose plugin spends the budget
+    a block a table): aws gets the budget's requests and no more (less at most a block and a half
+    per node leased and unused), never more than the cap at once, and the runners count each
+    request's spend once."""
     clear_of_the_hour()
     with redis_server(tmp_path / "redis") as server, two_nodes(tmp_path, upstreams, server.url) as nodes:
-        traffic = Traffic(nodes, per_route=2)
+        traffic = Traffic(nodes, per_route=2, paths=routes)
         traffic.start()
         wait_until(lambda: spent_requests(nodes) >= BUDGET_REQUESTS - 6, 60, "the budget spent")
         after_rounds(nodes, 4)
