@@ -208,22 +208,7 @@ def test_routes_put_through_the_admin_api_serve_both_nodes(tmp_path: Path, upstr
             assert nodes.admin_key not in node.gateway.error_log()
 
 
-FAST_PATH_ALONE = (
-    "known defect: the fast path alone, with one slot of a cap of 4 per node for its plugin, decides "
-    "local;no_target while aws is idle and spends about a quarter of the budget in 60 s (with a cap "
-    "of 40 it spends 92 of 100)"
-)
-
-
-@pytest.mark.parametrize(
-    "routes",
-    [
-        pytest.param(ROUTES, id="both-routes"),
-        pytest.param(
-            ROUTES[1:], id="fast-path-alone", marks=pytest.mark.xfail(strict=True, reason=FAST_PATH_ALONE)
-        ),
-    ],
-)
+@pytest.mark.parametrize("routes", [ROUTES, ROUTES[1:]], ids=["both-routes", "fast-path-alone"])
 def test_one_budget_and_one_cap_across_two_nodes(
     tmp_path: Path, upstreams: Upstreams, routes: tuple[str, ...]
 ) -> None:
