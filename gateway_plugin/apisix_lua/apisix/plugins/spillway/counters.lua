@@ -51,11 +51,17 @@ function _M.release(d_, key)
     return d_:incr(key, -1)
 end
 
--- A counter's growth since the mark the table was built with; one below its mark was made anew
--- (evicted, nginx restarted), so all of it is new: never negative, never less than was spent.
+-- The mark is the counter as the plugin's report carried it, through cjson's 14 significant
+-- digits: a counter of cents may sit a rounding below its own mark (0.12999999999999998, reported
+-- as 0.13), which is the same counter, not one made anew.
+local MARK_ROUNDING = 1e-12
+
+-- A counter's growth since the mark the table was built with; one below its mark (by more than
+-- the report's rounding) was made anew (evicted, nginx restarted), so all of it is new: never
+-- negative, never less than was spent.
 function _M.since_mark(total, mark)
-    if total >= mark then
-        return total - mark
+    if total >= mark - MARK_ROUNDING * math.max(1, math.abs(mark)) then
+        return math.max(0, total - mark)
     end
     return total
 end
