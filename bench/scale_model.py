@@ -41,6 +41,7 @@ import redis
 from harness import ROOT
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.routing.leases import lease_block
 from gateway_plugin.routing.policy import RequestFeatures, decide
 from gateway_plugin.routing.policy_build import build_policy
@@ -81,7 +82,7 @@ def round_cost(url: str, port: int, nodes: int, rounds: int) -> dict[str, float]
     made = []
     for i in range(nodes):
         view = SharedView(cfg.shared_state, cfg, build_policy(cfg), f"node-{i}")
-        made.append((GatewayState(cfg, shared=view), RedisStore(cfg.shared_state)))
+        made.append((GatewayState(cfg, GatewaySecrets.read(cfg), shared=view), RedisStore(cfg.shared_state)))
 
     def one(state: GatewayState, store: RedisStore) -> None:
         for _ in range(3):
