@@ -23,6 +23,7 @@ local content = require("apisix.plugins.spillway.content")
 
 local ngx = ngx
 local ngx_now = ngx.now
+local set_req_header = ngx.req.set_header
 local tostring = tostring
 
 local plugin_name = "spillway"
@@ -67,6 +68,22 @@ local function dict()
     return ngx.shared[DICT]
 end
 
+-- Shared-dict keys of targets and models (names from the table, so few), made once per table
+-- version rather than concatenated per request; tenants' keys (clients choose them) are not kept.
+local function keyring(prefix)
+    return setmetatable({}, { __index = function(ring, name)
+        local key = prefix .. name
+        rawset(ring, name, key)
+        return key
+    end })
+end
+local keys
+local function fresh_keys()
+    keys = { inflight = keyring("if:"), spent = keyring("sp:"), probe = keyring("pr:"),
+             cold = keyring("ifc:"), local_ = keyring("lif:"), hot = keyring("hot:") }
+end
+fresh_keys()
+
 local function log_sometimes(kind, ...)
     local now = ngx_now()
     if (worker.logged[kind] or 0) + LOG_EVERY_S <= now then
@@ -80,7 +97,15 @@ function _M.check_schema(conf)
 end
 
 -- The table as this worker last compiled it, re-read when the fetching worker stored a new one.
+-- The stored version is looked at once per tick of nginx's cached clock (the requests of one
+-- event-loop pass share it): a new table is seen at the next pass, as before; staleness is judged
+-- by the table's own built_at on every request.
 local function current()
+    local now = ngx_now()
+    if now == worker.version_seen_at then
+        return worker.tbl
+    end
+    worker.version_seen_at = now
     local version = dict():get("version")
     if version and version ~= worker.version then
         worker.version = version
@@ -88,6 +113,7 @@ local function current()
         if tbl then
             worker.tbl = tbl
             worker.policies = setmetatable({}, { __mode = "k" })
+            fresh_keys()
         else
             log_sometimes("parse", "spillway: stored decision table unusable: ", err)
         end
@@ -112,10 +138,10 @@ end
 -- Live counters read from the shared dict: what this node has in flight and has spent.
 local live = {}
 function live.in_flight(_, name)
-    return dict():get("if:" .. name) or 0
+    return dict():get(keys.inflight[name]) or 0
 end
 function live.spent(_, name)
-    return counters.since_mark(dict():get("sp:" .. name) or 0, worker.tbl.targets[name].spent_mark)
+    return counters.since_mark(dict():get(keys.spent[name]) or 0, worker.tbl.targets[name].spent_mark)
 end
 -- The tenant whose slot this request took before deciding, and its count before that.
 local slot = { tenant = nil, before = 0 }
@@ -126,16 +152,16 @@ function live.tenant_in_flight(_, tenant)
     return dict():get("tif:" .. tenant) or 0
 end
 function live.probe_allowed(_, name, spec)
-    return spec.probe_allowed and dict():get("pr:" .. name) == nil
+    return spec.probe_allowed and dict():get(keys.probe[name]) == nil
 end
 -- Those of a target's that were sent there cold (each starting an instance).
 function live.starting(_, name)
-    return dict():get("ifc:" .. name) or 0
+    return dict():get(keys.cold[name]) or 0
 end
 -- This node's requests at the cluster for the table's model key: counted when decided local,
 -- released in the log phase, so exact between the table's scrapes.
 function live.local_in_flight(_, model_key)
-    return dict():get("lif:" .. model_key) or 0
+    return dict():get(keys.local_[model_key]) or 0
 end
 
 local full = {}
@@ -151,7 +177,7 @@ end
 -- workers; false (and nothing taken) when another worker got there first.
 local function reserve(d, spec)
     local d_ = dict()
-    local key, spend_key = "if:" .. d.target, "sp:" .. d.target
+    local key, spend_key = keys.inflight[d.target], keys.spent[d.target]
     local in_flight = counters.add(d_, key, 1)
     if in_flight == nil or in_flight > spec.cap then
         counters.release(d_, key)
@@ -163,10 +189,10 @@ local function reserve(d, spec)
         return false
     end
     local spent = counters.since_mark(total, spec.spent_mark)
-    local probe_ok = spec.breaker ~= "half_open" or d_:safe_add("pr:" .. d.target, true, 1)
+    local probe_ok = spec.breaker ~= "half_open" or d_:safe_add(keys.probe[d.target], true, 1)
     if within(spec.spent_hour_usd + spent, spec.hourly_usd)
         and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
-        if d.reason == "overflow_cold" and counters.add(d_, "ifc:" .. d.target, 1) then
+        if d.reason == "overflow_cold" and counters.add(d_, keys.cold[d.target], 1) then
             d.cold_counted = true
         end
         return true
@@ -229,8 +255,13 @@ local function to_cloud(ctx, spec, raw)
     if spec.sign_body then
         body = core.request.get_body() or ""
     end
-    core.request.set_header(ctx, SIGNATURE_HEADER,
-                            sign.header(key, ngx.req.get_method(), target, body, ngx.time()))
+    -- nginx's call and APISIX's two header caches kept in step (its wrapper costs a microsecond).
+    local value = sign.header(key, ngx.req.get_method(), target, body, ngx.time())
+    set_req_header(SIGNATURE_HEADER, value)
+    ctx.var.http_x_spillway_signature = nil
+    if ctx.headers then
+        ctx.headers["x-spillway-signature"] = value
+    end
 end
 
 -- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
@@ -262,6 +293,9 @@ end
 -- Content checks before the decision that counts (content.lua), counted in the shared dict and
 -- reported with the next fetch.
 local function check_content(ctx, f, tbl, policy)
+    if policy.content == nil then
+        return nil
+    end
     return content.screen(f, tbl, policy, live, function(max_bytes)
         return core.request.get_body(max_bytes, ctx)
     end, function(key)
@@ -269,12 +303,28 @@ local function check_content(ctx, f, tbl, policy)
     end)
 end
 
+-- "target;label", made once per pair (targets and labels come from the table: few).
+local decision_texts = {}
+local function decision_text(target, label)
+    local by_label = decision_texts[target]
+    if by_label == nil then
+        by_label = {}
+        decision_texts[target] = by_label
+    end
+    local text = by_label[label]
+    if text == nil then
+        text = target .. ";" .. label
+        by_label[label] = text
+    end
+    return text
+end
+
 -- What the runner learns of this request: counted now, reported from the log phase.
 local function account(ctx, d, f, tbl, policy, kept_by)
     local d_ = dict()
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
     local label = decide.label(d)
-    local seen = { target = d.target, label = label, decision = d.target .. ";" .. label,
+    local seen = { target = d.target, label = label, decision = decision_text(d.target, label), keys = keys,
                    tenant = d.tenant, cost = d.cost_usd, model = model_key,
                    -- For the cost series: a model the table does not know is "*" (the runner's other).
                    usage_model = f.model and (model_key ~= "" and model_key or "*") or "",
@@ -285,7 +335,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
                            or (policy and f.headers[policy.classification_header]) }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
-        if counters.add(d_, "lif:" .. model_key, 1) then
+        if counters.add(d_, keys.local_[model_key], 1) then
             seen.local_counted = true
         end
     elseif d.target ~= decide.SHED then
@@ -304,7 +354,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
         if (d.overflowing or false) ~= load.overflowing then
-            d_:safe_set("hot:" .. model_key, d.overflowing or false)
+            d_:safe_set(keys.hot[model_key], d.overflowing or false)
         end
         seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
                               and decide.quota_limits(policy, d.tenant)
@@ -383,12 +433,12 @@ function _M.log(conf, ctx)
     end
     local d_ = dict()
     if seen.cloud then
-        counters.release(d_, "if:" .. seen.target)
+        counters.release(d_, seen.keys.inflight[seen.target])
         if seen.cold_counted then
-            counters.release(d_, "ifc:" .. seen.target)
+            counters.release(d_, seen.keys.cold[seen.target])
         end
     elseif seen.local_counted then
-        counters.release(d_, "lif:" .. seen.model)
+        counters.release(d_, seen.keys.local_[seen.model])
     end
     if ctx.spillway_slot then
         release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete

@@ -10,6 +10,7 @@
 
 local array_mt = require("cjson.safe").array_mt
 local tonumber, pairs, setmetatable, type = tonumber, pairs, setmetatable, type
+local find = string.find
 
 local _M = {}
 
@@ -37,6 +38,9 @@ end
 local function last_number(raw)
     if type(raw) ~= "string" then
         return tonumber(raw)  -- APISIX's ctx.var gives some of them as numbers already
+    end
+    if not find(raw, ",", 1, true) and not find(raw, ":", 1, true) then
+        return tonumber(raw)  -- one upstream tried (nearly always): no pattern to run
     end
     return tonumber(raw:match("([%d%.]+)%s*$"))
 end
