@@ -70,19 +70,22 @@ end
 
 -- Shared-dict keys of targets and models (names from the table, so few), made once per table
 -- version rather than concatenated per request; tenants' keys (clients choose them) are not kept.
-local function keyring(prefix)
-    return setmetatable({}, { __index = function(ring, name)
-        local key = prefix .. name
-        rawset(ring, name, key)
-        return key
-    end })
-end
+-- A ring holds its prefix at [1] (no name is a number). No closures: LuaJIT compiles none.
 local keys
 local function fresh_keys()
-    keys = { inflight = keyring("if:"), spent = keyring("sp:"), probe = keyring("pr:"),
-             cold = keyring("ifc:"), local_ = keyring("lif:"), hot = keyring("hot:") }
+    keys = { inflight = { "if:" }, spent = { "sp:" }, probe = { "pr:" }, cold = { "ifc:" },
+             local_ = { "lif:" }, hot = { "hot:" } }
 end
 fresh_keys()
+
+local function dkey(ring, name)
+    local k = ring[name]
+    if k == nil then
+        k = ring[1] .. name
+        ring[name] = k
+    end
+    return k
+end
 
 local function log_sometimes(kind, ...)
     local now = ngx_now()
@@ -138,10 +141,10 @@ end
 -- Live counters read from the shared dict: what this node has in flight and has spent.
 local live = {}
 function live.in_flight(_, name)
-    return dict():get(keys.inflight[name]) or 0
+    return dict():get(dkey(keys.inflight, name)) or 0
 end
 function live.spent(_, name)
-    return counters.since_mark(dict():get(keys.spent[name]) or 0, worker.tbl.targets[name].spent_mark)
+    return counters.since_mark(dict():get(dkey(keys.spent, name)) or 0, worker.tbl.targets[name].spent_mark)
 end
 -- The tenant whose slot this request took before deciding, and its count before that.
 local slot = { tenant = nil, before = 0 }
@@ -152,16 +155,16 @@ function live.tenant_in_flight(_, tenant)
     return dict():get("tif:" .. tenant) or 0
 end
 function live.probe_allowed(_, name, spec)
-    return spec.probe_allowed and dict():get(keys.probe[name]) == nil
+    return spec.probe_allowed and dict():get(dkey(keys.probe, name)) == nil
 end
 -- Those of a target's that were sent there cold (each starting an instance).
 function live.starting(_, name)
-    return dict():get(keys.cold[name]) or 0
+    return dict():get(dkey(keys.cold, name)) or 0
 end
 -- This node's requests at the cluster for the table's model key: counted when decided local,
 -- released in the log phase, so exact between the table's scrapes.
 function live.local_in_flight(_, model_key)
-    return dict():get(keys.local_[model_key]) or 0
+    return dict():get(dkey(keys.local_, model_key)) or 0
 end
 
 local full = {}
@@ -177,7 +180,7 @@ end
 -- workers; false (and nothing taken) when another worker got there first.
 local function reserve(d, spec)
     local d_ = dict()
-    local key, spend_key = keys.inflight[d.target], keys.spent[d.target]
+    local key, spend_key = dkey(keys.inflight, d.target), dkey(keys.spent, d.target)
     local in_flight = counters.add(d_, key, 1)
     if in_flight == nil or in_flight > spec.cap then
         counters.release(d_, key)
@@ -189,10 +192,10 @@ local function reserve(d, spec)
         return false
     end
     local spent = counters.since_mark(total, spec.spent_mark)
-    local probe_ok = spec.breaker ~= "half_open" or d_:safe_add(keys.probe[d.target], true, 1)
+    local probe_ok = spec.breaker ~= "half_open" or d_:safe_add(dkey(keys.probe, d.target), true, 1)
     if within(spec.spent_hour_usd + spent, spec.hourly_usd)
         and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
-        if d.reason == "overflow_cold" and counters.add(d_, keys.cold[d.target], 1) then
+        if d.reason == "overflow_cold" and counters.add(d_, dkey(keys.cold, d.target), 1) then
             d.cold_counted = true
         end
         return true
@@ -292,15 +295,20 @@ end
 
 -- Content checks before the decision that counts (content.lua), counted in the shared dict and
 -- reported with the next fetch.
+local function screen(ctx, f, tbl, policy)
+    return content.screen(f, tbl, policy, live, function(max_bytes)
+        return core.request.get_body(max_bytes, ctx)
+    end, function(found)
+        counters.add(dict(), found, 1)
+    end)
+end
+
+-- Apart from screen(): a function that makes closures is one LuaJIT does not compile.
 local function check_content(ctx, f, tbl, policy)
     if policy.content == nil then
         return nil
     end
-    return content.screen(f, tbl, policy, live, function(max_bytes)
-        return core.request.get_body(max_bytes, ctx)
-    end, function(key)
-        counters.add(dict(), key, 1)
-    end)
+    return screen(ctx, f, tbl, policy)
 end
 
 -- "target;label", made once per pair (targets and labels come from the table: few).
@@ -335,7 +343,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
                            or (policy and f.headers[policy.classification_header]) }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
-        if counters.add(d_, keys.local_[model_key], 1) then
+        if counters.add(d_, dkey(keys.local_, model_key), 1) then
             seen.local_counted = true
         end
     elseif d.target ~= decide.SHED then
@@ -354,7 +362,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
         if (d.overflowing or false) ~= load.overflowing then
-            d_:safe_set(keys.hot[model_key], d.overflowing or false)
+            d_:safe_set(dkey(keys.hot, model_key), d.overflowing or false)
         end
         seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
                               and decide.quota_limits(policy, d.tenant)
@@ -433,12 +441,12 @@ function _M.log(conf, ctx)
     end
     local d_ = dict()
     if seen.cloud then
-        counters.release(d_, seen.keys.inflight[seen.target])
+        counters.release(d_, dkey(seen.keys.inflight, seen.target))
         if seen.cold_counted then
-            counters.release(d_, seen.keys.cold[seen.target])
+            counters.release(d_, dkey(seen.keys.cold, seen.target))
         end
     elseif seen.local_counted then
-        counters.release(d_, seen.keys.local_[seen.model])
+        counters.release(d_, dkey(seen.keys.local_, seen.model))
     end
     if ctx.spillway_slot then
         release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete

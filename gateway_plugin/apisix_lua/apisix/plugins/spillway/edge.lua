@@ -120,9 +120,13 @@ local function own(name)
         and (gsub(sub(name, 1, #OWN_PREFIX), "_", "-")) == OWN_PREFIX
 end
 
+local function escaped(c)
+    return format("%%%02X", byte(c))
+end
+
 local function quote(s, keep_slash)
     local pattern = keep_slash and "[^A-Za-z0-9_.~/-]" or "[^A-Za-z0-9_.~-]"
-    return (gsub(s, pattern, function(c) return format("%%%02X", byte(c)) end))
+    return (gsub(s, pattern, escaped))
 end
 _M.quote = quote
 
