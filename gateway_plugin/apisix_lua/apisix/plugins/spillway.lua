@@ -47,6 +47,9 @@ local schema = {
         content_checks = { type = "boolean", default = false,
                            description = "read the text inputs of a request that would leave: one "
                                          .. "the content detectors match stays on premises" },
+        decision_header = { type = "boolean",
+                            description = "X-Spillway-Decision on this route's answers (unset: "
+                                          .. "metrics.decision_header)" },
     },
     additionalProperties = false,
 }
@@ -429,7 +432,14 @@ end
 
 function _M.header_filter(conf, ctx)
     local seen = ctx.spillway
-    if seen and (worker.tbl == nil or worker.tbl.decision_header ~= false) then
+    if not seen then
+        return
+    end
+    local show = conf.decision_header
+    if show == nil then
+        show = worker.tbl == nil or worker.tbl.decision_header ~= false
+    end
+    if show then
         ngx.header["X-Spillway-Decision"] = seen.decision
     end
 end
