@@ -22,13 +22,12 @@ local edge = require("apisix.plugins.spillway.edge")
 local content = require("apisix.plugins.spillway.content")
 
 local ngx = ngx
+local dkey = counters.key
 local ngx_now = ngx.now
-local set_req_header = ngx.req.set_header
 local tostring = tostring
 
 local plugin_name = "spillway"
 local DICT = "spillway"
-local SIGNATURE_HEADER = "X-Spillway-Signature"
 local FAIL_SAFE = "table_stale"
 local NO_CONSUMER = "no authenticated consumer: tenants.source is consumer, so the tenant comes from "
     .. "APISIX's authentication; put an authentication plugin on this route (apisix-route --auth)"
@@ -71,24 +70,8 @@ local function dict()
     return ngx.shared[DICT]
 end
 
--- Shared-dict keys of targets and models (names from the table, so few), made once per table
--- version rather than concatenated per request; tenants' keys (clients choose them) are not kept.
--- A ring holds its prefix at [1] (no name is a number). No closures: LuaJIT compiles none.
-local keys
-local function fresh_keys()
-    keys = { inflight = { "if:" }, spent = { "sp:" }, probe = { "pr:" }, cold = { "ifc:" },
-             local_ = { "lif:" }, hot = { "hot:" } }
-end
-fresh_keys()
-
-local function dkey(ring, name)
-    local k = ring[name]
-    if k == nil then
-        k = ring[1] .. name
-        ring[name] = k
-    end
-    return k
-end
+-- The dict keys of targets' and models' counters, made anew with each table version.
+local keys = counters.keys()
 
 local function log_sometimes(kind, ...)
     local now = ngx_now()
@@ -119,7 +102,7 @@ local function current()
         if tbl then
             worker.tbl = tbl
             worker.policies = setmetatable({}, { __mode = "k" })
-            fresh_keys()
+            keys = counters.keys()
         else
             log_sometimes("parse", "spillway: stored decision table unusable: ", err)
         end
@@ -237,37 +220,12 @@ local function fail_safe(tbl, f, conf)
     return decide.stay_local(load, policy, FAIL_SAFE, tenant ~= "" and tenant or nil, false)
 end
 
-local signing_keys = {}
-local function signing_key(env)
-    local key = signing_keys[env]
-    if key == nil then
-        key = os.getenv(env) or ""
-        signing_keys[env] = key
-    end
-    return key
-end
-
 -- traffic-split matches the target's value in the request's context; only the headers the
--- target may receive go with it.
+-- target may receive go with it, and the signature when the target wants one.
 local function to_cloud(ctx, spec, raw)
     ctx.spillway_upstream = spec.value
     edge.forward_only(raw, spec.forward_set)
-    local key = spec.key_env and signing_key(spec.key_env) or ""
-    if key == "" then
-        return
-    end
-    local target = sign.canonical_target(ctx.var.uri, core.request.get_uri_args(ctx))
-    local body = nil
-    if spec.sign_body then
-        body = core.request.get_body() or ""
-    end
-    -- nginx's call and APISIX's two header caches kept in step (its wrapper costs a microsecond).
-    local value = sign.header(key, ngx.req.get_method(), target, body, ngx.time())
-    set_req_header(SIGNATURE_HEADER, value)
-    ctx.var.http_x_spillway_signature = nil
-    if ctx.headers then
-        ctx.headers["x-spillway-signature"] = value
-    end
+    sign.request(ctx, spec)
 end
 
 -- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
@@ -314,29 +272,14 @@ local function check_content(ctx, f, tbl, policy)
     return screen(ctx, f, tbl, policy)
 end
 
--- "target;label", made once per pair (targets and labels come from the table: few).
-local decision_texts = {}
-local function decision_text(target, label)
-    local by_label = decision_texts[target]
-    if by_label == nil then
-        by_label = {}
-        decision_texts[target] = by_label
-    end
-    local text = by_label[label]
-    if text == nil then
-        text = target .. ";" .. label
-        by_label[label] = text
-    end
-    return text
-end
 
 -- What the runner learns of this request: counted now, reported from the log phase.
 local function account(ctx, d, f, tbl, policy, kept_by)
     local d_ = dict()
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
     local label = decide.label(d)
-    local seen = { target = d.target, label = label, decision = decision_text(d.target, label), keys = keys,
-                   tenant = d.tenant, cost = d.cost_usd, model = model_key,
+    local seen = { target = d.target, label = label, decision = report.decision_text(d.target, label),
+                   keys = keys, tenant = d.tenant, cost = d.cost_usd, model = model_key,
                    -- For the cost series: a model the table does not know is "*" (the runner's other).
                    usage_model = f.model and (model_key ~= "" and model_key or "*") or "",
                    -- For the audit trail, keyed only if a logger asks (spillway/edge.lua).

@@ -174,6 +174,22 @@ function _M.kept_home(agg, request)
     end
 end
 
+-- X-Spillway-Decision's "target;label", made once per pair (both come from the table: few).
+local decision_texts = {}
+function _M.decision_text(target, label)
+    local by_label = decision_texts[target]
+    if by_label == nil then
+        by_label = {}
+        decision_texts[target] = by_label
+    end
+    local text = by_label[label]
+    if text == nil then
+        text = target .. ";" .. label
+        by_label[label] = text
+    end
+    return text
+end
+
 -- The summary as the runner reads it (POST /spillway/fast-outcomes).
 function _M.body(agg)
     local instances = {}
