@@ -46,6 +46,24 @@ local function last_number(raw)
 end
 _M.last_number = last_number
 
+-- The age's bucket: the first bound it does not pass (N_BOUNDS + 1 past them all). Compared
+-- without a loop: one of a varying count stops LuaJIT compiling the log phase that runs it.
+local B = AGE_BOUNDS
+assert(N_BOUNDS == 10, "bucket() compares ten bounds")
+local function bucket(age)
+    if age <= B[5] then
+        if age <= B[2] then
+            return age <= B[1] and 1 or 2
+        end
+        return age <= B[3] and 3 or (age <= B[4] and 4 or 5)
+    end
+    if age <= B[8] then
+        return age <= B[6] and 6 or (age <= B[7] and 7 or 8)
+    end
+    return age <= B[9] and 9 or (age <= B[10] and 10 or 11)
+end
+_M.bucket = bucket
+
 local function bounded(agg, map, key, fresh)
     local entry = map[key]
     if entry == nil then
@@ -71,10 +89,7 @@ function _M.add(agg, seen, var, status)
     agg.decisions[decision] = (agg.decisions[decision] or 0) + 1
     local age = seen.table_age_s
     if age then
-        local i = 1
-        while i <= N_BOUNDS and age > AGE_BOUNDS[i] do
-            i = i + 1
-        end
+        local i = bucket(age)
         agg.ages[i] = agg.ages[i] + 1
         agg.age_sum = agg.age_sum + age
     end
