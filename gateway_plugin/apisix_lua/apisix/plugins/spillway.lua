@@ -23,7 +23,15 @@ local content = require("apisix.plugins.spillway.content")
 
 local ngx = ngx
 local dkey = counters.key
-local ngx_now = ngx.now
+local ffi = require("ffi")
+local tonumber = tonumber
+-- nginx's cached clock, read through the call resty.core.time declares rather than its ngx.now()
+-- wrapper: a wrapper every module shares is one LuaJIT may stop compiling into traces (other code
+-- aborting there), and each request reads the clock once.
+local ffi_now = ffi.C.ngx_http_lua_ffi_now
+local function ngx_now()
+    return tonumber(ffi_now())
+end
 local tostring = tostring
 
 local plugin_name = "spillway"
@@ -89,8 +97,8 @@ end
 -- The stored version is looked at once per tick of nginx's cached clock (the requests of one
 -- event-loop pass share it): a new table is seen at the next pass, as before; staleness is judged
 -- by the table's own built_at on every request.
-local function current()
-    local now = ngx_now()
+local function current(now)
+    now = now or ngx_now()
     if now == worker.version_seen_at then
         return worker.tbl
     end
@@ -111,8 +119,14 @@ local function current()
 end
 _M.current = current
 
+-- The tenant as every later read sees it: keyed when its name is long or odd. Written into the
+-- view only then (a nil written would add a key to the view on every request).
 local function keyed_tenant(f, header)
-    rawset(f.headers, header, counters.tenant_key(f.headers[header]))
+    local name = f.headers[header]
+    local key = counters.tenant_key(name)
+    if key ~= name then
+        rawset(f.headers, header, key)
+    end
 end
 
 local function route_policy(tbl, conf)
@@ -324,7 +338,8 @@ function _M.access(conf, ctx)
         ctx.spillway_refused, ctx.spillway_via = path, "fast_path"
         return path, { error = odd }
     end
-    local tbl = current()
+    local now = ngx_now()
+    local tbl = current(now)
     local policy
     local f = decide.features(path, raw, core.request.get_uri_args, ctx)
     if tbl then
@@ -340,7 +355,7 @@ function _M.access(conf, ctx)
         end
     end
     local d, kept_by
-    if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
+    if tbl == nil or now - tbl.built_at > worker.attr.stale_after_s then
         d = fail_safe(tbl, f, conf)
         policy = nil
     else
@@ -357,7 +372,7 @@ function _M.access(conf, ctx)
     end
     account(ctx, d, f, tbl, policy, kept_by)
     if tbl then
-        ctx.spillway.table_age_s = math.max(0, ngx_now() - tbl.built_at)
+        ctx.spillway.table_age_s = math.max(0, now - tbl.built_at)
     end
     if d.target == decide.SHED then
         core.response.set_header("Retry-After", tostring(d.retry_after_s))
