@@ -1014,6 +1014,13 @@ DESCRIPTIONS = {
 }
 
 
+def describe(case: str) -> str:
+    """A case's row label; a --lua-variant's runs say which Lua they ran."""
+    base, _, variant = case.partition("@")
+    label = DESCRIPTIONS.get(base, base)
+    return f"{label}, Lua `{variant}`" if variant else label
+
+
 def _startup_messages(samples: list[Sample]) -> list[str]:
     """Distinct warn-or-worse lines of APISIX starting and stopping, without counts and pids."""
     seen: dict[str, None] = {}
@@ -1051,7 +1058,7 @@ def markdown(
     ]
     for r in rows:
         lines.append(
-            f"| {DESCRIPTIONS.get(r['case'], r['case'])} | {_fmt(r['req_per_s'])} | "
+            f"| {describe(r['case'])} | {_fmt(r['req_per_s'])} | "
             f"{_fmt(r['of_split'], 2)} | {_fmt(r['of_trivial'], 2)} | "
             f"{_fmt(r['p50_us'])} | {_fmt(r['p99_us'])} | {_fmt(r['p99_of_split'], 2)} | "
             f"{_fmt(r['p99_minus_split_us'])} | "
@@ -1066,7 +1073,7 @@ def markdown(
     ]
     for r in rows:
         lines.append(
-            f"| {DESCRIPTIONS.get(r['case'], r['case'])} | {_fmt(r['runner_cpu_us_per_req'])} | "
+            f"| {describe(r['case'])} | {_fmt(r['runner_cpu_us_per_req'])} | "
             f"{_fmt(r['apisix_cpu_us_per_req'])} | {_fmt(r['upstream_cpu_us_per_req'])} | "
             f"{_fmt(r['wrk_cpu_us_per_req'])} | {_fmt(r['total_cpu_us_per_req'])} | "
             f"{_fmt(r['runner_cores'], 2)} | {_fmt(r['apisix_cores'], 2)} |"
@@ -1085,7 +1092,7 @@ def markdown(
             f"{by_round[n].req_per_s:,.0f} ({by_round[n].loadavg_1m:.1f})" if n in by_round else "-"
             for n in rounds
         ]
-        lines.append(f"| {DESCRIPTIONS.get(r['case'], r['case'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {describe(r['case'])} | " + " | ".join(cells) + " |")
     lines.append("")
     for r in rows:
         served = ", ".join(f"{k} {v:,}" for k, v in r["served"].items())
