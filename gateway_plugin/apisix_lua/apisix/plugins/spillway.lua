@@ -144,7 +144,8 @@ function live.in_flight(_, name)
     return dict():get(dkey(keys.inflight, name)) or 0
 end
 function live.spent(_, name)
-    return counters.since_mark(dict():get(dkey(keys.spent, name)) or 0, worker.tbl.targets[name].spent_mark)
+    local spent = dict():get(dkey(keys.spent, name)) or 0
+    return counters.since_mark(spent, worker.tbl.targets[name].spent_mark)
 end
 -- The tenant whose slot this request took before deciding, and its count before that.
 local slot = { tenant = nil, before = 0 }

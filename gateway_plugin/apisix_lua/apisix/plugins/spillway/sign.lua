@@ -37,14 +37,17 @@ local function less(a, b)
 end
 
 -- A path's canonical text, kept per path (most requests carry few distinct paths); clients choose
--- paths, so the cache is emptied when it holds MAX_PATHS.
-local MAX_PATHS = 256
+-- paths, so only those up to MAX_PATH_BYTES are kept, and the cache is emptied at MAX_PATHS.
+local MAX_PATHS, MAX_PATH_BYTES = 256, 512
 local paths, n_paths = {}, 0
 
 local function path_text(path)
     local text = paths[path]
     if text == nil then
         text = plain(path) and path or quote(edge.resolved_path(path), true)
+        if #path > MAX_PATH_BYTES then
+            return text
+        end
         if n_paths >= MAX_PATHS then
             paths, n_paths = {}, 0
         end
