@@ -85,6 +85,23 @@ function _M.release_tenant(d_, key)
     end
 end
 
+-- The dict keys of targets' and models' counters (names from the table, so few), each made once
+-- per table version rather than concatenated per request; tenants' keys (clients choose them) are
+-- not kept. A ring holds its prefix at [1] (no name is a number).
+function _M.keys()
+    return { inflight = { "if:" }, spent = { "sp:" }, probe = { "pr:" }, cold = { "ifc:" },
+             local_ = { "lif:" }, hot = { "hot:" } }
+end
+
+function _M.key(ring, name)
+    local k = ring[name]
+    if k == nil then
+        k = ring[1] .. name
+        ring[name] = k
+    end
+    return k
+end
+
 -- The node's id, made anew (a new node for the runner, so no spend is lost) when evicted.
 function _M.node(d_)
     local node = d_:get("node")
