@@ -48,7 +48,11 @@ reports what the upstreams answered (from their logs), the runner's decision cou
 stderr included) inside the measured window and outside it (``--keep-logs DIR`` keeps each file).
 
     python bench/apisix_gateway.py [--rounds 3] [--seconds 6] [--workers 1] [--cases ...]
-        [--json-out F] [--markdown-out F]
+        [--lua-variant NAME=DIR ...] [--json-out F] [--markdown-out F]
+
+``--lua-variant NAME=DIR`` measures a change to the Lua plugins against the checkout's in the same
+run: every fast case runs again as ``CASE@NAME`` with ``DIR`` (a copy of gateway_plugin/fast_path/lua,
+changed) as APISIX's extra_lua_path, interleaved with the other cases in every round.
 
 Needs APISIX in a prefix of its own: --prefix, else $SPILLWAY_APISIX_PREFIX, else
 /opt/spillway-apisix-bench, never the tests' default /opt/spillway-apisix unless named (install with
@@ -77,7 +81,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -264,8 +268,11 @@ def probe(port: int) -> tuple[int, dict[str, str], bytes]:
 class Feed:
     """``calm``: counters that never move and nothing pending, so the runner sees no queueing and no
     service time (its estimate is then the answer time http-logger reports, about a millisecond).
-    ``overloaded``: every scrape adds 10 requests that queued 500 ms and computed 10 ms, 20 pending:
-    an estimated 510 ms against the 200 ms target (spill), under the 800 ms saturation line."""
+    ``overloaded``: every scrape adds 10 requests that queued 500 ms and computed 10 ms, 50 pending:
+    an estimated 510 ms against the 200 ms target (spill), under the 800 ms saturation line, and
+    still 260 ms when the scrape is 250 ms old (the backlog drains one compute time per request
+    meanwhile; with 20 pending the estimate fell under the target between scrapes, and a third of
+    the decisions went local)."""
 
     mode: str = "calm"
     url: str = ""
@@ -281,7 +288,7 @@ class Feed:
             self._success += 10
             self._queue_us += 10 * 500_000
             self._compute_us += 10 * 10_000
-            pending = 20
+            pending = 50
         labels = '{model="add_sub",version="1"}'
         return (
             f"nv_inference_request_success{labels} {self._success}\n"
@@ -335,6 +342,7 @@ class Case:
     metrics_url: str | None = None  # the runner's /metrics (decision counters)
     logger: bool = False  # the route posts outcomes to the runner
     lua: dict[str, Any] | None = None  # config_snippet: the Lua plugins' path, dict, attrs
+    lua_dir: Path | None = None  # --lua-variant: this directory's Lua plugins instead of the checkout's
 
 
 @dataclass
@@ -346,6 +354,7 @@ class Setup:
     feed: Feed
     go_runner: Path
     cloud_cap: int
+    variants: dict[str, Path] = field(default_factory=dict)
 
 
 def spillway_config(setup: Setup, metrics_port: int, outcomes_port: int | None) -> dict[str, Any]:
@@ -380,8 +389,12 @@ def make_case(name: str, setup: Setup) -> Case:
     outcomes_port = None if name == "spillway-local-nologger" else free_port()
     config = spillway_config(setup, metrics_port, outcomes_port)
     made = route(SpillwayConfig.model_validate(config), setup.token.encode())
-    if name.startswith("fast-"):
-        return fast_case(name, setup, config, metrics_port)
+    base, _, variant = name.partition("@")
+    if base.startswith("fast-"):
+        case = fast_case(base, setup, config, metrics_port)
+        if variant:
+            case = replace(case, name=name, lua_dir=setup.variants[variant])
+        return case
     if name.startswith("spillway-"):
         config_path = setup.work / f"{name}.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -438,7 +451,7 @@ def apisix_settings(case: Case, setup: Setup, workers: int, port: int) -> apisix
     if case.lua is not None:
         snippet = case.lua
         extra = {
-            "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
+            "extra_lua_path": case.lua_dir or Path(snippet["apisix"]["extra_lua_path"]).parent,
             "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
             "plugin_attr": snippet["plugin_attr"],
         }
@@ -1001,6 +1014,13 @@ DESCRIPTIONS = {
 }
 
 
+def describe(case: str) -> str:
+    """A case's row label; a --lua-variant's runs say which Lua they ran."""
+    base, _, variant = case.partition("@")
+    label = DESCRIPTIONS.get(base, base)
+    return f"{label}, Lua `{variant}`" if variant else label
+
+
 def _startup_messages(samples: list[Sample]) -> list[str]:
     """Distinct warn-or-worse lines of APISIX starting and stopping, without counts and pids."""
     seen: dict[str, None] = {}
@@ -1038,7 +1058,7 @@ def markdown(
     ]
     for r in rows:
         lines.append(
-            f"| {DESCRIPTIONS.get(r['case'], r['case'])} | {_fmt(r['req_per_s'])} | "
+            f"| {describe(r['case'])} | {_fmt(r['req_per_s'])} | "
             f"{_fmt(r['of_split'], 2)} | {_fmt(r['of_trivial'], 2)} | "
             f"{_fmt(r['p50_us'])} | {_fmt(r['p99_us'])} | {_fmt(r['p99_of_split'], 2)} | "
             f"{_fmt(r['p99_minus_split_us'])} | "
@@ -1053,7 +1073,7 @@ def markdown(
     ]
     for r in rows:
         lines.append(
-            f"| {DESCRIPTIONS.get(r['case'], r['case'])} | {_fmt(r['runner_cpu_us_per_req'])} | "
+            f"| {describe(r['case'])} | {_fmt(r['runner_cpu_us_per_req'])} | "
             f"{_fmt(r['apisix_cpu_us_per_req'])} | {_fmt(r['upstream_cpu_us_per_req'])} | "
             f"{_fmt(r['wrk_cpu_us_per_req'])} | {_fmt(r['total_cpu_us_per_req'])} | "
             f"{_fmt(r['runner_cores'], 2)} | {_fmt(r['apisix_cores'], 2)} |"
@@ -1072,7 +1092,7 @@ def markdown(
             f"{by_round[n].req_per_s:,.0f} ({by_round[n].loadavg_1m:.1f})" if n in by_round else "-"
             for n in rounds
         ]
-        lines.append(f"| {DESCRIPTIONS.get(r['case'], r['case'])} | " + " | ".join(cells) + " |")
+        lines.append(f"| {describe(r['case'])} | " + " | ".join(cells) + " |")
     lines.append("")
     for r in rows:
         served = ", ".join(f"{k} {v:,}" for k, v in r["served"].items())
@@ -1186,6 +1206,14 @@ def main(argv: list[str] | None = None) -> int:
         default=2000,
         help="the budget check's hourly aws budget, in cold requests (default 2000)",
     )
+    parser.add_argument(
+        "--lua-variant",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="A/B of a change: each fast case runs again as CASE@NAME with the Lua plugins of DIR "
+        "(holding apisix/plugins/spillway.lua), interleaved with the others (repeatable)",
+    )
     parser.add_argument("--markdown-out", type=Path, default=None, help="also write the summary as markdown")
     parser.add_argument(
         "--keep-logs", type=Path, default=None, help="copy each APISIX error.log (runner stderr too) here"
@@ -1205,6 +1233,13 @@ def main(argv: list[str] | None = None) -> int:
         args.cases = [c for c in DEFAULT_CASES if c != "go-noop" or go_there]
     elif "go-noop" in args.cases and not go_there:
         parser.error(f"go-noop: no executable {args.go_runner}")
+    variants: dict[str, Path] = {}
+    for spec in args.lua_variant:
+        vname, sep, vdir = spec.partition("=")
+        if not sep or not vname or not (Path(vdir) / "apisix" / "plugins" / "spillway.lua").is_file():
+            parser.error(f"--lua-variant {spec}: expected NAME=DIR, DIR holding apisix/plugins/spillway.lua")
+        variants[vname] = Path(vdir).resolve()
+    args.cases = [*args.cases, *(f"{c}@{v}" for c in args.cases if c.startswith("fast-") for v in variants)]
     if BASELINE not in args.cases:
         parser.error(f"the ratios need {BASELINE} in the run")
     if "trivial" in args.cases and (
@@ -1245,7 +1280,14 @@ def main(argv: list[str] | None = None) -> int:
         ):
             work = Path(tmp)
             setup = Setup(
-                work, secrets.token_hex(32), secrets.token_hex(32), ups, feed, args.go_runner, args.cloud_cap
+                work,
+                secrets.token_hex(32),
+                secrets.token_hex(32),
+                ups,
+                feed,
+                args.go_runner,
+                args.cloud_cap,
+                variants,
             )
             script = wrk_script(work)
             total = args.rounds * len(args.cases)

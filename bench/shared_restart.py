@@ -51,7 +51,7 @@ BUDGETS = (29, 100, 300)
 PUBLIC = RequestFeatures("/v2/models/m/infer", {"x-data-classification": "public"}, {}, "m")
 
 
-def restart_config(url: str, nodes: int, budget: int, prefix: str) -> SpillwayConfig:
+def restart_config(url: str, nodes: int, budget: int, prefix: str, replicas_ack: int = 0) -> SpillwayConfig:
     return SpillwayConfig.model_validate(
         {
             "targets": [
@@ -66,7 +66,12 @@ def restart_config(url: str, nodes: int, budget: int, prefix: str) -> SpillwayCo
             "budgets": {"per_target_hourly_usd": {"aws": budget / 100}},
             "metrics": {"listen": None},
             "outcomes": {"listen": None},
-            "shared_state": {"redis_url": url, "nodes_expected": nodes, "key_prefix": prefix},
+            "shared_state": {
+                "redis_url": url,
+                "nodes_expected": nodes,
+                "key_prefix": prefix,
+                "replicas_ack": replicas_ack,
+            },
         }
     )
 

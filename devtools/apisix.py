@@ -1,9 +1,11 @@
 """A real Apache APISIX (``scripts/install-apisix.sh``) started with Spillway's runner as its
 ``ext-plugin.cmd``: for the tests, the demo and the benchmarks.
 
-Writes APISIX's ``conf/config.yaml`` (standalone data plane on 127.0.0.1, the given plugins and
-environment) and ``conf/apisix.yaml`` (the routes), runs ``apisix start``, waits until APISIX
-answers and the runner listens, and stops it with ``apisix quit``.
+Writes APISIX's ``conf/config.yaml`` (a standalone data plane on 127.0.0.1 with ``conf/apisix.yaml``
+holding the routes, or, given an etcd, the traditional deployment: routes from etcd, put there
+through the Admin API), runs ``apisix start``, waits until APISIX answers and the runner listens,
+and stops it with ``apisix quit``. Several nodes run from copies of the installed APISIX
+(``node_prefix``): one APISIX runs per prefix.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -29,6 +32,27 @@ TESTBED = ROOT / "third_party" / "apisix-testbed"
 
 def prefix() -> Path:
     return Path(os.environ.get("SPILLWAY_APISIX_PREFIX") or "/opt/spillway-apisix")
+
+
+def node_prefix(base: Path, index: int) -> Path:
+    """Another node's APISIX: the installed one's code copied under ``base`` (at most 70
+    characters, as APISIX's Unix sockets need), without its logs or configuration."""
+    home = base / f"apisix-{index}"
+    if len(str(home)) > 70:
+        raise ValueError(f"{home} is over 70 characters: APISIX's Unix sockets under it would not fit")
+    if not home.exists():
+        shutil.copytree(prefix() / "bin", home / "bin", symlinks=True)
+        shutil.copytree(prefix() / "apisix", home / "apisix", symlinks=True, ignore=_node_own)
+    return home
+
+
+def _node_own(folder: str, names: list[str]) -> set[str]:
+    """What each node makes for itself: its logs, its configuration, its sockets."""
+    if Path(folder) == prefix() / "apisix":
+        return {"logs"}
+    if Path(folder) == prefix() / "apisix" / "conf":
+        return {n for n in names if n in ("config.yaml", "apisix.yaml", "nginx.conf") or n.endswith(".sock")}
+    return set()
 
 
 def missing_reason() -> str | None:
@@ -67,6 +91,15 @@ class ApisixSettings:
     # snippet that makes nginx check it (fast_path.route.VERIFY_UPSTREAM_TLS).
     trusted_ca: str = "system"
     verify_upstream_tls: bool = True
+    # The APISIX install to run (default: prefix()); another node's comes from node_prefix.
+    home: Path | None = None
+    # The traditional deployment: routes from this etcd (under etcd_prefix, shared by every node
+    # that names it) instead of routes_yaml; admin_port serves the Admin API, whose key APISIX
+    # reads from the variable admin_key_env names (never written to a file).
+    etcd: str | None = None
+    etcd_prefix: str = "/apisix"
+    admin_port: int | None = None
+    admin_key_env: str = "APISIX_ADMIN_KEY"
 
 
 _MODULES = (
@@ -83,7 +116,7 @@ def config_yaml(s: ApisixSettings) -> str:
         f"  node_listen: [{{ip: 127.0.0.1, port: {s.port}}}]",
         "  enable_ipv6: false",
         "  enable_http2: false",
-        "  enable_admin: false",
+        f"  enable_admin: {'true' if s.admin_port else 'false'}",
         "  enable_control: false",
         f"  ssl: {{enable: false, ssl_trusted_certificate: {json.dumps(s.trusted_ca)}}}",
     ]
@@ -111,10 +144,8 @@ def config_yaml(s: ApisixSettings) -> str:
         lines.append("  user: root")
     if s.envs:
         lines.append(f"  envs: {json.dumps(list(s.envs))}")
+    lines += _deployment(s)
     lines += [
-        "deployment:",
-        "  role: data_plane",
-        "  role_data_plane: {config_provider: yaml}",
         f"plugins: {json.dumps(list(s.plugins))}",
         "stream_plugins: [ip-restriction]",
     ]
@@ -125,10 +156,31 @@ def config_yaml(s: ApisixSettings) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _deployment(s: ApisixSettings) -> list[str]:
+    if s.etcd is None:
+        return ["deployment:", "  role: data_plane", "  role_data_plane: {config_provider: yaml}"]
+    lines = [
+        "deployment:",
+        "  role: traditional",
+        "  role_traditional: {config_provider: etcd}",
+        f"  etcd: {{host: [{json.dumps(s.etcd)}], prefix: {json.dumps(s.etcd_prefix)}, timeout: 30}}",
+    ]
+    if s.admin_port:
+        lines += [
+            "  admin:",
+            "    admin_key_required: true",
+            f"    admin_key: [{{name: admin, role: admin, key: '${{{{{s.admin_key_env}}}}}'}}]",
+            f"    admin_listen: {{ip: 127.0.0.1, port: {s.admin_port}}}",
+            "    allow_admin: [127.0.0.0/24]",
+        ]
+    return lines
+
+
 class Apisix:
     def __init__(self, settings: ApisixSettings) -> None:
         self.settings = settings
-        self.home = prefix() / "apisix"
+        self.prefix = settings.home or prefix()
+        self.home = self.prefix / "apisix"
         self.url = f"http://127.0.0.1:{settings.port}"
         self.master_pid: int | None = None
 
@@ -155,14 +207,19 @@ class Apisix:
     def start(self) -> None:
         s = self.settings
         (self.home / "conf" / "config.yaml").write_text(config_yaml(s))
-        routes = s.routes_yaml if "#END" in s.routes_yaml else s.routes_yaml + "\n#END\n"
-        (self.home / "conf" / "apisix.yaml").write_text(routes)
+        if s.etcd is None:
+            routes = s.routes_yaml if "#END" in s.routes_yaml else s.routes_yaml + "\n#END\n"
+            (self.home / "conf" / "apisix.yaml").write_text(routes)
         self.logs.mkdir(parents=True, exist_ok=True)
         for name in ("error.log", "access.log"):
             (self.logs / name).write_text("")
         env = {**os.environ, **s.env}
         result = subprocess.run(
-            [str(prefix() / "bin" / "apisix"), "start"], env=env, capture_output=True, text=True, check=False
+            [str(self.prefix / "bin" / "apisix"), "start"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(
@@ -180,7 +237,9 @@ class Apisix:
             ):
                 return
             time.sleep(0.05)
-        raise RuntimeError(f"APISIX not up within {s.timeout_s} s:\n{self.error_log()[-3000:]}")
+        log = self.error_log()[-3000:]
+        self.stop()
+        raise RuntimeError(f"APISIX not up within {s.timeout_s} s:\n{log}")
 
     def _answers(self) -> bool:
         try:
@@ -193,7 +252,7 @@ class Apisix:
 
     def stop(self) -> None:
         """``apisix quit`` (graceful: the workers stop the runner), then the master by force."""
-        subprocess.run([str(prefix() / "bin" / "apisix"), "quit"], capture_output=True, check=False)
+        subprocess.run([str(self.prefix / "bin" / "apisix"), "quit"], capture_output=True, check=False)
         deadline = time.monotonic() + 15
         while self.master_pid is not None and _alive(self.master_pid) and time.monotonic() < deadline:
             time.sleep(0.05)

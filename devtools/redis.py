@@ -8,7 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,8 +33,11 @@ class RedisServer:
     """One server process; ``stop`` kills it (as a crash would), ``start`` brings it back, empty
     unless ``persist``."""
 
-    def __init__(self, folder: Path, port: int | None = None, persist: bool = False) -> None:
+    def __init__(
+        self, folder: Path, port: int | None = None, persist: bool = False, args: Sequence[str] = ()
+    ) -> None:
         self.folder, self.port, self.persist = folder, port or free_port(), persist
+        self.args = list(args)  # more of redis-server's options (a replica's, a Cluster node's)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -55,6 +58,7 @@ class RedisServer:
                 *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder)),
                 *("--save", "", "--appendonly", *appendonly),
                 *("--protected-mode", "yes", "--logfile", str(log)),
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
         )

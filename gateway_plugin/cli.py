@@ -89,6 +89,26 @@ def _parser() -> argparse.ArgumentParser:
         help="read the text inputs of each request that would leave (spillway.yaml's content: detectors; "
         "a match keeps it on premises): the route's conf gets content_checks",
     )
+    route.add_argument(
+        "--node-port",
+        type=int,
+        metavar="PORT",
+        default=None,
+        help="match only requests to the APISIX node listening on PORT: several nodes on one host, "
+        "each runner with its own outcome port, need a route each (on hosts of their own, one serves all)",
+    )
+    route.add_argument(
+        "--push",
+        metavar="ADMIN_URL",
+        default=None,
+        help="put the route through APISIX's Admin API at this origin (http://127.0.0.1:9180) instead "
+        "of printing it: every node on the same etcd serves it. The key comes from the environment",
+    )
+    route.add_argument(
+        "--admin-key-env",
+        default="APISIX_ADMIN_KEY",
+        help="the variable holding the Admin API key (default: APISIX_ADMIN_KEY; never APISIX's default key)",
+    )
     lua = sub.add_parser(
         "apisix-lua-path",
         help="print the directory to name in APISIX's extra_lua_path (Spillway's Lua plugins)",
@@ -208,7 +228,22 @@ def _print_route(config: SpillwayConfig, args: argparse.Namespace) -> int:
     except (RouteError, RouteTokenError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.node_port is not None:
+        made["vars"] = [["server_port", "==", str(args.node_port)]]
+    if args.push is not None:
+        return _push(args.push, made, args.admin_key_env)
     print(admin_json(made) if fmt == "json" else standalone_yaml(made), end="")
+    return 0
+
+
+def _push(admin: str, made: dict[str, object], key_env: str) -> int:
+    from gateway_plugin.apisix_admin import AdminError, put_route
+
+    try:
+        print(put_route(admin, made, os.environ, key_env))
+    except AdminError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

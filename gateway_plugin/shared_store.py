@@ -4,8 +4,10 @@ A round is one ``EVALSHA`` of the script below, atomic on the server: node liven
 claims, holds and grants, slots, breaker transitions and probe tokens, warm instances, and which
 nodes told all their claims since a time (the server's clock). Every key carries
 the hash tag ``{prefix}``, so on a Cluster all of them live in one slot and the script may touch
-them together. Every call is bounded by ``timeout_ms`` (connect and read); the password comes from
-the environment and is never part of a message.
+them together. With ``replicas_ack``, an answer is used only once that many replicas hold the
+round's writes (``WAIT``): replication is asynchronous, and a failover to a replica that lacks a
+grant would lease it again. Every call is bounded by ``timeout_ms`` (connect and read); the
+password comes from the environment and is never part of a message.
 """
 
 from __future__ import annotations
@@ -212,6 +214,10 @@ def check_url(url: str) -> None:
         raise ValueError("a Sentinel URL names its master: redis+sentinel://host:26379/MASTER/0")
 
 
+class NotReplicated(RuntimeError):
+    """The store answered, but fewer replicas than ``replicas_ack`` hold what it wrote."""
+
+
 class RedisStore:
     """``routing.shared_sync.Store`` on Redis: one script call per round."""
 
@@ -225,6 +231,7 @@ class RedisStore:
         check_url(settings.redis_url)
         self.client: Any = None
         self._script: Any = None
+        self._wait_ms = max(1, settings.timeout_ms // 2)  # within the call's own bound
 
     def exchange(self, payload: dict[str, Any]) -> list[Any]:
         """One round. The client is made on first use, here on the rounds' thread: a Cluster client
@@ -233,8 +240,26 @@ class RedisStore:
         if self._script is None:
             self.client = make_client(self._settings, self._environ)
             self._script = self.client.register_script(ROUND_SCRIPT)
-        reply = self._script(keys=[payload["p"] + ":round"], args=[json.dumps(payload)])
+        key = payload["p"] + ":round"
+        reply = self._script(keys=[key], args=[json.dumps(payload)])
+        if self._settings.replicas_ack:
+            self._replicated(key)
         return reply  # type: ignore[no-any-return]
+
+    def _replicated(self, key: str) -> None:
+        """Raise unless ``replicas_ack`` of the replicas the master has now (``ROLE``) hold the
+        round's writes (``WAIT``, on the connection that ran the script: one rounds thread, so the
+        pool hands the same one back; on a Cluster, the master of the key's slot). A master with
+        no replica has none to fail over to: nothing to wait for."""
+        node = self.client.get_node_from_key(key) if hasattr(self.client, "get_node_from_key") else None
+        on = {"target_nodes": node} if node is not None else {}
+        role = self.client.execute_command("ROLE", **on)
+        wanted = min(self._settings.replicas_ack, len(role[2]) if len(role) > 2 else 0)
+        if wanted and int(self.client.execute_command("WAIT", wanted, self._wait_ms, **on)) < wanted:
+            raise NotReplicated(
+                f"the round's writes reached fewer than {wanted} replica(s) within {self._wait_ms} ms: "
+                "a failover now could lose them, so this answer is not used"
+            )
 
     def describe(self, error: BaseException) -> str:
         """The error as a log line may carry it: its kind and text, never a credential."""

@@ -36,6 +36,14 @@ apt_component chromium chromium "the report's browser tests"
 # A real redis-server for the shared-state tests. Only the binary is used: the tests start their
 # own servers.
 apt_component redis-server redis-server "the shared-state tests"
+# redis-cli makes the Redis Cluster of the failover tests (redis-cli --cluster create); Debian's
+# redis-server depends on it, but another source of redis-server may come without it.
+apt_component redis-cli redis-tools "the Redis Cluster tests"
+# Sentinel for the shared-state failover tests (Redis Cluster needs only redis-server and redis-cli),
+# and etcd for APISIX's traditional deployment (several nodes, routes from the Admin API): the
+# tests start their own on loopback.
+apt_component redis-sentinel redis-sentinel "the Sentinel failover tests"
+apt_component etcd etcd-server "the multi-node APISIX tests (tests/test_apisix_nodes.py)"
 # A real Prometheus and promtool for the monitoring tests (rules, dashboards' queries, the bill) and
 # the demo. Only the binaries are used: the tests and the demo start their own on loopback.
 apt_component prometheus prometheus "the monitoring tests"

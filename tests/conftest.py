@@ -30,6 +30,8 @@ os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", "test-route-token-" + os.urandom(8
 SET_UP_INSTALLS: dict[str, re.Pattern[str]] = {
     "APISIX (scripts/install-apisix.sh)": re.compile(r"\bno APISIX in "),
     "redis-server (apt)": re.compile(r"\bredis-server is not installed"),
+    "redis-sentinel (apt)": re.compile(r"\bredis-sentinel is not installed"),
+    "etcd (apt etcd-server)": re.compile(r"\betcd is not installed"),
     "prometheus (apt)": re.compile(r"\bprometheus is not installed"),
     "Chromium (apt)": re.compile(r"\bchromium is not installed", re.IGNORECASE),
     "a C compiler (apt gcc)": re.compile(r"\bno C compiler\b"),

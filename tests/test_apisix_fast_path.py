@@ -43,7 +43,10 @@ def routes_for(config: dict[str, Any]) -> list[dict[str, Any]]:
     local_only = fast_route(
         SpillwayConfig.model_validate(config), TOKEN, "on-prem-only", "/onprem/*", {"on_prem_only": True}
     )
-    return [yaml.safe_load(yaml.safe_dump(r)) for r in (made, local_only)]
+    quiet = fast_route(
+        SpillwayConfig.model_validate(config), TOKEN, "quiet", "/quiet/*", {"decision_header": False}
+    )
+    return [yaml.safe_load(yaml.safe_dump(r)) for r in (made, local_only, quiet)]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +87,13 @@ def test_the_plugin_decides_from_the_table_and_keeps_sensitive_requests_home(sta
             assert stack.decision(answer).startswith("local;residency"), answer
     on_prem = stack.send("public", path="/onprem/models/add_sub/infer")
     assert on_prem["upstream"] == "local" and stack.decision(on_prem) == "local;residency", on_prem
+
+
+def test_a_route_can_leave_the_decision_header_out(stack: Stack) -> None:
+    stack.set_load(500)
+    quiet = stack.send("public", path="/quiet/models/add_sub/infer")
+    assert quiet["upstream"] == "aws" and "x-spillway-decision" not in quiet["answer_headers"], quiet
+    assert stack.decision(stack.send("public")).startswith("aws;")
 
 
 def test_the_signature_made_in_lua_verifies_at_the_function(stack: Stack) -> None:

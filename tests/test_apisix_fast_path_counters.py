@@ -57,6 +57,13 @@ def test_a_missing_node_id_is_made_anew_and_spend_below_its_mark_is_all_new(seen
     assert seen["since_mark"] == [1.5, 0.25]
 
 
+def test_spend_a_rounding_below_its_mark_is_the_same_counter(seen: dict[str, Any]) -> None:
+    """The report carries the spend counter with cjson's 14 digits and the table brings it back
+    as the mark: a counter of cents sits a rounding below it, which is nothing spent since, not
+    a counter made anew whose every cent is new (that blocked the plugin's budget for good)."""
+    assert abs(seen["since_rounded_mark"]) < 1e-9, seen["since_rounded_mark"]
+
+
 def test_a_tenants_count_expires_once_idle_instead_of_being_deleted(seen: dict[str, Any]) -> None:
     assert seen["tenant_taken"] == [1, 2]
     assert 0 < seen["busy_ttl"] <= 600

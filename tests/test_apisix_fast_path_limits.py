@@ -3,6 +3,7 @@ hold under concurrent load (a module of its own: one APISIX per prefix at a time
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
+from functions.signature import Verifier
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.routing.policy_build import build_policy
 from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
@@ -49,6 +51,39 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Pa
         assert {a["status"] for a in answers} == {200}
         assert aws.max_in_flight <= 2 and aws.seen, aws.max_in_flight
         assert len(ali.seen) == 3, len(ali.seen)
+
+
+def test_signatures_made_by_two_workers_all_verify_with_nonces_never_repeated(tmp_path: Path) -> None:
+    """Each worker draws its nonce prefix itself, after the fork: of 160 signed requests spread over
+    two workers, the function's verifier (which refuses a nonce it has seen) accepts every one."""
+    key = "two-workers-signing-key-0123456789abcdef"
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws", instance="fn-1"))
+        feed = stack.enter_context(metrics_feed())
+        feed.queue_ms = 500
+        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
+        config["overflow"] = {"saturation_ratio": 50}
+        settings = fast_path_settings(
+            config,
+            tmp_path,
+            free_port(),
+            routes_for(config),
+            workers=2,
+            envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
+            env={"SPILLWAY_SIGNING_KEY": key},
+        )
+        gateway = stack.enter_context(apisix.running(settings))
+        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        wait_until(lambda: front.decision(front.send("public")).startswith("aws;"), 30, "overflow to aws")
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda _: front.send("public"), range(160)))
+        signed = [a for a in answers if a.get("upstream") == "aws"]
+        assert len(signed) == 160, answers
+        verifier = Verifier(key.encode(), allow_unsigned_payload=True)
+        for answer in signed:
+            header = answer["headers"]["x-spillway-signature"]
+            verifier.verify(header, "POST", answer["path"], b"{}", time.time())
 
 
 def test_a_tenants_concurrency_quota_holds_and_its_counter_goes_when_idle(tmp_path: Path) -> None:

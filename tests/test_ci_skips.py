@@ -9,7 +9,9 @@ import pytest
 
 from devtools import apisix
 from devtools import prometheus as prometheus_server
+from devtools.etcd import ETCD_HINT
 from devtools.redis import INSTALL_HINT
+from devtools.redis_ha import SENTINEL_HINT
 from tests.conftest import SKIPS_KEPT_IN_CI, missing_set_up_component, why_not_skipped_in_ci
 from tests.image_support import MISSING_TOOLS
 from tests.test_demo_report_browser import needs_chromium
@@ -41,6 +43,8 @@ def test_every_skip_reason_in_the_suite_is_known_to_ci(
     made_at_run_time = {
         apisix.missing_reason() or "": "APISIX (scripts/install-apisix.sh)",
         INSTALL_HINT: "redis-server (apt)",
+        SENTINEL_HINT: "redis-sentinel (apt)",
+        ETCD_HINT: "etcd (apt etcd-server)",
         prometheus_server.INSTALL_HINT: "prometheus (apt)",
         needs_chromium.kwargs["reason"]: "Chromium (apt)",
         MISSING_TOOLS: "buildah, podman and mmdebstrap (apt)",

@@ -213,6 +213,25 @@ def test_metrics_unreachable_keeps_everything_local(cloud: CloudFake, tmp_path: 
     asyncio.run(with_runner(config, tmp_path, body))
 
 
+def test_a_route_can_leave_the_decision_header_out(cloud: CloudFake, tmp_path: Path) -> None:
+    config = config_for(
+        cloud,
+        local={"endpoints": [{"url": "http://127.0.0.1:9", "metrics_url": "http://127.0.0.1:9/metrics"}]},
+    )
+    config["rules"] = []
+    quiet = RouteConf("route#quiet", [("spillway", json.dumps({"decision_header": False}))])
+
+    async def body(app: RunnerApp, peer: ApisixPeer) -> None:
+        app.start()
+        outcome = await peer.request(quiet, infer("none"))
+        assert outcome.rewrite is not None and dict(outcome.rewrite.headers)["x-spillway-target"] == "local"
+        assert "x-spillway-decision" not in dict(outcome.rewrite.resp_headers)
+        shown = await peer.request(ROUTE, infer("none"))
+        assert shown.rewrite is not None and "x-spillway-decision" in dict(shown.rewrite.resp_headers)
+
+    asyncio.run(with_runner(config, tmp_path, body))
+
+
 def test_invalid_reload_keeps_the_old_config_serving(cloud: CloudFake, tmp_path: Path) -> None:
     path = tmp_path / "spillway.yaml"
     config = config_for(cloud)

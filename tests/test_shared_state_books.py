@@ -15,7 +15,7 @@ from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_ou
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.routing.policy import RequestFeatures
 from tests.redis_support import RedisServer, needs_redis
-from tests.test_shared_state import Clock, Node, config, nodes, server, times
+from tests.test_shared_state import PUBLIC, Clock, Node, config, nodes, server, times
 
 pytestmark = [pytest.mark.integration, needs_redis]
 __all__ = ["server", "times"]
@@ -67,19 +67,62 @@ def test_the_fast_paths_spend_reaches_the_table_and_the_other_nodes(
     assert spent_on_b * 0.01 <= before / 1e9, "another node spends what it held, then nothing"
 
 
-def test_the_table_publishes_the_slots_this_node_may_fill(
+def test_the_table_publishes_the_block_of_slots_the_plugin_may_fill(
     server: RedisServer, times: tuple[Clock, Clock], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", ROUTE_TOKEN)
-    cfg = config(server.url)  # concurrency_cap 100, three nodes expected
+    cfg = config(server.url)  # concurrency_cap 100, three nodes expected: blocks of 100 // 6
     alone = Node(cfg, "alone", *times)
-    assert aws_row(FastPathBook(alone.state), 0.0)["cap"] == 100 // 3, "away: cap // nodes"
+    assert aws_row(FastPathBook(alone.state), 0.0)["cap"] == 16, "away: a block of its cap // nodes"
     three = nodes(cfg, times)
+    caps = [aws_row(FastPathBook(node.state), 0.0)["cap"] for node in three]
     for node in three:
         node.sync()
-    caps = [aws_row(FastPathBook(node.state), 0.0)["cap"] for node in three]
     held = [node.view.targets["aws"].slots.held for node in three]  # type: ignore[union-attr]
-    assert caps == held and 0 < sum(caps) <= 100, f"caps {caps}, slots held {held}"
+    assert caps == [16, 16, 16] and held == [32, 32, 32], f"caps {caps}, slots held {held}"
+    assert [aws_row(FastPathBook(node.state), 0.0)["cap"] for node in three] == caps
+
+
+def test_a_node_serving_both_routes_keeps_the_fast_paths_block_out_of_the_runners_slots(
+    server: RedisServer, times: tuple[Clock, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin counts its in-flight requests in APISIX, the runner its own: a node whose table
+    lets the plugin fill its block of slots lets the runner fill only the rest, so the two routes
+    on one node, and all nodes together, stay under the cap."""
+    monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", ROUTE_TOKEN)
+    cfg = config(server.url, shared_state={"redis_url": server.url, "nodes_expected": 2})
+    cfg = cfg.model_copy(update={"targets": [cfg.targets[0].model_copy(update={"concurrency_cap": 8})]})
+    a, b = nodes(cfg, times, 2)
+    fast = aws_row(FastPathBook(a.state), 0.0)["cap"]
+    runner = sent_out(a, PUBLIC, 20)
+    fast = max(fast, aws_row(FastPathBook(a.state), 0.0)["cap"])
+    other = sent_out(b, PUBLIC, 20)
+    assert fast == 8 // (2 * 2), "the plugin's block: cap // (2 x nodes)"
+    assert runner + fast + other <= 8, f"runner {runner} + plugin {fast} on one node, {other} on the other"
+
+
+def test_a_node_serving_both_routes_spends_no_unit_of_its_budget_twice(
+    server: RedisServer, times: tuple[Clock, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the table lets the plugin spend until its next fetch is kept out of what the runner's
+    own decisions may spend meanwhile: the two routes never spend the same unit of a lease."""
+    monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", ROUTE_TOKEN)
+    cfg = config(
+        server.url,
+        budgets={"per_target_hourly_usd": {"aws": 1.0}},
+        shared_state={"redis_url": server.url, "nodes_expected": 2},
+    )
+    a, _ = nodes(cfg, times, 2)
+    book = FastPathBook(a.state)
+    aws_row(book, 0.0)
+    a.sync()  # the node holds slots for both routes now
+    plugin_may = 1.0 - aws_row(book, 0.0)["spent_hour_usd"]
+    runner = sum(a.decide().is_cloud for _ in range(200)) * 0.01
+    lease = a.view.targets["aws"].hour
+    assert lease is not None and plugin_may > 0
+    assert runner + plugin_may <= lease.leased / 1e9 + 1e-9, (
+        f"runner ${runner:.2f} and plugin ${plugin_may:.2f} on a lease of ${lease.leased / 1e9:.2f}"
+    )
 
 
 def test_a_reload_mid_window_keeps_the_tenants_quota(server: RedisServer, times: tuple[Clock, Clock]) -> None:

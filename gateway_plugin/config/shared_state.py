@@ -36,6 +36,14 @@ class SharedState(Model):
         description="share of a budget or quota leased to a node at once (at most one block per node "
         "stays unused)",
     )
+    replicas_ack: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="replicas (of those the master has) that must hold a round's writes before the node "
+        "uses its answer (Redis WAIT): 1 with Sentinel or Cluster, so a failover cannot lose a lease a node "
+        "already spends",
+    )
     username_env: str | None = Field(default=None, description="environment variable holding the ACL user")
     password_env: str | None = Field(
         default="SPILLWAY_REDIS_PASSWORD", description="environment variable holding Redis's password"

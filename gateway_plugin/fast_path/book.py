@@ -109,7 +109,7 @@ class FastPathBook:
         state = self.state
         now, wall = state.clock(), state.wall()
         loads = state.load.snapshot(None)
-        targets = {name: state.target_state(name, now, wall) for name in state.targets}
+        targets = {name: state.target_state(name, now, wall, fast_path=True) for name in state.targets}
 
         def tenant_state(name: str, book: TenantBook) -> TenantState:
             hour, day = book.spent(wall)
@@ -138,7 +138,7 @@ class FastPathBook:
             wall,
             marks,
             state.decision_header,
-            {name: state.cap(name) for name in state.targets},
+            {name: state.fast_path_cap(name) for name in state.targets},
             state.content,
         )
 

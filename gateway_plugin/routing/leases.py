@@ -15,7 +15,8 @@ shares of each limit ahead of use, so no two nodes can spend the same unit:
   leased that either. Settled, it keeps a block of that share at most and gives back the rest.
 - ``Slots``: a concurrency cap. A node holds slots, all nodes together at most the cap, and
   dispatches only while its in-flight count is under what it holds; away, it holds
-  ``cap // share`` (at least one).
+  ``cap // share`` (at least one). A node whose fast path fills slots too (the plugin counts its
+  in-flight requests in APISIX, out of the runner's sight) keeps a block of them for it.
 - ``SharedBreaker``: the breaker state every node reads (generation, open until, cooldown) and the
   half-open probe tokens this node was given; a node that trips its own breaker says so at once in
   its view and in the next round.
@@ -60,6 +61,14 @@ class Lease:
     known: bool = False
     entitled: int = -1  # back from being alone, not yet settled: the most it may spend (else -1)
     held: int = 0  # what the store holds for this node beyond its claim, as last told
+    kept: int = 0  # kept for the fast path's plugin once it asked for a table: a block, else 0
+
+    def carry(self, old: Lease | None) -> Lease:
+        """A lease made anew (a config reload) keeps the old one's books for the same key."""
+        if old is not None and old.key == self.key:
+            self.window, self.leased, self.spent, self.total = old.window, old.leased, old.spent, old.total
+            self.known, self.entitled, self.held, self.kept = old.known, old.entitled, old.held, old.kept
+        return self
 
     def roll(self, wall: float) -> None:
         if self.starts <= wall < self.ends:
@@ -85,6 +94,16 @@ class Lease:
             return self.leased - self.spent
         return self.alone_share() - self.spent
 
+    def for_runner(self, wall: float, connected: bool) -> int:
+        """What the runner's own decisions may still spend: the node's part less the plugin's."""
+        return self.remaining(wall, connected) - self.kept
+
+    def for_fast_path(self, wall: float, connected: bool) -> int:
+        """What the plugin may spend until it next reports its spend (with its next fetch): at
+        most a block, which the runner's decisions leave alone from now on."""
+        self.kept = max(self.kept, self.block)  # never less than a table handed out may hold
+        return min(self.block, self.remaining(wall, connected))
+
     def take(self, units: int, wall: float) -> bool:
         """Spend ``units``; whether the node should ask for more now (below half a block)."""
         if not self.starts <= wall < self.ends:
@@ -92,7 +111,11 @@ class Lease:
         self.spent += units
         if self.entitled >= 0:
             return False
-        return self.leased - self.spent < self.block // 2 + 1 and self.total < self.limit
+        return self._low(self.leased) and self.total < self.limit
+
+    def _low(self, claim: int) -> bool:
+        """Whether less than half a block is left beyond what the plugin may spend."""
+        return claim - self.spent - self.kept < self.block // 2 + 1
 
     def request(self, wall: float, release: bool = False, back: float | None = None) -> dict[str, Any] | None:
         """This lease's part of a round: a claim for what was spent beyond the leases, and a block
@@ -112,7 +135,7 @@ class Lease:
         if self.entitled >= 0:  # every node has told its claims: of the alone share, a block stays
             self.leased = claim = max(claim, min(self.entitled, self.spent + self.block))
             self.entitled = -1
-        want = self.block if claim - self.spent < self.block // 2 + 1 else 0
+        want = self.block if self._low(claim) else 0
         if want == 0 and claim == self.leased and self.held == 0:
             return None
         return self._asked(claim, want)
@@ -192,6 +215,18 @@ class Limits:
     def leases(self) -> list[Lease]:
         return [lease for lease in (self.hour, self.day, self.minute) if lease is not None]
 
+    def spent_usd(self, wall: float, connected: bool, fast_path: bool) -> tuple[float, float]:
+        """What the policy compares with the hourly and daily budgets: each less what the runner's
+        own decisions may spend, or with ``fast_path`` what the plugin may until its next fetch."""
+        shown = []
+        for lease, usd in ((self.hour, self.hour_usd), (self.day, self.day_usd)):
+            if lease is None:
+                shown.append(0.0)
+                continue
+            left = lease.for_fast_path(wall, connected) if fast_path else lease.for_runner(wall, connected)
+            shown.append((usd or 0.0) - left / NANO_USD)
+        return shown[0], shown[1]
+
     def take_spend(self, units: int, wall: float) -> bool:
         """Spend ``units`` of the hourly and daily leases; whether either wants more now."""
         more = False
@@ -241,17 +276,34 @@ class Slots:
     held: int = 0
     others_busy: int = 0
     asked: int = -1
+    kept: int = 0  # kept for the fast path's plugin once it asked for a table: a block, else 0
+
+    def carry(self, old: Slots | None) -> Slots:
+        """Slots made anew (a config reload) keep what the old ones held, and kept for the plugin."""
+        if old is not None:
+            self.held, self.others_busy, self.kept = old.held, old.others_busy, old.kept
+        return self
 
     def allowed(self, together: bool) -> int:
         """Slots this node may fill: those it holds while it decides with the store (connected,
         and settled if it came back), else its share of the cap."""
         return self.held if together else max(1, self.cap // self.share)
 
+    def for_runner(self, together: bool) -> int:
+        """What the runner's own decisions may fill: the node's slots less the plugin's block."""
+        return self.allowed(together) - self.kept
+
+    def for_fast_path(self, together: bool) -> int:
+        """What the plugin may fill, from now on kept out of the runner's part: one block."""
+        self.kept = max(self.kept, self.block)  # never less than a table handed out may hold
+        return min(self.block, self.allowed(together))
+
     def request(self, in_flight: int, always: bool = False, settling: bool = False) -> dict[str, Any] | None:
         """Ask for in-flight plus a block (the cap at most); nothing when that is already asked,
         unless ``always`` (a target's slots come in every round, with the others' busy counts).
         ``settling`` (back, not yet settled): ask to hold the share of the cap it fills meanwhile."""
-        want = min(self.cap, max(in_flight, self.allowed(False)) if settling else in_flight + self.block)
+        busy = in_flight + self.kept
+        want = min(self.cap, max(busy, self.allowed(False)) if settling else busy + self.block)
         if want == self.held and want == self.asked and not always:
             return None
         self.asked = want

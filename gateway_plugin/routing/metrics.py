@@ -191,6 +191,13 @@ class RunnerMetrics:
         self.shared_errors = Counter(
             "spillway_shared_state_errors", "Rounds the shared store failed or answered late.", registry=r
         )
+        self.shared_alone = Gauge(
+            "spillway_shared_state_alone_usd",
+            "The most this node spends on a target in the window should the shared store go away now "
+            "(its leases plus 1/N of what was left), as its last answered round left it.",
+            ["target", "window"],
+            registry=r,
+        )
         self.latency_target = Gauge(
             "spillway_latency_target_seconds",
             "The latency target a model's local wait plus service time is held to (model * : the default).",

@@ -125,24 +125,12 @@ class SharedView:
         if limit is None:
             return None
         block = lease_block(limit, self.share, self.settings.lease_share, unit)
-        lease = Lease(key, window_s, limit, block, self.share)
-        if old is not None and old.key == key:
-            lease.window, lease.leased, lease.spent, lease.total = (
-                old.window,
-                old.leased,
-                old.spent,
-                old.total,
-            )
-            lease.known, lease.entitled, lease.held = old.known, old.entitled, old.held
-        return lease
+        return Lease(key, window_s, limit, block, self.share).carry(old)
 
     def _slots(self, old: Slots | None, key: str, cap: int | None) -> Slots | None:
         if cap is None:
             return None
-        slots = Slots(key, cap, max(1, cap // (2 * self.share)), self.share)
-        if old is not None:
-            slots.held, slots.others_busy = old.held, old.others_busy
-        return slots
+        return Slots(key, cap, max(1, cap // (2 * self.share)), self.share).carry(old)
 
     def _tenant(self, tenant: str, quota: Quota) -> Limits:
         """The tenant's limits; at most ``tenants.max_tracked``, the first seen forgotten first."""
@@ -170,26 +158,28 @@ class SharedView:
     # The decision path: plain arithmetic on the last round's answers.
 
     def target_state(
-        self, name: str, breaker: Breaker, in_flight: int, warm: int, now: float, wall: float
+        self,
+        name: str,
+        breaker: Breaker,
+        in_flight: int,
+        warm: int,
+        now: float,
+        wall: float,
+        fast_path: bool = False,
     ) -> TargetState:
-        """``in_flight`` and ``warm``: this node's own counts."""
+        """``in_flight`` and ``warm``: this node's own counts. Budgets show what the runner's own
+        decisions may spend, or with ``fast_path`` what the table lets the plugin spend until its
+        next fetch (a block, kept out of the runner's part from then on)."""
         limits, shared, connected = self.targets[name], self.breakers[name], self.connected
         state, probe = self._breaker(shared, breaker, now, wall)
         warm = max(warm, self.warm.get(name, 0))
         slots = limits.slots
         if slots is not None:
-            shown = in_flight + slots.cap - slots.allowed(self._together())
+            shown = in_flight + slots.cap - slots.for_runner(self._together())
             warm -= in_flight + (slots.others_busy if connected else 0) - shown
             in_flight = shown
-        hour, day = limits.hour, limits.day
-        return TargetState(
-            state,
-            probe,
-            in_flight,
-            warm,
-            0.0 if hour is None else (limits.hour_usd or 0.0) - hour.remaining(wall, connected) / 1e9,
-            0.0 if day is None else (limits.day_usd or 0.0) - day.remaining(wall, connected) / 1e9,
-        )
+        hour, day = limits.spent_usd(wall, connected, fast_path)
+        return TargetState(state, probe, in_flight, warm, hour, day)
 
     def _breaker(
         self, shared: SharedBreaker, local: Breaker, now: float, wall: float
@@ -251,7 +241,11 @@ class SharedView:
             more |= tenant_limits.take_spend(units, wall)
         self.breakers[decision.target].dispatched(wall)
         slots = limits.slots
-        if slots is not None and slots.held - in_flight <= slots.block // 2 and slots.held < slots.cap:
+        if (
+            slots is not None
+            and slots.for_runner(True) - in_flight <= slots.block // 2
+            and slots.held < slots.cap
+        ):
             more = True
         self._wake_if(more)
 
@@ -274,9 +268,16 @@ class SharedView:
             self._wake_if(more)
 
     def cap(self, target: str) -> int | None:
-        """The part of the target's concurrency cap this node may fill now (its slots)."""
+        """The part of the target's concurrency cap this node may fill now (its slots), for the
+        gauge: reading it keeps nothing for the plugin."""
         slots = self.targets[target].slots
         return None if slots is None else slots.allowed(self._together())
+
+    def fast_path_cap(self, target: str) -> int | None:
+        """The part of the target's concurrency cap the fast path's plugin may fill: a block of
+        this node's slots, which its runner leaves alone from now on."""
+        slots = self.targets[target].slots
+        return None if slots is None else slots.for_fast_path(self._together())
 
     def _together(self) -> bool:
         """Whether this node fills the slots the store gave it: connected, and settled if back."""

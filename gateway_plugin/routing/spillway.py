@@ -75,6 +75,10 @@ class RouteOverrides(BaseModel):
         description="read the text inputs of a request that would leave: one the content: detectors "
         "match stays on premises",
     )
+    decision_header: bool | None = Field(
+        default=None,
+        description="X-Spillway-Decision on this route's answers (None: as metrics.decision_header)",
+    )
 
 
 def _route_policy(base: Policy, route: RouteOverrides) -> Policy:
@@ -181,7 +185,8 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             if kept_by is not None:
                 seen["content"] = kept_by
         self.state.commit(decision, model, seen)
-        if self.state.decision_header:
+        show = conf.overrides.decision_header
+        if show if show is not None else self.state.decision_header:
             action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
         if decision.target == SHED:
             _shed(decision, action)

@@ -157,15 +157,19 @@ class GatewayState(SummedOutcomes):
         local = self.load.snapshot(model or "", counts.in_flight.get(LOCAL, -1) if counts is not None else -1)
         return Snapshot(local, TargetStates(self, now, wall, counts), tenants)
 
-    def target_state(self, name: str, now: float, wall: float, counts: Counts | None = None) -> TargetState:
-        """``counts``: the gateway's own, where it keeps them; else the runner's books."""
+    def target_state(
+        self, name: str, now: float, wall: float, counts: Counts | None = None, fast_path: bool = False
+    ) -> TargetState:
+        """``counts``: the gateway's own, where it keeps them; else the runner's books.
+        ``fast_path``: the state the fast path's table gives the plugin (under shared state, its
+        block of each budget)."""
         breaker = self.breakers[name]
         counted = counts.in_flight.get(name) if counts is not None else None
         in_flight = self.outstanding[name].count(now) if counted is None else counted
         starting = counts.starting.get(name, 0) if counts is not None else self.starting[name].count(now)
         warm = self.pools[name].warm(now)
         if self.shared is not None:
-            shared = self.shared.target_state(name, breaker, in_flight, warm, now, wall)
+            shared = self.shared.target_state(name, breaker, in_flight, warm, now, wall, fast_path)
             return shared._replace(starting=min(starting, shared.in_flight))
         hour, day = self.ledger.spent(f"target:{name}", wall)
         return TargetState(
@@ -181,6 +185,12 @@ class GatewayState(SummedOutcomes):
     def cap(self, name: str) -> int:
         """The concurrency cap this node may fill: under a shared cap, the slots it holds."""
         shared = self.shared.cap(name) if self.shared is not None else None
+        return self.targets[name].concurrency_cap if shared is None else shared
+
+    def fast_path_cap(self, name: str) -> int:
+        """The concurrency cap the fast path's plugin may fill: under a shared cap, its block of
+        this node's slots."""
+        shared = self.shared.fast_path_cap(name) if self.shared is not None else None
         return self.targets[name].concurrency_cap if shared is None else shared
 
     def target(self, name: str) -> Target:
@@ -319,29 +329,6 @@ class GatewayState(SummedOutcomes):
     def scrape_failed(self) -> None:
         self.metrics.scrape_errors.inc()
 
-    def warm_counts(self, counts: dict[str, dict[str, float]], ended: float | None) -> None:
-        """The warm-up's last round as it reported it: verified warm and wanted, per known target."""
-        m = self.metrics
-        for family, gauge in (
-            ("spillway_warmup_warm_instances", m.warmup_warm),
-            ("spillway_warmup_wanted_instances", m.warmup_wanted),
-        ):
-            for target, value in counts.get(family, {}).items():
-                if target in self.targets:
-                    gauge.labels(target).set(value)
-        if ended is not None:
-            m.warmup_round.set(ended)
-
-    def warm_report(self, target: str, instances: list[str]) -> None:
-        """Instances a warm-up ping reached count as warm from now."""
-        now = self.clock()
-        pool = self.pools.get(target)
-        if pool is not None:
-            for instance in instances:
-                pool.seen(instance, now)
-                if self.shared is not None:
-                    self.shared.instance_seen(target, instance, self.wall())
-
     def shared_round(self, release: bool = False) -> Round:
         """What this node tells the shared store now (its in-flight counts for the slots it holds)."""
         shared = self._shared()
@@ -357,8 +344,15 @@ class GatewayState(SummedOutcomes):
     def shared_answered(self, sent: Round, reply: list[object]) -> None:
         """A breaker the store opened for every node is open in the shared view; the local one,
         its detector, starts afresh."""
-        for target in self._shared().round_done(sent, reply):
+        shared = self._shared()
+        for target in shared.round_done(sent, reply):
             self.breakers[target] = Breaker(self.config.breaker)
+        wall = self.wall()
+        for name, limits in shared.targets.items():
+            for window, lease in (("hour", limits.hour), ("day", limits.day)):
+                if lease is not None:
+                    alone = lease.remaining(wall, connected=False) + lease.spent
+                    self.metrics.shared_alone.labels(name, window).set(alone / 1e9)
 
     def refresh_gauges(self) -> None:
         now = self.clock()

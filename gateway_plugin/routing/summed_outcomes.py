@@ -1,7 +1,8 @@
-"""``GatewayState``'s writes of outcomes that arrive summed: what the fast path's plugin reports
-(a worker's summary of its answers, a node's cumulative counters) rather than one answer at a
-time. Part of ``GatewayState`` (its base class), in a module of its own for length: the books
-stay written only by the state, whichever path decided.
+"""``GatewayState``'s writes of outcomes other processes report, most of them summed: what the
+fast path's plugin says (a worker's summary of its answers, a node's cumulative counters) rather
+than one answer at a time, and what the warm-up's rounds reached. Part of ``GatewayState`` (its
+base class), in a module of its own for length: the books stay written only by the state,
+whichever path decided.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.routing.breakers import Breaker
 from gateway_plugin.routing.ledger import Ledger, TenantBooks
 from gateway_plugin.routing.metrics import RunnerMetrics
@@ -46,11 +47,35 @@ class SummedOutcomes:
     load: LoadTracker
     ledger: Ledger
     tenants: TenantBooks
+    targets: dict[str, Target]
     breakers: dict[str, Breaker]
     pools: dict[str, WarmPool]
     shared: SharedView | None
     policy: Policy
     config: SpillwayConfig
+
+    def warm_counts(self, counts: dict[str, dict[str, float]], ended: float | None) -> None:
+        """The warm-up's last round as it reported it: verified warm and wanted, per known target."""
+        m = self.metrics
+        for family, gauge in (
+            ("spillway_warmup_warm_instances", m.warmup_warm),
+            ("spillway_warmup_wanted_instances", m.warmup_wanted),
+        ):
+            for target, value in counts.get(family, {}).items():
+                if target in self.targets:
+                    gauge.labels(target).set(value)
+        if ended is not None:
+            m.warmup_round.set(ended)
+
+    def warm_report(self, target: str, instances: list[str]) -> None:
+        """Instances a warm-up ping reached count as warm from now."""
+        now = self.clock()
+        pool = self.pools.get(target)
+        if pool is not None:
+            for instance in instances:
+                pool.seen(instance, now)
+                if self.shared is not None:
+                    self.shared.instance_seen(target, instance, self.wall())
 
     def answered_local(self, model: str | None, ms: float) -> None:
         """The cluster answered a request in ``ms``, as the gateway saw it."""

@@ -24,13 +24,21 @@ local content = require("apisix.plugins.spillway.content")
 local reserve = require("apisix.plugins.spillway.reserve")
 
 local ngx = ngx
-local ngx_now = ngx.now
+local dkey = counters.key
+local ffi = require("ffi")
+local tonumber = tonumber
+-- nginx's cached clock, read through the call resty.core.time declares rather than its ngx.now()
+-- wrapper: a wrapper every module shares is one LuaJIT may stop compiling into traces (other code
+-- aborting there), and each request reads the clock once.
+local ffi_now = ffi.C.ngx_http_lua_ffi_now
+local function ngx_now()
+    return tonumber(ffi_now())
+end
 local tostring = tostring
 
 local plugin_name = "spillway"
 local DICT = contract.DICT
 local PREFIX, KEY = contract.PREFIX, contract.KEY
-local SIGNATURE_HEADER = "X-Spillway-Signature"
 local FAIL_SAFE = contract.FAIL_SAFE
 local NO_CONSUMER = "no authenticated consumer: tenants.source is consumer, so the tenant comes from "
     .. "APISIX's authentication; put an authentication plugin on this route (apisix-route --auth)"
@@ -49,6 +57,9 @@ local schema = {
         content_checks = { type = "boolean", default = false,
                            description = "read the text inputs of a request that would leave: one "
                                          .. "the content detectors match stays on premises" },
+        decision_header = { type = "boolean",
+                            description = "X-Spillway-Decision on this route's answers (unset: "
+                                          .. "metrics.decision_header)" },
     },
     additionalProperties = false,
 }
@@ -70,6 +81,9 @@ local function dict()
     return ngx.shared[DICT]
 end
 
+-- The dict keys of targets' and models' counters, made anew with each table version.
+local keys = counters.keys()
+
 local function log_sometimes(kind, ...)
     local now = ngx_now()
     if (worker.logged[kind] or 0) + LOG_EVERY_S <= now then
@@ -83,7 +97,15 @@ function _M.check_schema(conf)
 end
 
 -- The table as this worker last compiled it, re-read when the fetching worker stored a new one.
-local function current()
+-- The stored version is looked at once per tick of nginx's cached clock (the requests of one
+-- event-loop pass share it): a new table is seen at the next pass, as before; staleness is judged
+-- by the table's own built_at on every request.
+local function current(now)
+    now = now or ngx_now()
+    if now == worker.version_seen_at then
+        return worker.tbl
+    end
+    worker.version_seen_at = now
     local version = dict():get(KEY.version)
     if version and version ~= worker.version then
         worker.version = version
@@ -91,6 +113,7 @@ local function current()
         if tbl then
             worker.tbl = tbl
             worker.policies = setmetatable({}, { __mode = "k" })
+            keys = counters.keys()
         else
             log_sometimes("parse", "spillway: stored decision table unusable: ", err)
         end
@@ -99,8 +122,14 @@ local function current()
 end
 _M.current = current
 
+-- The tenant as every later read sees it: keyed when its name is long or odd. Written into the
+-- view only then (a nil written would add a key to the view on every request).
 local function keyed_tenant(f, header)
-    rawset(f.headers, header, counters.tenant_key(f.headers[header]))
+    local name = f.headers[header]
+    local key = counters.tenant_key(name)
+    if key ~= name then
+        rawset(f.headers, header, key)
+    end
 end
 
 local function route_policy(tbl, conf)
@@ -113,7 +142,7 @@ local function route_policy(tbl, conf)
 end
 
 -- What decide() reads of this node's counters, and the reservation of each decision's place.
-local reserving = reserve.new(dict, function() return worker.tbl end)
+local reserving = reserve.new(dict, function() return worker.tbl end, function() return keys end)
 local live, slot, decide_and_reserve = reserving.live, reserving.slot, reserving.decide
 
 local function fail_safe(tbl, f, conf)
@@ -135,32 +164,12 @@ local function fail_safe(tbl, f, conf)
     return decide.stay_local(load, policy, FAIL_SAFE, tenant ~= "" and tenant or nil, false)
 end
 
-local signing_keys = {}
-local function signing_key(env)
-    local key = signing_keys[env]
-    if key == nil then
-        key = os.getenv(env) or ""
-        signing_keys[env] = key
-    end
-    return key
-end
-
 -- traffic-split matches the target's value in the request's context; only the headers the
--- target may receive go with it.
+-- target may receive go with it, and the signature when the target wants one.
 local function to_cloud(ctx, spec, raw)
     ctx.spillway_upstream = spec.value
     edge.forward_only(raw, spec.forward_set)
-    local key = spec.key_env and signing_key(spec.key_env) or ""
-    if key == "" then
-        return
-    end
-    local target = sign.canonical_target(ctx.var.uri, core.request.get_uri_args(ctx))
-    local body = nil
-    if spec.sign_body then
-        body = core.request.get_body() or ""
-    end
-    core.request.set_header(ctx, SIGNATURE_HEADER,
-                            sign.header(key, ngx.req.get_method(), target, body, ngx.time()))
+    sign.request(ctx, spec)
 end
 
 -- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
@@ -191,21 +200,30 @@ end
 
 -- Content checks before the decision that counts (content.lua), counted in the shared dict and
 -- reported with the next fetch.
-local function check_content(ctx, f, tbl, policy)
+local function screen(ctx, f, tbl, policy)
     return content.screen(f, tbl, policy, live, function(max_bytes)
         return core.request.get_body(max_bytes, ctx)
-    end, function(key)
-        counters.add(dict(), key, 1)
+    end, function(found)
+        counters.add(dict(), found, 1)
     end)
 end
+
+-- Apart from screen(): a function that makes closures is one LuaJIT does not compile.
+local function check_content(ctx, f, tbl, policy)
+    if policy.content == nil then
+        return nil
+    end
+    return screen(ctx, f, tbl, policy)
+end
+
 
 -- What the runner learns of this request: counted now, reported from the log phase.
 local function account(ctx, d, f, tbl, policy, kept_by)
     local d_ = dict()
     local model_key = (tbl and f.model and tbl["local"][f.model]) and f.model or ""
     local label = decide.label(d)
-    local seen = { target = d.target, label = label, decision = d.target .. ";" .. label,
-                   tenant = d.tenant, cost = d.cost_usd, model = model_key,
+    local seen = { target = d.target, label = label, decision = report.decision_text(d.target, label),
+                   keys = keys, tenant = d.tenant, cost = d.cost_usd, model = model_key,
                    -- For the cost series: a model the table does not know is "*" (the runner's other).
                    usage_model = f.model and (model_key ~= "" and model_key or "*") or "",
                    -- For the audit trail, keyed only if a logger asks (spillway/edge.lua).
@@ -215,7 +233,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
                            or (policy and f.headers[policy.classification_header]) }
     if d.target == decide.LOCAL then
         report.sent_local(worker.agg, model_key)
-        if counters.add(d_, PREFIX.local_in_flight .. model_key, 1) then
+        if counters.add(d_, dkey(keys.local_, model_key), 1) then
             seen.local_counted = true
         end
     elseif d.target ~= decide.SHED then
@@ -234,7 +252,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
     if tbl and policy and d.reason ~= FAIL_SAFE then
         local load = tbl["local"][model_key] or decide.NO_LOAD
         if (d.overflowing or false) ~= load.overflowing then
-            d_:safe_set(PREFIX.hot .. model_key, d.overflowing or false)
+            d_:safe_set(dkey(keys.hot, model_key), d.overflowing or false)
         end
         seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
                               and decide.quota_limits(policy, d.tenant)
@@ -250,7 +268,8 @@ function _M.access(conf, ctx)
         ctx.spillway_refused, ctx.spillway_via = path, "fast_path"
         return path, { error = odd }
     end
-    local tbl = current()
+    local now = ngx_now()
+    local tbl = current(now)
     local policy
     local f = decide.features(path, raw, core.request.get_uri_args, ctx)
     if tbl then
@@ -266,7 +285,7 @@ function _M.access(conf, ctx)
         end
     end
     local d, kept_by
-    if tbl == nil or ngx_now() - tbl.built_at > worker.attr.stale_after_s then
+    if tbl == nil or now - tbl.built_at > worker.attr.stale_after_s then
         d = fail_safe(tbl, f, conf)
         policy = nil
     else
@@ -283,7 +302,7 @@ function _M.access(conf, ctx)
     end
     account(ctx, d, f, tbl, policy, kept_by)
     if tbl then
-        ctx.spillway.table_age_s = math.max(0, ngx_now() - tbl.built_at)
+        ctx.spillway.table_age_s = math.max(0, now - tbl.built_at)
     end
     if d.target == decide.SHED then
         core.response.set_header("Retry-After", tostring(d.retry_after_s))
@@ -301,7 +320,14 @@ end
 
 function _M.header_filter(conf, ctx)
     local seen = ctx.spillway
-    if seen and (worker.tbl == nil or worker.tbl.decision_header ~= false) then
+    if not seen then
+        return
+    end
+    local show = conf.decision_header
+    if show == nil then
+        show = worker.tbl == nil or worker.tbl.decision_header ~= false
+    end
+    if show then
         ngx.header["X-Spillway-Decision"] = seen.decision
     end
 end
@@ -313,12 +339,12 @@ function _M.log(conf, ctx)
     end
     local d_ = dict()
     if seen.cloud then
-        counters.release(d_, PREFIX.in_flight .. seen.target)
+        counters.release(d_, dkey(seen.keys.inflight, seen.target))
         if seen.cold_counted then
-            counters.release(d_, PREFIX.in_flight_cold .. seen.target)
+            counters.release(d_, dkey(seen.keys.cold, seen.target))
         end
     elseif seen.local_counted then
-        counters.release(d_, PREFIX.local_in_flight .. seen.model)
+        counters.release(d_, dkey(seen.keys.local_, seen.model))
     end
     if ctx.spillway_slot then
         release_tenant(ctx.spillway_slot)  -- an idle tenant's key expires rather than racing a delete

@@ -8,7 +8,8 @@
 
 local sha256 = require("resty.sha256")
 local to_hex = require("resty.string").to_hex
-local KEY = require("apisix.plugins.spillway.contract").KEY
+local contract = require("apisix.plugins.spillway.contract")
+local KEY, PREFIX = contract.KEY, contract.PREFIX
 
 local _M = {}
 
@@ -52,11 +53,17 @@ function _M.release(d_, key)
     return d_:incr(key, -1)
 end
 
--- A counter's growth since the mark the table was built with; one below its mark was made anew
--- (evicted, nginx restarted), so all of it is new: never negative, never less than was spent.
+-- The mark is the counter as the plugin's report carried it, through cjson's 14 significant
+-- digits: a counter of cents may sit a rounding below its own mark (0.12999999999999998, reported
+-- as 0.13), which is the same counter, not one made anew.
+local MARK_ROUNDING = 1e-12
+
+-- A counter's growth since the mark the table was built with; one below its mark (by more than
+-- the report's rounding) was made anew (evicted, nginx restarted), so all of it is new: never
+-- negative, never less than was spent.
 function _M.since_mark(total, mark)
-    if total >= mark then
-        return total - mark
+    if total >= mark - MARK_ROUNDING * math.max(1, math.abs(mark)) then
+        return math.max(0, total - mark)
     end
     return total
 end
@@ -78,6 +85,23 @@ function _M.release_tenant(d_, key)
             d_:expire(key, TENANT_BUSY_S)  -- taken again meanwhile: its taker's expiry stands
         end
     end
+end
+
+-- The dict keys of targets' and models' counters (names from the table, so few), each made once
+-- per table version rather than concatenated per request; tenants' keys (clients choose them) are
+-- not kept. A ring holds its prefix at [1] (no name is a number).
+function _M.keys()
+    return { inflight = { PREFIX.in_flight }, spent = { PREFIX.spent }, probe = { PREFIX.probe },
+             cold = { PREFIX.in_flight_cold }, local_ = { PREFIX.local_in_flight }, hot = { PREFIX.hot } }
+end
+
+function _M.key(ring, name)
+    local k = ring[name]
+    if k == nil then
+        k = ring[1] .. name
+        ring[name] = k
+    end
+    return k
 end
 
 -- The node's id, made anew (a new node for the runner, so no spend is lost) when evicted.

@@ -114,15 +114,23 @@ function _M.fold(name)
     return (gsub(lower(name), "_", "-"))
 end
 
--- Names come lower-cased from ngx.req.get_headers; "x-spillway-" or any "_" spelling of it.
+-- Names come lower-cased from ngx.req.get_headers; "x-spillway-" or any "_" spelling of it (gsub,
+-- which LuaJIT does not compile, only for a name that has a "_").
 local function own(name)
-    return byte(name, 1) == 120 and #name > #OWN_PREFIX
-        and (gsub(sub(name, 1, #OWN_PREFIX), "_", "-")) == OWN_PREFIX
+    if byte(name, 1) ~= 120 or #name <= #OWN_PREFIX then
+        return false
+    end
+    local head = sub(name, 1, #OWN_PREFIX)
+    return head == OWN_PREFIX or (find(head, "_", 1, true) ~= nil and (gsub(head, "_", "-")) == OWN_PREFIX)
+end
+
+local function escaped(c)
+    return format("%%%02X", byte(c))
 end
 
 local function quote(s, keep_slash)
     local pattern = keep_slash and "[^A-Za-z0-9_.~/-]" or "[^A-Za-z0-9_.~-]"
-    return (gsub(s, pattern, function(c) return format("%%%02X", byte(c)) end))
+    return (gsub(s, pattern, escaped))
 end
 _M.quote = quote
 

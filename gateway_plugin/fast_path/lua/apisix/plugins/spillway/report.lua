@@ -11,6 +11,7 @@
 
 local array_mt = require("cjson.safe").array_mt
 local tonumber, pairs, setmetatable, type = tonumber, pairs, setmetatable, type
+local find = string.find
 
 local _M = {}
 
@@ -39,9 +40,30 @@ local function last_number(raw)
     if type(raw) ~= "string" then
         return tonumber(raw)  -- APISIX's ctx.var gives some of them as numbers already
     end
+    if not find(raw, ",", 1, true) and not find(raw, ":", 1, true) then
+        return tonumber(raw)  -- one upstream tried (nearly always): no pattern to run
+    end
     return tonumber(raw:match("([%d%.]+)%s*$"))
 end
 _M.last_number = last_number
+
+-- The age's bucket: the first bound it does not pass (N_BOUNDS + 1 past them all). Compared
+-- without a loop: one of a varying count stops LuaJIT compiling the log phase that runs it.
+local B = AGE_BOUNDS
+assert(N_BOUNDS == 10, "bucket() compares ten bounds")
+local function bucket(age)
+    if age <= B[5] then
+        if age <= B[2] then
+            return age <= B[1] and 1 or 2
+        end
+        return age <= B[3] and 3 or (age <= B[4] and 4 or 5)
+    end
+    if age <= B[8] then
+        return age <= B[6] and 6 or (age <= B[7] and 7 or 8)
+    end
+    return age <= B[9] and 9 or (age <= B[10] and 10 or 11)
+end
+_M.bucket = bucket
 
 local function bounded(agg, map, key, fresh)
     local entry = map[key]
@@ -68,10 +90,7 @@ function _M.add(agg, seen, var, status)
     agg.decisions[decision] = (agg.decisions[decision] or 0) + 1
     local age = seen.table_age_s
     if age then
-        local i = 1
-        while i <= N_BOUNDS and age > AGE_BOUNDS[i] do
-            i = i + 1
-        end
+        local i = bucket(age)
         agg.ages[i] = agg.ages[i] + 1
         agg.age_sum = agg.age_sum + age
     end
@@ -177,6 +196,22 @@ function _M.kept_home(agg, request)
     else
         agg.dropped = agg.dropped + 1
     end
+end
+
+-- X-Spillway-Decision's "target;label", made once per pair (both come from the table: few).
+local decision_texts = {}
+function _M.decision_text(target, label)
+    local by_label = decision_texts[target]
+    if by_label == nil then
+        by_label = {}
+        decision_texts[target] = by_label
+    end
+    local text = by_label[label]
+    if text == nil then
+        text = target .. ";" .. label
+        by_label[label] = text
+    end
+    return text
 end
 
 -- The summary as the runner reads it (POST /spillway/fast-outcomes).

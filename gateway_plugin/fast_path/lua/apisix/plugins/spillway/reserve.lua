@@ -8,18 +8,20 @@ local counters = require("apisix.plugins.spillway.counters")
 local decide = require("apisix.plugins.spillway.decide")
 
 local PREFIX = contract.PREFIX
+local dkey = counters.key
 
 local _M = {}
 
--- dict(): the shared dict; tbl(): the decision table this worker last compiled.
-function _M.new(dict, tbl)
+-- dict(): the shared dict; tbl(): the decision table this worker last compiled; keys(): the dict
+-- keys of its targets and models (counters.keys, made anew with each table version).
+function _M.new(dict, tbl, keys)
     -- Live counters read from the shared dict: what this node has in flight and has spent.
     local live = {}
     function live.in_flight(_, name)
-        return dict():get(PREFIX.in_flight .. name) or 0
+        return dict():get(dkey(keys().inflight, name)) or 0
     end
     function live.spent(_, name)
-        return counters.since_mark(dict():get(PREFIX.spent .. name) or 0, tbl().targets[name].spent_mark)
+        return counters.since_mark(dict():get(dkey(keys().spent, name)) or 0, tbl().targets[name].spent_mark)
     end
     -- The tenant whose slot this request took before deciding, and its count before that.
     local slot = { tenant = nil, before = 0 }
@@ -30,16 +32,16 @@ function _M.new(dict, tbl)
         return dict():get(PREFIX.tenant_in_flight .. tenant) or 0
     end
     function live.probe_allowed(_, name, spec)
-        return spec.probe_allowed and dict():get(PREFIX.probe .. name) == nil
+        return spec.probe_allowed and dict():get(dkey(keys().probe, name)) == nil
     end
     -- Those of a target's that were sent there cold (each starting an instance).
     function live.starting(_, name)
-        return dict():get(PREFIX.in_flight_cold .. name) or 0
+        return dict():get(dkey(keys().cold, name)) or 0
     end
     -- This node's requests at the cluster for the table's model key: counted when decided local,
     -- released in the log phase, so exact between the table's scrapes.
     function live.local_in_flight(_, model_key)
-        return dict():get(PREFIX.local_in_flight .. model_key) or 0
+        return dict():get(dkey(keys().local_, model_key)) or 0
     end
 
     -- Whether this node may send the half-open cluster a probe (one a second, taken in local_probe).
@@ -72,7 +74,8 @@ function _M.new(dict, tbl)
     -- workers; false (and nothing taken) when another worker got there first.
     local function reserve(d, spec)
         local d_ = dict()
-        local key, spend_key = PREFIX.in_flight .. d.target, PREFIX.spent .. d.target
+        local ring = keys()
+        local key, spend_key = dkey(ring.inflight, d.target), dkey(ring.spent, d.target)
         local in_flight = counters.add(d_, key, 1)
         if in_flight == nil or in_flight > spec.cap then
             counters.release(d_, key)
@@ -84,10 +87,10 @@ function _M.new(dict, tbl)
             return false
         end
         local spent = counters.since_mark(total, spec.spent_mark)
-        local probe_ok = spec.breaker ~= "half_open" or d_:safe_add(PREFIX.probe .. d.target, true, 1)
+        local probe_ok = spec.breaker ~= "half_open" or d_:safe_add(dkey(ring.probe, d.target), true, 1)
         if within(spec.spent_hour_usd + spent, spec.hourly_usd)
             and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
-            if d.reason == "overflow_cold" and counters.add(d_, PREFIX.in_flight_cold .. d.target, 1) then
+            if d.reason == "overflow_cold" and counters.add(d_, dkey(ring.cold, d.target), 1) then
                 d.cold_counted = true
             end
             return true

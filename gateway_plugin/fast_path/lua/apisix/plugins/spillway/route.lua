@@ -2,6 +2,7 @@
 -- a request's features as the runner builds them. Kept apart from decide.lua, the decision itself.
 
 local type, ipairs, rawget, rawset, setmetatable = type, ipairs, rawget, rawset, setmetatable
+local str_sub, str_find = string.sub, string.find
 
 local _M = {}
 
@@ -80,12 +81,20 @@ local LAST = { __index = function(view, name)
     return v
 end }
 
+-- path:match("^/v2/models/([^/]+)") without a pattern (LuaJIT compiles none).
+local function model_of(path)
+    if str_sub(path, 1, 11) == "/v2/models/" then
+        local model = str_sub(path, 12, (str_find(path, "/", 12, true) or 0) - 1)
+        return model ~= "" and model or nil
+    end
+end
+
 -- path: the request's path as the edge checked it (edge.gateway_path); args_of(source) gives the
 -- argument table, called at most once and only if a rule needs it.
 function _M.features(path, raw_headers, args_of, source)
     return {
         path = path,
-        model = path:match("^/v2/models/([^/]+)"),
+        model = model_of(path),
         headers = setmetatable({ [RAW] = raw_headers }, JOINED),
         args = setmetatable({ [LOAD] = args_of, [SOURCE] = source }, LAST),
     }
