@@ -32,21 +32,43 @@ from gateway_plugin.routing.warm_instances import read_warm_counts, read_warm_re
 from gateway_plugin.runner.workers import HEARTBEAT, HEARTBEAT_S
 from gateway_plugin.targets.base import Invoker
 from gateway_plugin.targets.invoke import InvokePool, make_invoker
+from gateway_plugin.targets.urls import masked_url
 
 log = logging.getLogger("spillway.app")
 
 
-def http_fetcher(timeout_s: float = 1.0) -> Fetch:
-    """GET a metrics page with ``requests`` (keep-alive), off the event loop."""
+# Triton's page for a few hundred models and GPUs is a few hundred KiB; past this, something else
+# answers on the metrics port, and reading on would hold the scrape's thread and memory.
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+
+
+def http_fetcher(timeout_s: float = 1.0, max_bytes: int = MAX_METRICS_BYTES) -> Fetch:
+    """GET a metrics page with ``requests`` (keep-alive), off the event loop: at most ``max_bytes``
+    of it, all of it within ``timeout_s`` (a page that drips a byte a second would otherwise pass
+    every read's own timeout and hold the scrape for ever)."""
     import requests
 
     session = requests.Session()
 
+    def get(url: str) -> str:
+        deadline = time.monotonic() + timeout_s
+        with session.get(url, timeout=timeout_s, stream=True) as response:
+            if response.status_code != 200:
+                raise ValueError(f"metrics endpoint answered {response.status_code}")
+            body = bytearray()
+            # read1: what has arrived, not a full chunk's worth (which a drip never completes).
+            while chunk := response.raw.read1(65536, decode_content=True):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ValueError(
+                        f"metrics page over {max_bytes} bytes: is {masked_url(url)} Triton's metrics port?"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"metrics page not read whole within {timeout_s:g} s")
+            return body.decode("utf-8", "replace")  # the exposition format is UTF-8
+
     async def fetch(url: str) -> str:
-        response = await asyncio.to_thread(session.get, url, timeout=timeout_s)
-        if response.status_code != 200:
-            raise ValueError(f"metrics endpoint answered {response.status_code}")
-        return response.text
+        return await asyncio.to_thread(get, url)
 
     return fetch
 
