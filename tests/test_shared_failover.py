@@ -12,7 +12,6 @@ same in test_apisix_nodes.py.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
@@ -36,47 +35,23 @@ from devtools.redis_ha import (
 )
 from gateway_plugin.config import SharedState
 from gateway_plugin.routing.leases import Lease
-from gateway_plugin.routing.shared_sync import SharedSync
 from gateway_plugin.shared_store import make_client
+from tests import test_shared_restart as restart
 from tests.redis_support import needs_redis, redis_server
 from tests.support import wait_until
-from tests.test_shared_state import Clock, Node, config
+from tests.test_shared_state import Clock, config
 
 pytestmark = [pytest.mark.integration, needs_redis]
 
-UNIT = 10_000_000  # $0.01 a request, in nano-dollars
 # The issue's goal and README's stated bound: a node finds the promoted replica within 10 s.
 FOLLOW_S = 10.0
 Group = SentinelGroup | ClusterGroup
 
 
-class Syncing(Node):
-    """A node whose rounds go through ``SharedSync`` with the runner's own bound on each call."""
+class Syncing(restart.Syncing):
+    """A node with the runner's own bound on each call to the store."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.rounds = SharedSync(self.state, self.store, period_s=0.1, timeout_s=2)
-
-    def round(self) -> bool:
-        return asyncio.run(self.rounds.round())
-
-    def spend(self, most: int) -> int:
-        """Up to ``most`` decisions, a round after each; how many went to the cloud."""
-        cloud = 0
-        for _ in range(most):
-            cloud += self.decide().is_cloud
-            self.round()
-        return cloud
-
-    def lease(self) -> Lease:
-        lease = self.view.targets["aws"].hour
-        assert lease is not None
-        return lease
-
-    def alone_at_most(self) -> int:
-        """Requests the stated bound lets this node make in the window, from its last answer."""
-        lease = self.lease()
-        return (lease.leased + max(0, lease.limit - max(lease.total, lease.leased)) // lease.share) // UNIT
+    round_timeout_s = 2.0
 
 
 @pytest.fixture(scope="module", params=["sentinel", "cluster"])

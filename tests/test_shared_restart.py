@@ -29,11 +29,13 @@ UNIT = 10_000_000  # $0.01 a request, in nano-dollars
 
 class Syncing(Node):
     """A node whose rounds go through ``SharedSync``, as a runner's do: a round the store does not
-    answer leaves the node deciding alone."""
+    answer leaves the node deciding alone (``round_timeout_s``: the bound on each call)."""
+
+    round_timeout_s = 5.0
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.rounds = SharedSync(self.state, self.store, period_s=0.1, timeout_s=5)
+        self.rounds = SharedSync(self.state, self.store, period_s=0.1, timeout_s=self.round_timeout_s)
 
     def round(self) -> bool:
         return asyncio.run(self.rounds.round())
