@@ -23,6 +23,8 @@ MAC'd value) and whose default upstream is the "local" one:
                      (the ``spillway`` Lua plugin + traffic-split), the runner as ext-plugin.cmd
                      serving the decision table; calm feed, every request ``local;local_ok``
     fast-cloud       the same with the overloaded feed: every request spills to "aws", signed in Lua
+    fast-local-split, fast-cloud-split   optional: the same with a route made without the plugin's
+                     ``upstreams``, where traffic-split picks the upstream from spillway_upstream
 
 After the rounds, when a fast case ran, ``--budget-seconds`` of wrk go through the fast path with
 an hourly budget on aws of ``--budget-requests`` cold requests: what aws answered and what the
@@ -141,6 +143,8 @@ ALL_CASES = (
     "spillway-local-nologger",
     "fast-local",
     "fast-cloud",
+    "fast-local-split",
+    "fast-cloud-split",
 )
 DEFAULT_CASES = (*ALL_CASES[:5], "fast-local", "fast-cloud")
 FAST_PLUGINS = ("spillway", "traffic-split", "ext-plugin-pre-req", "http-logger", "proxy-rewrite")
@@ -433,11 +437,15 @@ def fast_case(name: str, setup: Setup, config: dict[str, Any], metrics_port: int
     config_path = setup.work / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     validated = SpillwayConfig.model_validate(config)
-    cloud = name == "fast-cloud"
+    cloud = name.startswith("fast-cloud")
+    made = fast_route(validated, setup.token.encode())
+    if name.endswith("-split"):
+        del made["plugins"]["spillway"]["upstreams"]
+        made["plugins"]["traffic-split"] = route(validated, setup.token.encode())["plugins"]["traffic-split"]
     return Case(
         name,
         [sys.executable, "-m", "gateway_plugin", "run", "--config", str(config_path)],
-        standalone_yaml(fast_route(validated, setup.token.encode())),
+        standalone_yaml(made),
         "aws" if cloud else "local",
         "aws;" if cloud else "local;local_ok",
         "overloaded" if cloud else "calm",
@@ -1005,6 +1013,8 @@ def _fmt(value: object, digits: int = 0) -> str:
 DESCRIPTIONS = {
     "fast-local": "fast path (Lua), decides local",
     "fast-cloud": "fast path (Lua), decides cloud (signed)",
+    "fast-local-split": "fast path, local, traffic-split picks the upstream",
+    "fast-cloud-split": "fast path, cloud, traffic-split picks the upstream",
     "split": "traffic-split only",
     "trivial": "trivial Python runner (testbed)",
     "go-noop": "Go runner, no-op `say`",
@@ -1214,6 +1224,13 @@ def main(argv: list[str] | None = None) -> int:
         help="A/B of a change: each fast case runs again as CASE@NAME with the Lua plugins of DIR "
         "(holding apisix/plugins/spillway.lua), interleaved with the others (repeatable)",
     )
+    parser.add_argument(
+        "--variant-cases",
+        nargs="+",
+        choices=[c for c in ALL_CASES if c.startswith("fast-")],
+        default=None,
+        help="the fast cases the --lua-variant ones run as (default: every fast case in --cases)",
+    )
     parser.add_argument("--markdown-out", type=Path, default=None, help="also write the summary as markdown")
     parser.add_argument(
         "--keep-logs", type=Path, default=None, help="copy each APISIX error.log (runner stderr too) here"
@@ -1239,7 +1256,8 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not vname or not (Path(vdir) / "apisix" / "plugins" / "spillway.lua").is_file():
             parser.error(f"--lua-variant {spec}: expected NAME=DIR, DIR holding apisix/plugins/spillway.lua")
         variants[vname] = Path(vdir).resolve()
-    args.cases = [*args.cases, *(f"{c}@{v}" for c in args.cases if c.startswith("fast-") for v in variants)]
+    varied = [c for c in args.cases if c.startswith("fast-") and c in (args.variant_cases or args.cases)]
+    args.cases = [*args.cases, *(f"{c}@{v}" for c in varied for v in variants)]
     if BASELINE not in args.cases:
         parser.error(f"the ratios need {BASELINE} in the run")
     if "trivial" in args.cases and (

@@ -134,26 +134,27 @@ def _node(url: str) -> tuple[str, str, str]:
     return parts.scheme, f"{parts.hostname}:{port}", parts.hostname
 
 
-def _split_rule(target: Target, value: str) -> dict[str, Any]:
+def target_upstream(target: Target) -> dict[str, Any]:
+    """The APISIX upstream object of an upstream-mode target: its function URL's origin, sent the
+    URL's host."""
     if not target.url:
         raise RouteError(f"target {target.name!r} has no url")
     scheme, node, _ = _node(target.url)
     timeout = max(1, round(target.timeout_s))
     return {
+        "name": f"spillway-{target.name}",
+        "type": "roundrobin",
+        "scheme": scheme,
+        "pass_host": "node",
+        "nodes": {node: 1},
+        "timeout": {"connect": 2, "send": timeout, "read": timeout},
+    }
+
+
+def _split_rule(target: Target, value: str) -> dict[str, Any]:
+    return {
         "match": [{"vars": [[TARGET_VAR, "==", value]]}],
-        "weighted_upstreams": [
-            {
-                "upstream": {
-                    "name": f"spillway-{target.name}",
-                    "type": "roundrobin",
-                    "scheme": scheme,
-                    "pass_host": "node",
-                    "nodes": {node: 1},
-                    "timeout": {"connect": 2, "send": timeout, "read": timeout},
-                },
-                "weight": 1,
-            }
-        ],
+        "weighted_upstreams": [{"upstream": target_upstream(target), "weight": 1}],
     }
 
 

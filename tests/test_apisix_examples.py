@@ -74,10 +74,12 @@ def _loopback_route(route: dict[str, Any], config: dict[str, Any]) -> dict[str, 
     ):
         text = text.replace(old, new)
     moved: dict[str, Any] = json.loads(text)
-    for rule in moved["plugins"].get("traffic-split", {}).get("rules", []):
-        for weighted in rule["weighted_upstreams"]:
-            weighted["upstream"]["scheme"] = "http"
-            weighted["upstream"]["nodes"] = {config["targets"][0]["url"].removeprefix("http://"): 1}
+    rules = moved["plugins"].get("traffic-split", {}).get("rules", [])
+    cloud = [weighted["upstream"] for rule in rules for weighted in rule["weighted_upstreams"]]
+    cloud += moved["plugins"].get("spillway", {}).get("upstreams", {}).values()
+    for up in cloud:
+        up["scheme"] = "http"
+        up["nodes"] = {config["targets"][0]["url"].removeprefix("http://"): 1}
     if "aws-lambda" in moved["plugins"]:
         moved["plugins"]["aws-lambda"]["function_uri"] = config["targets"][0]["url"] + "/v2"
     return moved
@@ -216,7 +218,7 @@ def test_an_invoke_mode_answer_reaches_the_client(
 @pytest.mark.parametrize(
     ("name", "plugins"),
     [
-        ("config-fast-path.yaml", {"spillway", "traffic-split"}),
+        ("config-fast-path.yaml", {"spillway"}),
         ("config.yaml", {"spillway-edge", "traffic-split"}),
     ],
 )

@@ -17,6 +17,7 @@ import yaml
 from devtools import apisix
 from functions.sidecar import free_port
 from functions.signature import Verifier
+from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from gateway_plugin.routing.target_header import target_value
@@ -46,7 +47,21 @@ def routes_for(config: dict[str, Any]) -> list[dict[str, Any]]:
     quiet = fast_route(
         SpillwayConfig.model_validate(config), TOKEN, "quiet", "/quiet/*", {"decision_header": False}
     )
-    return [yaml.safe_load(yaml.safe_dump(r)) for r in (made, local_only, quiet)]
+    # The aws function by name (APISIX's resolver reads /etc/hosts: localhost is 127.0.0.1).
+    aws = config["targets"][0]
+    by_name = {**config, "targets": [{**aws, "url": aws["url"].replace("127.0.0.1", "localhost")}]}
+    named = fast_route(SpillwayConfig.model_validate(by_name), TOKEN, "named", "/named/*")
+    # A route made before the plugin set upstreams itself: traffic-split picks by the target's value.
+    legacy = fast_route(SpillwayConfig.model_validate(config), TOKEN, "legacy", "/legacy/*")
+    ext_route = route(SpillwayConfig.model_validate(config), TOKEN, "legacy", "/legacy/*")
+    del legacy["plugins"]["spillway"]["upstreams"]
+    legacy["plugins"]["traffic-split"] = ext_route["plugins"]["traffic-split"]
+    # A chain naming a target the route has no upstream for is refused with the route.
+    validated = SpillwayConfig.model_validate(config)
+    broken = fast_route(validated, TOKEN, "broken", "/broken/*", {"targets": ["aws"]})
+    broken["plugins"]["spillway"]["upstreams"] = {}
+    routes = (made, local_only, quiet, named, legacy, broken)
+    return [yaml.safe_load(yaml.safe_dump(r)) for r in routes]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +93,7 @@ def test_the_plugin_decides_from_the_table_and_keeps_sensitive_requests_home(sta
     public = stack.send("public")
     assert public["upstream"] == "aws" and stack.decision(public) == "aws;overflow_cold"
     seen = public["headers"]
-    # The decision stays at the gateway (traffic-split read it from the request's context).
+    # The decision stays at the gateway (the plugin set the upstream itself).
     assert "x-spillway-target" not in seen and seen["x-spillway-signature"].startswith("t=")
     for classification in ("confidential", "secret", None):
         for value in (AWS, "aws", "local"):
@@ -87,6 +102,19 @@ def test_the_plugin_decides_from_the_table_and_keeps_sensitive_requests_home(sta
             assert stack.decision(answer).startswith("local;residency"), answer
     on_prem = stack.send("public", path="/onprem/models/add_sub/infer")
     assert on_prem["upstream"] == "local" and stack.decision(on_prem) == "local;residency", on_prem
+
+
+def test_functions_named_by_host_or_picked_by_traffic_split_are_reached_and_no_upstream_is_refused(
+    stack: Stack,
+) -> None:
+    stack.set_load(500)
+    for path in ("/named/models/add_sub/infer", "/legacy/models/add_sub/infer"):
+        answer = stack.send("public", path=path)
+        assert answer["upstream"] == "aws" and stack.decision(answer).startswith("aws;"), (path, answer)
+        assert answer["headers"]["x-spillway-signature"].startswith("t="), answer
+        assert stack.decision(stack.send("secret", path=path)).startswith("local;residency")
+    assert stack.send("public", path="/broken/models/add_sub/infer")["status"] == 404
+    assert "targets names aws but upstreams has no aws" in stack.gateway.error_log()
 
 
 def test_a_route_can_leave_the_decision_header_out(stack: Stack) -> None:

@@ -2,10 +2,10 @@
 the fast path's route.
 
 Both routes run Lua shipped in this package: ``spillway-edge`` on the ext-plugin route, ``spillway``
-on the fast path. The fast route has the same traffic-split rules as the ext-plugin route
-(``apisix_route``) and the same route-level overrides, but the decision is made by the Lua plugin
-from the runner's decision table and the plugin reports outcomes itself (no ext-plugin-pre-req, no
-http-logger).
+on the fast path. The fast route has the same upstreams as the ext-plugin route (``apisix_route``)
+and the same route-level overrides, but the decision is made by the Lua plugin from the runner's
+decision table, which also sends each request to its upstream (no traffic-split) and reports
+outcomes itself (no ext-plugin-pre-req, no http-logger).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway_plugin.apisix_route import RouteError, observers, route
+from gateway_plugin.apisix_route import RouteError, observers, route, target_upstream
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.contract import SHARED_DICT
 
@@ -41,19 +41,22 @@ def fast_route(
     auth: str | None = None,
     prometheus: bool = False,
 ) -> dict[str, Any]:
-    """The route object for the fast path. The plugin only sets a header for traffic-split, so
-    invoke-mode targets (which the runner itself calls) stay on the ext-plugin route: when the
-    config has some, the route's chain names only the upstream-mode ones (``invoke_targets`` says
-    which were left out), and the plugin never picks an invoke-mode target a rule names."""
+    """The route object for the fast path. The plugin sends a cloud decision to its target's
+    upstream itself (``upstreams`` in its conf: traffic-split's per-request work cost more than
+    the decision), so invoke-mode targets (which the runner itself calls) stay on the ext-plugin
+    route: when the config has some, the route's chain names only the upstream-mode ones
+    (``invoke_targets`` says which were left out), and the plugin never picks an invoke-mode
+    target a rule names."""
     made = route(config, token, route_id, uri, auth=auth)
     conf = dict(overrides or {})
+    upstream_targets = [t for t in config.targets if t.mode == "upstream"]
     if invoke_targets(config) and "targets" not in conf:
-        conf["targets"] = [t.name for t in config.targets if t.mode == "upstream"]
+        conf["targets"] = [t.name for t in upstream_targets]
+    if upstream_targets:
+        conf["upstreams"] = {t.name: target_upstream(t) for t in upstream_targets}
     # The plugin decides in the access phase, after authentication at its own priority.
     plugins: dict[str, Any] = {auth: {}} if auth is not None else {}
     plugins["spillway"] = conf
-    if "traffic-split" in made["plugins"]:
-        plugins["traffic-split"] = made["plugins"]["traffic-split"]
     plugins |= observers(config, prometheus)
     return {**made, "name": "triton-with-spillway-fast-path", "plugins": plugins}
 

@@ -4,9 +4,9 @@
 -- load-aware into a decision table, which one worker fetches every fetch_interval_s into the
 -- "spillway" shared dict. Per request this plugin does only what must be per request: one reading
 -- of the request (spillway/edge.lua), residency, rules, the model, the table lookup, in-flight
--- counts against caps and spend against budgets (shared-dict counters), then the spillway_upstream
--- variable (the MAC'd value traffic-split matches), only the headers the target may receive, the
--- signature when the target wants one, and X-Spillway-Decision on the answer. Outcomes go back
+-- counts against caps and spend against budgets (shared-dict counters), then the target's upstream
+-- (spillway/upstream.lua), only the headers the target may receive, the signature when the target
+-- wants one, and X-Spillway-Decision on the answer. Outcomes go back
 -- to the runner in batches from the log phase. A table older than stale_after_s, missing or
 -- malformed makes every request local (shed when the last good table said local is saturated):
 -- never a cloud decision from stale data.
@@ -22,6 +22,7 @@ local counters = require("apisix.plugins.spillway.counters")
 local edge = require("apisix.plugins.spillway.edge")
 local content = require("apisix.plugins.spillway.content")
 local reserve = require("apisix.plugins.spillway.reserve")
+local upstream = require("apisix.plugins.spillway.upstream")
 
 local ngx = ngx
 local dkey = counters.key
@@ -57,6 +58,7 @@ local schema = {
         content_checks = { type = "boolean", default = false,
                            description = "read the text inputs of a request that would leave: one "
                                          .. "the content detectors match stays on premises" },
+        upstreams = upstream.schema,
         decision_header = { type = "boolean",
                             description = "X-Spillway-Decision on this route's answers (unset: "
                                           .. "metrics.decision_header)" },
@@ -93,7 +95,19 @@ local function log_sometimes(kind, ...)
 end
 
 function _M.check_schema(conf)
-    return core.schema.check(schema, conf)
+    local ok, err = core.schema.check(schema, conf)
+    if not ok then
+        return false, err
+    end
+    if conf.upstreams then
+        err = upstream.check(conf.upstreams)
+        for _, name in ipairs(conf.targets or {}) do
+            if err == nil and conf.upstreams[name] == nil then
+                err = "targets names " .. name .. " but upstreams has no " .. name
+            end
+        end
+    end
+    return err == nil, err
 end
 
 -- The table as this worker last compiled it, re-read when the fetching worker stored a new one.
@@ -164,10 +178,16 @@ local function fail_safe(tbl, f, conf)
     return decide.stay_local(load, policy, FAIL_SAFE, tenant ~= "" and tenant or nil, false)
 end
 
--- traffic-split matches the target's value in the request's context; only the headers the
--- target may receive go with it, and the signature when the target wants one.
-local function to_cloud(ctx, spec, raw)
+-- The target's upstream from the route's upstreams (spillway/upstream.lua); a route without them
+-- leaves it to traffic-split, which matches the target's value in the request's context. Only the
+-- headers the target may receive go with it, and the signature when the target wants one.
+local function to_cloud(ctx, conf, name, spec, raw)
     ctx.spillway_upstream = spec.value
+    if conf.upstreams and not upstream.set(ctx, conf, name) then
+        log_sometimes("upstream", "spillway: this route has no upstream for target ", name,
+                      ": its requests go to the route's own upstream; make the route again ",
+                      "(python -m gateway_plugin apisix-route --fast-path)")
+    end
     edge.forward_only(raw, spec.forward_set)
     sign.request(ctx, spec)
 end
@@ -261,7 +281,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
 end
 
 -- In the access phase: after APISIX authenticated the request (its auth plugins run in rewrite)
--- and before traffic-split (priority 966) picks the upstream from what is decided here.
+-- and before the upstream is picked (traffic-split, priority 966, on a route without upstreams).
 function _M.access(conf, ctx)
     local raw, path, odd = edge.admit(ctx)
     if not raw then
@@ -315,7 +335,7 @@ function _M.access(conf, ctx)
     end
     local spec = tbl.targets[d.target]
     ctx.spillway.value = spec.value
-    to_cloud(ctx, spec, raw)
+    to_cloud(ctx, conf, d.target, spec, raw)
 end
 
 function _M.header_filter(conf, ctx)

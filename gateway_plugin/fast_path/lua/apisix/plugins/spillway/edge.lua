@@ -13,7 +13,8 @@
 --   * the headers a decision reads, sent in several spellings or repeated, are written back as
 --     one (values of every spelling joined, spellings in sorted order); a tenant named twice
 --     differently is refused (400).
--- The decision reaches traffic-split and the loggers through the request's context (the
+-- The decision reaches traffic-split (on the ext-plugin route; the fast path's plugin sets the
+-- upstream itself) and the loggers through the request's context (the
 -- spillway_upstream and spillway_worker variables), which no client can write; a request that
 -- goes to a cloud function keeps only the headers its target may receive; and the upstream is
 -- sent the path as decided, encoded once.
