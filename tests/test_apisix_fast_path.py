@@ -48,8 +48,8 @@ def routes_for(config: dict[str, Any]) -> list[dict[str, Any]]:
         SpillwayConfig.model_validate(config), TOKEN, "quiet", "/quiet/*", {"decision_header": False}
     )
     # The aws function by name (APISIX's resolver reads /etc/hosts: localhost is 127.0.0.1).
-    aws = config["targets"][0]
-    by_name = {**config, "targets": [{**aws, "url": aws["url"].replace("127.0.0.1", "localhost")}]}
+    aws, *others = config["targets"]
+    by_name = {**config, "targets": [{**aws, "url": aws["url"].replace("127.0.0.1", "localhost")}, *others]}
     named = fast_route(SpillwayConfig.model_validate(by_name), TOKEN, "named", "/named/*")
     # A route made before the plugin set upstreams itself: traffic-split picks by the target's value.
     legacy = fast_route(SpillwayConfig.model_validate(config), TOKEN, "legacy", "/legacy/*")
