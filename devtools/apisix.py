@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,6 +211,7 @@ class Apisix:
             routes = s.routes_yaml if "#END" in s.routes_yaml else s.routes_yaml + "\n#END\n"
             (self.home / "conf" / "apisix.yaml").write_text(routes)
         self.logs.mkdir(parents=True, exist_ok=True)
+        self._forget_dead_master()
         for name in ("error.log", "access.log"):
             (self.logs / name).write_text("")
         env = {**os.environ, **s.env}
@@ -250,14 +251,50 @@ class Apisix:
             return False
         return True
 
+    def _forget_dead_master(self) -> None:
+        """A master killed earlier leaves its pid file and the workers' event socket behind; the
+        next start would stop at the socket ("address already in use")."""
+        pid_file = self.logs / "nginx.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+        if pid is None or not _alive(pid):
+            for stale in (pid_file, self.logs / "worker_events.sock"):
+                stale.unlink(missing_ok=True)
+
     def stop(self) -> None:
-        """``apisix quit`` (graceful: the workers stop the runner), then the master by force."""
+        """``apisix quit`` (graceful: the workers stop the runner), then by force whatever outlived
+        it: the master, its workers (a killed master's workers go on serving) and the runners they
+        started (one left running keeps scraping and holding ports into the next test)."""
+        workers = self.worker_pids() if self.master_pid is not None else []
         subprocess.run([str(self.prefix / "bin" / "apisix"), "quit"], capture_output=True, check=False)
         deadline = time.monotonic() + 15
         while self.master_pid is not None and _alive(self.master_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        left = []
         if self.master_pid is not None and _alive(self.master_pid):
-            os.kill(self.master_pid, signal.SIGKILL)
+            left = [self.master_pid, *(p for p in workers if _alive(p))]
+        if self.settings.runner_cmd is not None:
+            runner = list(self.settings.runner_cmd)
+            runners = [p for p in self.runner_pids() if _alive(p) and _cmdline(p) == runner]
+            deadline = time.monotonic() + 5  # time to remove its socket, as on a graceful quit
+            while any(_alive(p) for p in runners) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            left += [p for p in runners if _alive(p)]
+        for pid in left:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
 
 
 def _alive(pid: int) -> bool:
