@@ -31,7 +31,7 @@ function _M.new()
         ages[i] = 0
     end
     return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, on_prem = {}, local_s = {},
-             local_answers = {}, cloud = {}, instances = {}, usage = {}, usage_other = {},
+             local_answers = {}, cloud = {}, instances = {}, usage = {}, usage_by = {}, usage_other = {},
              tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
 end
 
@@ -82,8 +82,8 @@ end
 local function pair() return { 0, 0 } end
 local function triple() return { 0, 0, 0 } end
 
--- seen: what the rewrite phase decided; var: ctx.var (the function's headers read from it only
--- for cloud answers).
+-- seen: what the access phase decided; var: nginx's variables (the function's headers read from
+-- them only for cloud answers).
 function _M.add(agg, seen, var, status)
     agg.n = agg.n + 1
     local decision = seen.decision
@@ -102,12 +102,24 @@ function _M.add(agg, seen, var, status)
     end
     if seen.target ~= "shed" then
         -- A tab is in no tenant key (printable ASCII) nor model: the key splits back unambiguously.
-        local key = seen.target .. "\t" .. (seen.tenant or "") .. "\t" .. (seen.usage_model or "")
-        local u = agg.usage[key]
+        -- Found through a map per target and tenant: no key string made per request.
+        local target, tenant, model = seen.target, seen.tenant or "", seen.usage_model or ""
+        local by_tenant = agg.usage_by[target]
+        if by_tenant == nil then
+            by_tenant = {}
+            agg.usage_by[target] = by_tenant
+        end
+        local by_model = by_tenant[tenant]
+        local u = by_model and by_model[model]
         if u == nil and agg.keys < MAX_KEYS then
             agg.keys = agg.keys + 1
             u = { 0, 0 }
-            agg.usage[key] = u
+            if by_model == nil then
+                by_model = {}
+                by_tenant[tenant] = by_model
+            end
+            by_model[model] = u
+            agg.usage[target .. "\t" .. tenant .. "\t" .. model] = u
         elseif u == nil then
             u = agg.usage_other[seen.target]
             if u == nil then

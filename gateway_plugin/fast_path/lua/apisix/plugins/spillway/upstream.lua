@@ -65,6 +65,18 @@ local function build(name, up, route, conf_version, generation)
     }
 end
 
+-- A resolver that fails fails for every request: said once per LOG_EVERY_S per name.
+local LOG_EVERY_S = 10
+local logged = {}
+
+local function resolver_failed(domain, err)
+    local now = ngx.now()
+    if (logged[domain] or 0) + LOG_EVERY_S <= now then
+        logged[domain] = now
+        core.log.error("spillway: resolving ", domain, ": ", err, " (requests go to its last address)")
+    end
+end
+
 -- A name's address as APISIX's resolver has it now; a new entry (a new version for APISIX's
 -- caches) only when an address changed. Unresolvable: the last address, as traffic-split keeps it.
 local function resolved(entry)
@@ -73,7 +85,7 @@ local function resolved(entry)
         if node.domain then
             local ip, err = core.resolver.parse_domain(node.domain)
             if err then
-                core.log.error("spillway: resolving ", node.domain, ": ", err)
+                resolver_failed(node.domain, err)
             end
             if ip and ip ~= node.host then
                 changed = changed or {}
