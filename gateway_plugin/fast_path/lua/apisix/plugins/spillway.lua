@@ -6,10 +6,9 @@
 -- of the request (spillway/edge.lua), residency, rules, the model, the table lookup, in-flight
 -- counts against caps and spend against budgets (shared-dict counters), then the target's upstream
 -- (spillway/upstream.lua), only the headers the target may receive, the signature when the target
--- wants one, and X-Spillway-Decision on the answer. Outcomes go back
--- to the runner in batches from the log phase. A table older than stale_after_s, missing or
--- malformed makes every request local (shed when the last good table said local is saturated):
--- never a cloud decision from stale data.
+-- wants one, and X-Spillway-Decision on the answer. Outcomes go back to the runner in batches from
+-- the log phase. A table older than stale_after_s, missing or malformed makes every request local
+-- (shed when the last good table said local is saturated): never a cloud decision from stale data.
 
 local core = require("apisix.core")
 local contract = require("apisix.plugins.spillway.contract")
