@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -67,6 +68,19 @@ class Front(Stack):
         return sum(
             float(v) for v in re.findall(r"^spillway_decisions_total\{[^}]*\} (\S+)$", self.metrics(), re.M)
         )
+
+    def settled_decisions(self) -> float:
+        """The count once the fast path's summaries of earlier requests are in (each worker posts
+        them every 0.2 s): unchanged for a second."""
+        last, since = self.decisions(), time.monotonic()
+        deadline = since + 15
+        while time.monotonic() - since < 1.0:
+            assert time.monotonic() < deadline, "the decision count never settled"
+            time.sleep(0.1)
+            now = self.decisions()
+            if now != last:
+                last, since = now, time.monotonic()
+        return last
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +151,11 @@ def test_a_client_claiming_another_tenant_is_counted_and_limited_as_its_own_cons
 def test_an_unauthenticated_request_gets_no_decision_and_spends_nothing(
     front: Front, host: str | None
 ) -> None:
-    before = front.decisions()
+    before = front.settled_decisions()
     for claimed in ("bob", "alice", ""):
         status, decision, _ = front.ask(host, None, **{"x-tenant": claimed})
         assert status == 401 and decision == "", (status, decision)
-    assert front.decisions() == before
+    assert front.settled_decisions() == before
 
 
 @pytest.mark.parametrize("host", [None, FAST], ids=["ext-plugin", "fast-path"])
