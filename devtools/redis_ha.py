@@ -240,9 +240,21 @@ class ClusterGroup:
                 with _client(server.port) as client:
                     if client.cluster("info").get("cluster_state") != "ok":
                         return False
-            return all(self._replica_synced(s.port) for s in self.servers if _role(s.port) == "slave")
+            roles = {s.port: _role(s.port) for s in self.servers}
+            synced = all(self._replica_synced(port) for port, role in roles.items() if role == "slave")
+            return synced and all(
+                self._knows_its_replica(port) for port, role in roles.items() if role == "master"
+            )
         except redis.RedisError:
             return False
+
+    def _knows_its_replica(self, port: int) -> bool:
+        """The master's own view of the Cluster lists its replica (gossip spreads it, seconds after
+        the replica syncs): what a failover and ``replicas_ack`` go by."""
+        with _client(port) as client:
+            return bool(
+                client.execute_command("CLUSTER", "REPLICAS", client.execute_command("CLUSTER", "MYID"))
+            )
 
     def _replica_synced(self, port: int) -> bool:
         with _client(port) as client:

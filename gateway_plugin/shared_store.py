@@ -247,19 +247,35 @@ class RedisStore:
         return reply  # type: ignore[no-any-return]
 
     def _replicated(self, key: str) -> None:
-        """Raise unless ``replicas_ack`` of the replicas the master has now (``ROLE``) hold the
-        round's writes (``WAIT``, on the connection that ran the script: one rounds thread, so the
-        pool hands the same one back; on a Cluster, the master of the key's slot). A master with
-        no replica has none to fail over to: nothing to wait for."""
+        """Raise unless ``replicas_ack`` of the master's replicas hold the round's writes (``WAIT``,
+        on the connection that ran the script: one rounds thread, so the pool hands the same one
+        back; on a Cluster, the master of the key's slot). A master with no replica has none to
+        fail over to: nothing to wait for."""
         node = self.client.get_node_from_key(key) if hasattr(self.client, "get_node_from_key") else None
         on = {"target_nodes": node} if node is not None else {}
-        role = self.client.execute_command("ROLE", **on)
-        wanted = min(self._settings.replicas_ack, len(role[2]) if len(role) > 2 else 0)
+        wanted = min(self._settings.replicas_ack, self._replicas(on))
         if wanted and int(self.client.execute_command("WAIT", wanted, self._wait_ms, **on)) < wanted:
             raise NotReplicated(
                 f"the round's writes reached fewer than {wanted} replica(s) within {self._wait_ms} ms: "
                 "a failover now could lose them, so this answer is not used"
             )
+
+    def _replicas(self, on: dict[str, Any]) -> int:
+        """The replicas a failover could promote: those connected now (``ROLE``) and those the
+        sentinels or the Cluster know and do not hold down. A replica reconnecting (after a blip,
+        or just restarted) is not in ``ROLE``, yet a failover may promote it without the writes."""
+        role = self.client.execute_command("ROLE", **on)
+        connected = len(role[2]) if len(role) > 2 else 0
+        pool: Any = getattr(self.client, "connection_pool", None)
+        manager = getattr(pool, "sentinel_manager", None)
+        if manager is not None:
+            return max(connected, len(manager.discover_slaves(pool.service_name)))
+        if on:
+            me = self.client.execute_command("CLUSTER", "MYID", **on)
+            lines = self.client.execute_command("CLUSTER", "REPLICAS", me, **on)
+            flags = [line.split()[2].split(b",") for line in lines]  # "<id> <addr> <flags> ..."
+            return max(connected, sum(1 for f in flags if b"fail" not in f))
+        return connected
 
     def describe(self, error: BaseException) -> str:
         """The error as a log line may carry it: its kind and text, never a credential."""

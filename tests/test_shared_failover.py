@@ -169,38 +169,52 @@ def test_every_key_of_a_round_lives_in_the_slot_of_its_hash_tag(group: Group) ->
         client.close()
 
 
+@pytest.fixture(params=["sentinel", "cluster"])
+def steady(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Group]:
+    """A group that has not failed over, its failure detectors slow (30 s): a replica stopped or
+    cut off stays, for the whole test, one that a failover could promote."""
+    if request.param == "sentinel":
+        if REDIS_SENTINEL is None:
+            pytest.skip(SENTINEL_HINT)
+        with sentinel_group(tmp_path / "sentinel", down_after_ms=30_000) as sentinel:
+            yield sentinel
+    else:
+        with cluster_group(tmp_path / "cluster", node_timeout_ms=30_000) as cluster:
+            yield cluster
+
+
 def test_with_replicas_ack_an_answer_waits_for_the_replica_the_master_has(
-    group: Group, tmp_path: Path
+    steady: Group, tmp_path: Path
 ) -> None:
     """Replication is asynchronous: a master can answer, then die before its replica has what it
     wrote, and the replica promoted leases it again. With ``replicas_ack`` a node uses an answer
-    only once the master's replica holds it; with the replica stopped (SIGSTOP) the master answers,
-    but the node decides alone. A master with no replica (a lone server) has none to fail over to."""
+    only once the master's replica holds it: with the replica stopped (SIGSTOP) the master answers,
+    but the node decides alone; so too once the master has dropped the link to it (the master no
+    longer lists it, as while a replica reconnects, yet the sentinels or the Cluster still would
+    promote it). A master with no replica (a lone server) has none to fail over to."""
+    group = steady
     times = Clock(1000.0), Clock(3600 * 500 + 60.0)
     shared = {"redis_url": group.url, "nodes_expected": 2, "replicas_ack": 1, "key_prefix": "acked"}
     node = Syncing(config(group.url, shared_state=shared), "node-0", *times)
     assert node.round()
-    # Every replica the master has: after an earlier failover the old master is one more, and one
-    # Sentinel is still turning into a replica may join a moment later, so with Sentinel every
-    # server but the master stops (a Cluster's other masters must not: they would fail over).
-    replicas = others_of(group) if isinstance(group, SentinelGroup) else replicas_of(group, "{acked}:round")
-    for replica in replicas:
-        os.kill(replica.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+    (replica,) = replicas_of(group, "{acked}:round")
+    master = group.master_port() if isinstance(group, SentinelGroup) else group.master_port("{acked}:round")
+    assert master is not None
+    assert replica.proc is not None
+    os.kill(replica.proc.pid, signal.SIGSTOP)
     try:
         assert not node.round(), "no replica holds the round's writes"
         assert not node.view.connected
+        with redis.Redis(port=master, socket_timeout=2) as client:
+            client.client_kill_filter(_type="slave")
+            wait_until(lambda: not client.execute_command("ROLE")[2], 10, "the master without its replica")
+        assert not node.round(), "a replica the master lost the link to may still be promoted"
     finally:
-        for replica in replicas:
-            os.kill(replica.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        os.kill(replica.proc.pid, signal.SIGCONT)
     wait_until(node.round, FOLLOW_S, "the replica back")
     with redis_server(tmp_path / "redis") as server:
         alone = {"redis_url": server.url, "nodes_expected": 2, "replicas_ack": 1}
         assert Syncing(config(server.url, shared_state=alone), "node-1", *times).round()
-
-
-def others_of(group: SentinelGroup) -> list[RedisServer]:
-    master = group.master_port()
-    return [s for s in group.servers if s.proc is not None and s.proc.poll() is None and s.port != master]
 
 
 def replicas_of(group: Group, key: str) -> list[RedisServer]:

@@ -40,9 +40,9 @@ class SharedState(Model):
         default=0,
         ge=0,
         le=16,
-        description="replicas (of those the master has) that must hold a round's writes before the node "
-        "uses its answer (Redis WAIT): 1 with Sentinel or Cluster, so a failover cannot lose a lease a node "
-        "already spends",
+        description="replicas (of those a failover could promote) that must hold a round's writes before "
+        "the node uses its answer (Redis WAIT): 1 with Sentinel or Cluster, so a failover cannot lose a "
+        "lease a node already spends",
     )
     username_env: str | None = Field(default=None, description="environment variable holding the ACL user")
     password_env: str | None = Field(
