@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -234,7 +235,7 @@ class Apisix:
             if (
                 self.master_pid is not None
                 and self._answers()
-                and (s.runner_cmd is None or self.runner_socket().exists())
+                and (s.runner_cmd is None or self._runner_accepts())
             ):
                 return
             time.sleep(0.05)
@@ -249,6 +250,17 @@ class Apisix:
             return True
         except OSError:
             return False
+        return True
+
+    def _runner_accepts(self) -> bool:
+        """The runner listens: a socket of its name may be one a runner killed outright left,
+        found again once pids wrap."""
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(1)
+            try:
+                probe.connect(str(self.runner_socket()))
+            except OSError:
+                return False
         return True
 
     def _forget_dead_master(self) -> None:
@@ -288,6 +300,8 @@ class Apisix:
         deadline = time.monotonic() + 5
         while any(_alive(p) for p in left) and time.monotonic() < deadline:
             time.sleep(0.02)
+        if self.master_pid is not None and not _alive(self.master_pid):
+            self.runner_socket().unlink(missing_ok=True)  # what a runner killed outright leaves
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -1,12 +1,15 @@
 """What ``devtools.apisix`` leaves behind when a gateway stops: nothing. A runner that outlives
 APISIX's quit (here a stand-in that ignores SIGTERM: the point is a process that will not go) kept
 scraping and holding ports into the next test, and the next start at the prefix stopped at the
-event socket a killed master left."""
+event socket a killed master left. A runner killed outright left its socket (named after the
+master's pid), and once pids wrapped a later gateway whose master got that pid was "up" before its
+runner was: its first requests got 503."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -28,9 +31,23 @@ time.sleep(600)
 """
 
 
-def _settings(tmp_path: Path) -> apisix.ApisixSettings:
-    script = tmp_path / "stubborn.py"
-    script.write_text(STUBBORN_RUNNER)
+# A runner slow to start: it binds its socket 2 s after APISIX started it.
+SLOW_RUNNER = """
+import os, socket, time
+time.sleep(2)
+path = os.environ["APISIX_LISTEN_ADDRESS"].removeprefix("unix:")
+if os.path.exists(path):
+    os.unlink(path)
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(path)
+listener.listen()
+time.sleep(600)
+"""
+
+
+def _settings(tmp_path: Path, runner: str = STUBBORN_RUNNER) -> apisix.ApisixSettings:
+    script = tmp_path / "runner.py"
+    script.write_text(runner)
     return apisix.ApisixSettings(
         port=free_port(), routes_yaml="routes: []\n#END\n", runner_cmd=[sys.executable, str(script)]
     )
@@ -49,6 +66,28 @@ def test_a_runner_that_ignores_sigterm_is_stopped_with_the_gateway(tmp_path: Pat
         runners = gateway.runner_pids()
         assert runners and not any(_gone(p) for p in runners)
     assert all(_gone(p) for p in runners), "no runner outlives the gateway"
+    assert not gateway.runner_socket().exists(), "nor the socket of a runner killed outright"
+
+
+def test_a_gateway_is_up_once_its_runner_accepts_not_when_a_stale_socket_has_its_name(
+    tmp_path: Path,
+) -> None:
+    """Sockets a killed runner would have left, for the pids the next master may get."""
+    conf = apisix.prefix() / "apisix" / "conf"
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    names = [conf / f"apisix-{300 + (os.getpid() + n - 300) % (pid_max - 300)}.sock" for n in range(2000)]
+    stale = [name for name in names if not name.exists()]
+    for name in stale:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(name))
+    try:
+        with apisix.running(_settings(tmp_path, SLOW_RUNNER)) as gateway:
+            assert gateway.runner_socket() in stale, "the master's pid is among those prepared"
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(str(gateway.runner_socket()))
+    finally:
+        for name in stale:
+            name.unlink(missing_ok=True)
 
 
 def test_a_master_killed_outright_leaves_nothing_that_stops_the_next_start(tmp_path: Path) -> None:
