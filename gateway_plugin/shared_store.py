@@ -214,6 +214,24 @@ def check_url(url: str) -> None:
         raise ValueError("a Sentinel URL names its master: redis+sentinel://host:26379/MASTER/0")
 
 
+def _promotable(sentinels: Any, master: str) -> int:
+    """The replicas the first sentinel that answers would promote: not down, not cut off from it
+    (a master lost for good is listed as one, disconnected), not of priority 0; 0 if none answers."""
+    import redis
+
+    for sentinel in sentinels.sentinels:
+        try:
+            replicas = sentinel.sentinel_slaves(master)
+        except redis.RedisError:
+            continue
+        return sum(
+            1
+            for r in replicas
+            if not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"]) and r.get("slave-priority") != 0
+        )
+    return 0
+
+
 class NotReplicated(RuntimeError):
     """The store answered, but fewer replicas than ``replicas_ack`` hold what it wrote."""
 
@@ -269,7 +287,7 @@ class RedisStore:
         pool: Any = getattr(self.client, "connection_pool", None)
         manager = getattr(pool, "sentinel_manager", None)
         if manager is not None:
-            return max(connected, len(manager.discover_slaves(pool.service_name)))
+            return max(connected, _promotable(manager, pool.service_name))
         if on:
             me = self.client.execute_command("CLUSTER", "MYID", **on)
             lines = self.client.execute_command("CLUSTER", "REPLICAS", me, **on)
