@@ -216,7 +216,8 @@ def check_url(url: str) -> None:
 
 def _promotable(sentinels: Any, master: str) -> int:
     """The replicas the first sentinel that answers would promote: not down, not cut off from it
-    (a master lost for good is listed as one, disconnected), not of priority 0; 0 if none answers."""
+    (a master lost for good is listed as one, disconnected), read by it (a server just back is
+    listed before its INFO says whose replica it is), not of priority 0; 0 if none answers."""
     import redis
 
     for sentinel in sentinels.sentinels:
@@ -227,7 +228,9 @@ def _promotable(sentinels: Any, master: str) -> int:
         return sum(
             1
             for r in replicas
-            if not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"]) and r.get("slave-priority") != 0
+            if not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"])
+            and r.get("master-port")
+            and r.get("slave-priority") != 0
         )
     return 0
 
