@@ -75,18 +75,19 @@ def test_a_gateway_is_up_once_its_runner_accepts_not_when_a_stale_socket_has_its
     """Sockets a killed runner would have left, for the pids the next master may get."""
     conf = apisix.prefix() / "apisix" / "conf"
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    names = [conf / f"apisix-{300 + (os.getpid() + n - 300) % (pid_max - 300)}.sock" for n in range(2000)]
-    stale = [name for name in names if not name.exists()]
-    for name in stale:
+    last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())  # pids are handed out after it
+    names = [conf / f"apisix-{300 + (last + n - 300) % (pid_max - 300)}.sock" for n in range(1, 2000)]
+    made = [name for name in names if not name.exists()]
+    for name in made:
         with socket.socket(socket.AF_UNIX) as sock:
             sock.bind(str(name))
     try:
         with apisix.running(_settings(tmp_path, SLOW_RUNNER)) as gateway:
-            assert gateway.runner_socket() in stale, "the master's pid is among those prepared"
+            assert gateway.runner_socket() in names, "the master's pid is among those prepared"
             with socket.socket(socket.AF_UNIX) as client:
                 client.connect(str(gateway.runner_socket()))
     finally:
-        for name in stale:
+        for name in made:
             name.unlink(missing_ok=True)
 
 
