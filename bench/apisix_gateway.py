@@ -112,6 +112,7 @@ from gateway_plugin.routing.policy_build import build_policy
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
 from devtools import apisix
+from devtools.legacy_fast_route import split_fast_route
 
 TESTBED_RUNNER = ROOT / "third_party" / "apisix-testbed" / "runner" / "runner.py"
 GO_RUNNER = Path("/work/shared/anchors/apisix-go-plugin-runner/go-runner")
@@ -438,10 +439,8 @@ def fast_case(name: str, setup: Setup, config: dict[str, Any], metrics_port: int
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     validated = SpillwayConfig.model_validate(config)
     cloud = name.startswith("fast-cloud")
-    made = fast_route(validated, setup.token.encode())
-    if name.endswith("-split"):
-        del made["plugins"]["spillway"]["upstreams"]
-        made["plugins"]["traffic-split"] = route(validated, setup.token.encode())["plugins"]["traffic-split"]
+    layout = split_fast_route if name.endswith("-split") else fast_route
+    made = layout(validated, setup.token.encode())
     return Case(
         name,
         [sys.executable, "-m", "gateway_plugin", "run", "--config", str(config_path)],

@@ -279,29 +279,28 @@ class Apisix:
         """``apisix quit`` (graceful: the workers stop the runner), then by force whatever outlived
         it: the master, its workers (a killed master's workers go on serving) and the runners they
         started (one left running keeps scraping and holding ports into the next test)."""
-        workers = self.worker_pids() if self.master_pid is not None else []
+        master = [] if self.master_pid is None else [self.master_pid]
+        workers = self.worker_pids() if master else []
         subprocess.run([str(self.prefix / "bin" / "apisix"), "quit"], capture_output=True, check=False)
-        deadline = time.monotonic() + 15
-        while self.master_pid is not None and _alive(self.master_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = []
-        if self.master_pid is not None and _alive(self.master_pid):
-            left = [self.master_pid, *(p for p in workers if _alive(p))]
+        left = [*master, *(p for p in workers if _alive(p))] if _outlived(master, 15) else []
         if self.settings.runner_cmd is not None:
             runner = list(self.settings.runner_cmd)
             runners = [p for p in self.runner_pids() if _alive(p) and _cmdline(p) == runner]
-            deadline = time.monotonic() + 5  # time to remove its socket, as on a graceful quit
-            while any(_alive(p) for p in runners) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            left += [p for p in runners if _alive(p)]
+            left += _outlived(runners, 5)  # time to remove its socket, as on a graceful quit
         for pid in left:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while any(_alive(p) for p in left) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self.master_pid is not None and not _alive(self.master_pid):
+        _outlived(left, 5)
+        if master and not _alive(master[0]):
             self.runner_socket().unlink(missing_ok=True)  # what a runner killed outright leaves
+
+
+def _outlived(pids: list[int], seconds: float) -> list[int]:
+    """Those of ``pids`` still alive after up to ``seconds`` of waiting for them to go."""
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [p for p in pids if _alive(p)]
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from devtools import apisix
+from devtools.legacy_fast_route import split_fast_route
 from functions.sidecar import free_port
 from functions.signature import Verifier
-from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from gateway_plugin.routing.target_header import target_value
@@ -40,28 +40,28 @@ SIGNING_KEY = "fast-path-signing-key-0123456789abcdef"
 
 
 def routes_for(config: dict[str, Any]) -> list[dict[str, Any]]:
-    made = fast_route(SpillwayConfig.model_validate(config), TOKEN)
-    local_only = fast_route(
-        SpillwayConfig.model_validate(config), TOKEN, "on-prem-only", "/onprem/*", {"on_prem_only": True}
+    """The fast route, one that keeps every request home and one without the decision header."""
+    validated = SpillwayConfig.model_validate(config)
+    routes = (
+        fast_route(validated, TOKEN),
+        fast_route(validated, TOKEN, "on-prem-only", "/onprem/*", {"on_prem_only": True}),
+        fast_route(validated, TOKEN, "quiet", "/quiet/*", {"decision_header": False}),
     )
-    quiet = fast_route(
-        SpillwayConfig.model_validate(config), TOKEN, "quiet", "/quiet/*", {"decision_header": False}
-    )
-    # The aws function by name (APISIX's resolver reads /etc/hosts: localhost is 127.0.0.1).
+    return [yaml.safe_load(yaml.safe_dump(r)) for r in routes]
+
+
+def other_layouts(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The aws function named by host (APISIX's resolver reads /etc/hosts: localhost is 127.0.0.1),
+    a route made before the plugin set upstreams itself (traffic-split picks by the target's value),
+    and one naming a target it has no upstream for (refused with the route)."""
     aws, *others = config["targets"]
     by_name = {**config, "targets": [{**aws, "url": aws["url"].replace("127.0.0.1", "localhost")}, *others]}
     named = fast_route(SpillwayConfig.model_validate(by_name), TOKEN, "named", "/named/*")
-    # A route made before the plugin set upstreams itself: traffic-split picks by the target's value.
-    legacy = fast_route(SpillwayConfig.model_validate(config), TOKEN, "legacy", "/legacy/*")
-    ext_route = route(SpillwayConfig.model_validate(config), TOKEN, "legacy", "/legacy/*")
-    del legacy["plugins"]["spillway"]["upstreams"]
-    legacy["plugins"]["traffic-split"] = ext_route["plugins"]["traffic-split"]
-    # A chain naming a target the route has no upstream for is refused with the route.
     validated = SpillwayConfig.model_validate(config)
+    legacy = split_fast_route(validated, TOKEN, "legacy", "/legacy/*")
     broken = fast_route(validated, TOKEN, "broken", "/broken/*", {"targets": ["aws"]})
     broken["plugins"]["spillway"]["upstreams"] = {}
-    routes = (made, local_only, quiet, named, legacy, broken)
-    return [yaml.safe_load(yaml.safe_dump(r)) for r in routes]
+    return [yaml.safe_load(yaml.safe_dump(r)) for r in (named, legacy, broken)]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             config,
             tmp,
             free_port(),
-            routes_for(config),
+            [*routes_for(config), *other_layouts(config)],
             envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
             env={"SPILLWAY_SIGNING_KEY": SIGNING_KEY},
             attr={"stale_after_s": 0.5},
