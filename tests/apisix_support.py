@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
-from tests.support import ROOT, http, http_server_thread, wait_until
+from tests.support import ROOT, QuietHandler, http, http_server_thread, wait_until
 
 EXAMPLE_CONFIG = ROOT / "examples" / "apisix" / "config.yaml"
 # What the route's active health checks ask the on-prem nodes (apisix_route's _LOCAL_CHECKS).
@@ -61,7 +60,7 @@ def upstream(
 ) -> Iterator[Upstream]:
     state = Upstream(name, instance=instance)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def _answer(self) -> None:
@@ -98,9 +97,6 @@ def upstream(
             self.wfile.write(reply)
 
         do_GET = do_POST = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler, tls, host) as url:
         state.url = url
@@ -158,7 +154,7 @@ class MetricsFeed:
 def metrics_feed() -> Iterator[MetricsFeed]:
     feed = MetricsFeed()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             body = feed.text().encode()
             self.send_response(200)
@@ -166,9 +162,6 @@ def metrics_feed() -> Iterator[MetricsFeed]:
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         feed.url = url + "/metrics"

@@ -21,7 +21,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.support import http_server_thread
+from tests.support import QuietHandler, http_server_thread
 
 AWS_KEY, AWS_SECRET, REGION = "AKIDSPILLWAYTEST", "aws-secret-for-tests", "us-east-1"
 FC_KEY, FC_SECRET = "LTAIspillwaytest", "fc-secret-for-tests"
@@ -94,7 +94,7 @@ def _fc_ok(handler: BaseHTTPRequestHandler) -> bool:
 def cloud_fake(function_url: str) -> Iterator[CloudFake]:
     fake = CloudFake(function_url)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
@@ -123,9 +123,6 @@ def cloud_fake(function_url: str) -> Iterator[CloudFake]:
             self.end_headers()
             self.wfile.write(payload)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
     with http_server_thread(Handler) as url:
         fake.url = url
         yield fake
@@ -137,7 +134,7 @@ def function_url_fake(function_url: str) -> Iterator[CloudFake]:
     hands the HTTP request, path and all, to a real function instance."""
     fake = CloudFake(function_url)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
@@ -163,9 +160,6 @@ def function_url_fake(function_url: str) -> Iterator[CloudFake]:
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         fake.url = url

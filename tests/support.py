@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -247,6 +248,13 @@ def local_pool(repo: Path, **settings: Any) -> Iterator[tuple[str, Any]]:
 
     with running_pool(PoolSettings(repo, **settings)) as (url, pool):
         yield url, pool
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """``http.server``'s handler without its line on stderr per request."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 @contextmanager

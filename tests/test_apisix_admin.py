@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from gateway_plugin.apisix_admin import DEFAULT_KEYS, AdminError, admin_key, put_route, route_url
 from gateway_plugin.cli import main
-from tests.support import http_server_thread
+from tests.support import QuietHandler, http_server_thread
 
 KEY = "a-random-admin-key-0123456789"
 
@@ -41,7 +40,7 @@ def admin() -> Iterator[tuple[str, list[dict[str, object]]]]:
     """An Admin API stand-in that takes KEY and answers as APISIX does, echoing what it got."""
     seen: list[dict[str, object]] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_PUT(self) -> None:
             body = self.rfile.read(int(self.headers["content-length"]))
             seen.append({"path": self.path, "key": self.headers["x-api-key"], "body": json.loads(body)})
@@ -56,9 +55,6 @@ def admin() -> Iterator[tuple[str, list[dict[str, object]]]]:
             self.send_header("content-length", str(len(text)))
             self.end_headers()
             self.wfile.write(text)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         yield url, seen

@@ -171,10 +171,8 @@ def test_the_runners_metrics_keep_clear_of_apisixs_exporter(
 
 
 def test_costs_prints_a_runners_bill_as_csv_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    from http.server import BaseHTTPRequestHandler
-
     from gateway_plugin.cli import main
-    from tests.support import http_server_thread
+    from tests.support import QuietHandler, http_server_thread
 
     body = (
         b'spillway_requests_total{tenant="acme",model="add_sub",target="aws"} 4\n'
@@ -183,15 +181,12 @@ def test_costs_prints_a_runners_bill_as_csv_and_json(capsys: pytest.CaptureFixtu
         b"spillway_local_cost_usd_total 0.6\n"
     )
 
-    class Metrics(BaseHTTPRequestHandler):
+    class Metrics(QuietHandler):
         def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Metrics) as url:
         assert main(["costs", "--metrics-url", url + "/metrics"]) == 0

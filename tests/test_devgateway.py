@@ -9,20 +9,19 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import yaml
 
 from functions.sidecar import free_port
-from tests.support import ROOT, devgateway, http, http_server_thread, wait_until
+from tests.support import ROOT, QuietHandler, devgateway, http, http_server_thread, wait_until
 
 
 @contextmanager
 def upstream(name: str) -> Iterator[str]:
     """A plain HTTP server that says who it is and what it received."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             reply = json.dumps(
@@ -38,9 +37,6 @@ def upstream(name: str) -> Iterator[str]:
             self.send_header("content-length", str(len(reply)))
             self.end_headers()
             self.wfile.write(reply)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         yield url

@@ -7,17 +7,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from gateway_plugin.app import http_fetcher
-from tests.support import http_server_thread
+from tests.support import QuietHandler, http_server_thread
 
 PAGE = b'nv_inference_request_success{model="m",version="1"} 10\n'
 
 
-class _Endless(BaseHTTPRequestHandler):
+class _Endless(QuietHandler):
     """A page with no end: 64 KiB after 64 KiB until the client goes."""
 
     def do_GET(self) -> None:
@@ -31,11 +30,8 @@ class _Endless(BaseHTTPRequestHandler):
         except OSError:
             return
 
-    def log_message(self, *args: object) -> None:
-        pass
 
-
-class _Drip(BaseHTTPRequestHandler):
+class _Drip(QuietHandler):
     """A byte of a comment every 0.2 s, for ever: each read is well within its own timeout."""
 
     stop = threading.Event()
@@ -52,20 +48,14 @@ class _Drip(BaseHTTPRequestHandler):
         except OSError:
             return
 
-    def log_message(self, *args: object) -> None:
-        pass
 
-
-class _Plain(BaseHTTPRequestHandler):
+class _Plain(QuietHandler):
     def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/plain; version=0.0.4")
         self.send_header("content-length", str(len(PAGE)))
         self.end_headers()
         self.wfile.write(PAGE)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def _fetch_in_thread(url: str, **limits: float) -> concurrent.futures.Future[str]:

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from tests.apisix_support import apisix_settings, example_plugins, needs_apisix
 from tests.support import (
     ROOT,
     TEST_MODELS,
+    QuietHandler,
     function_server,
     http,
     http_server_thread,
@@ -210,7 +210,7 @@ def _with_a_gpu(triton_metrics: str) -> Iterator[str]:
     gauges in Triton's format after it (this machine has no GPU, so the real tritonserver exports
     none; these are what the runner reads for local.thresholds and the GPU panels draw)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             status, _, page = http("GET", triton_metrics, timeout=5)
             body = page.rstrip(b"\n") + b"\n" + GPU_GAUGES.encode() if status == 200 else b""
@@ -219,9 +219,6 @@ def _with_a_gpu(triton_metrics: str) -> Iterator[str]:
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         yield url + "/metrics"

@@ -8,7 +8,6 @@ import asyncio
 import shutil
 import subprocess
 import sys
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,7 +23,7 @@ from gateway_plugin.routing.policy import LOCAL, LocalLoad, Reason, RequestFeatu
 from gateway_plugin.routing.policy_build import build_policy
 from gateway_plugin.routing.signals import Counters, LoadTracker, Scraper
 from gateway_plugin.simulation.runner_policy import _SimulatedState
-from tests.support import TEST_MODELS, http_server_thread, wait_until
+from tests.support import TEST_MODELS, QuietHandler, http_server_thread, wait_until
 
 CONFIG: dict[str, Any] = {
     "local": {"latency_target_ms": 100, "thresholds": {"gpu_memory": 0.9, "gpu_utilization": 0.95}},
@@ -127,7 +126,7 @@ nv_inference_request_success{model="m",version="1"} 5
 IDLE_GPU_PAGE = GPU_PAGE.replace(" 0.75\n", " 0.05\n").replace(" 3.8e+10\n", " 1e+09\n")
 
 
-class _Page(BaseHTTPRequestHandler):
+class _Page(QuietHandler):
     """A metrics page in Triton's format: the stand-in for Triton's GPU gauges, which a real
     tritonserver exports only with a GPU (there is none on this machine; it runs on the CPU)."""
 
@@ -139,9 +138,6 @@ class _Page(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        return
 
 
 def _scrape(thresholds: dict[str, Any], urls: list[str]) -> tuple[float | None, ...]:

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,16 @@ from functions.events import parse_event
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
 from gateway_plugin.routing.metrics import RunnerMetrics
 from gateway_plugin.routing.warm_instances import read_warm_report
-from tests.support import ROOT, http, http_server_thread, load_event, local_pool, model_repository, wait_until
+from tests.support import (
+    ROOT,
+    QuietHandler,
+    http,
+    http_server_thread,
+    load_event,
+    local_pool,
+    model_repository,
+    wait_until,
+)
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, warm_target
@@ -196,7 +204,7 @@ def test_sizing_follows_the_overflow_the_gateway_reports() -> None:
 
 @contextmanager
 def misbehaving(kind: str) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
             if kind == "hang":
@@ -206,9 +214,6 @@ def misbehaving(kind: str) -> Iterator[str]:
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         yield url

@@ -12,7 +12,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from functions.contract import WarmupReport
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.urls import masked_url, origin
-from tests.support import ROOT, http_server_thread, make_ca, server_context, wait_until
+from tests.support import ROOT, QuietHandler, http_server_thread, make_ca, server_context, wait_until
 from warmup.rounds import plan, run_round
 from warmup.transports import HttpTransport, PingFailed, pooled_session, transport_for
 
@@ -40,7 +39,7 @@ def recording() -> Iterator[tuple[str, list[str]]]:
     """A server that would answer any ping with a valid report, and notes every request it gets."""
     seen: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def _any(self) -> None:
             seen.append(f"{self.command} {self.path} {dict(self.headers)}")
             self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -54,9 +53,6 @@ def recording() -> Iterator[tuple[str, list[str]]]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
     with http_server_thread(Handler) as url:
         yield url, seen
 
@@ -68,7 +64,7 @@ def failing(
     """``redirect`` (``status``) to ``location``, ``echo`` the request back in a 500, ``deny`` it
     as FC's API does (403, JSON), or ``hang`` until released."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             if kind == "hang" and released is not None:
@@ -92,9 +88,6 @@ def failing(
             self.send_header("content-length", str(len(echoed)))
             self.end_headers()
             self.wfile.write(echoed)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         yield url
@@ -304,7 +297,7 @@ def streaming(status: int) -> Iterator[tuple[str, list[int]]]:
     it managed to send."""
     sent: list[int] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
             self.send_response(status)
@@ -318,9 +311,6 @@ def streaming(status: int) -> Iterator[tuple[str, list[int]]]:
             except OSError:
                 pass
             sent.append(total)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with http_server_thread(Handler) as url:
         yield url, sent
