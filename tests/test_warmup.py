@@ -204,11 +204,15 @@ def test_sizing_follows_the_overflow_the_gateway_reports() -> None:
 
 @contextmanager
 def misbehaving(kind: str) -> Iterator[str]:
+    """A target that answers 503, a body that is no warm-up report, or ("hang") nothing at all
+    until the test is done with it."""
+    done = threading.Event()
+
     class Handler(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
             if kind == "hang":
-                time.sleep(5)
+                done.wait(60)
             status, body = (503, b"busy") if kind == "5xx" else (200, b'{"hello": "not a warm-up report"}')
             self.send_response(status)
             self.send_header("content-length", str(len(body)))
@@ -216,7 +220,10 @@ def misbehaving(kind: str) -> Iterator[str]:
             self.wfile.write(body)
 
     with http_server_thread(Handler) as url:
-        yield url
+        try:
+            yield url
+        finally:
+            done.set()
 
 
 def run_cli(config: dict[str, Any], tmp: Path) -> tuple[int, list[dict[str, Any]], str]:
@@ -246,6 +253,15 @@ def test_faulty_targets_are_reported_and_the_others_still_warmed(tmp_path: Path)
         misbehaving("5xx") as five,
         misbehaving("body") as body,
     ):
+        # The good target's two instances started beforehand, with all the time a real Triton
+        # sidecar takes to start: the run below is about the faulty ones (cold starts through
+        # pings are test_overlapping_pings_reach_distinct_real_instances_and_keep_them_warm's).
+        transport = HttpTransport(
+            Target(name="good", kind="http", url=url, signing_key_env=None), pooled_session()
+        )
+        payload = schedules.ping_payload(WarmTarget(dwell_ms=800))
+        started = warm_target("good", transport, 2, payload, models=[], probe=False, waves=5, timeout_s=60)
+        assert started.ok, started
         targets = [
             {"name": "good", "kind": "http", "url": url, "signing_key_env": None},
             {"name": "hangs", "kind": "http", "url": hang, "signing_key_env": None},
@@ -265,7 +281,7 @@ def test_faulty_targets_are_reported_and_the_others_still_warmed(tmp_path: Path)
             "warmup": {
                 "targets": {t["name"]: {"instances": 2, "dwell_ms": 800} for t in targets},
                 "waves": 2,
-                "ping_timeout_s": 2,
+                "ping_timeout_s": 5,
                 "report_file": str(report_file),
             },
         }
