@@ -75,7 +75,6 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -616,39 +615,6 @@ def apisix_cpu(gateway: apisix.Apisix) -> float:
     return cpu_seconds(gateway.master_pid) + sum(cpu_seconds(p) for p in gateway.worker_pids())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def stop_leftover_runners(gateway: apisix.Apisix, pids: Sequence[int]) -> list[int]:
-    """Runners this APISIX started that outlived it (checked by their environment: pids get reused)."""
-    socket_prefix = f"APISIX_LISTEN_ADDRESS=unix:{gateway.home / 'conf'}/apisix-"
-    left = []
-    for pid in pids:
-        deadline = time.monotonic() + 2
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if _alive(pid) and any(e.decode(errors="replace").startswith(socket_prefix) for e in environ):
-            left.append(pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 5
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-    return left
-
-
 @dataclass
 class Sample:
     kind: str
@@ -740,12 +706,11 @@ def measure(
         served = setup.upstreams.served_since(offsets)
         loaded_at = error_log.stat().st_size
         runner_pids = gateway.runner_pids()
-        if runner is not None and not _alive(runner):
+        if runner is not None and not apisix.alive(runner):
             say(f"warning: {case.name}: runner {runner} was gone after the measurement")
     finally:
         all_runners = gateway.runner_pids() if gateway.master_pid is not None else runner_pids
-        gateway.stop()
-        leftover = stop_leftover_runners(gateway, all_runners)
+        leftover = gateway.stop()
         if leftover:
             say(f"warning: {case.name}: runner(s) {leftover} outlived APISIX; stopped")
     raw = error_log.read_bytes()
@@ -823,9 +788,7 @@ def budget_check(setup: Setup, args: argparse.Namespace, script: Path) -> dict[s
         time.sleep(1.0)  # the next table fetches report the last of the spend
         decisions, gauges = runner_metrics(case.metrics_url)
     finally:
-        runners = gateway.runner_pids() if gateway.master_pid is not None else []
         gateway.stop()
-        stop_leftover_runners(gateway, runners)
     served = setup.upstreams.served_since(offsets)
     ledger = gauges.get('spillway_cloud_spend_usd_total{target="aws"}', 0.0)
     return {
@@ -1163,7 +1126,7 @@ def check_prefix() -> None:
     pid_file = apisix.prefix() / "apisix" / "logs" / "nginx.pid"
     with contextlib.suppress(OSError, ValueError):
         pid = int(pid_file.read_text().strip())
-        if _alive(pid) and b"nginx" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if apisix.alive(pid) and b"nginx" in Path(f"/proc/{pid}/cmdline").read_bytes():
             raise SystemExit(
                 f"an APISIX already runs in {apisix.prefix()} (master pid {pid}): give this benchmark a "
                 "prefix of its own (--prefix or SPILLWAY_APISIX_PREFIX; bash scripts/install-apisix.sh)"

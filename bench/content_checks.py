@@ -51,7 +51,6 @@ from apisix_gateway import (
     apisix_cpu,
     metrics_feed,
     run_wrk,
-    stop_leftover_runners,
     upstream_nginx,
     wrk_command,
 )
@@ -234,7 +233,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 plugin_attr=snippet["plugin_attr"],
             )
         )
-        runners: list[int] = []
         try:
             gateway.start()
             wait_spilling(gateway)
@@ -251,10 +249,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                             samples.append(
                                 {"round": rnd, "body": size_name, "route": kind, "checks": checks, **got}
                             )
-            runners = gateway.runner_pids()
         finally:
             gateway.stop()
-            stop_leftover_runners(gateway, runners)
     return {"samples": samples, "in_process_us": in_process(validated), "machine": machine_note()}
 
 

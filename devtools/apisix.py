@@ -271,36 +271,40 @@ class Apisix:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):
             pid = None
-        if pid is None or not _alive(pid):
+        if pid is None or not alive(pid):
             for stale in (pid_file, self.logs / "worker_events.sock"):
                 stale.unlink(missing_ok=True)
 
-    def stop(self) -> None:
+    def stop(self) -> list[int]:
         """``apisix quit`` (graceful: the workers stop the runner), then by force whatever outlived
         it: the master, its workers (a killed master's workers go on serving) and the runners they
-        started (one left running keeps scraping and holding ports into the next test)."""
+        started (one left running keeps scraping and holding ports into the next test). Returns
+        the runners it had to stop so."""
         master = [] if self.master_pid is None else [self.master_pid]
         workers = self.worker_pids() if master else []
         subprocess.run([str(self.prefix / "bin" / "apisix"), "quit"], capture_output=True, check=False)
-        left = [*master, *(p for p in workers if _alive(p))] if _outlived(master, 15) else []
+        left = [*master, *(p for p in workers if alive(p))] if _outlived(master, 15) else []
+        forced: list[int] = []
         if self.settings.runner_cmd is not None:
             runner = list(self.settings.runner_cmd)
-            runners = [p for p in self.runner_pids() if _alive(p) and _cmdline(p) == runner]
-            left += _outlived(runners, 5)  # time to remove its socket, as on a graceful quit
+            runners = [p for p in self.runner_pids() if alive(p) and _cmdline(p) == runner]
+            forced = _outlived(runners, 5)  # time to remove its socket, as on a graceful quit
+            left += forced
         for pid in left:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _outlived(left, 5)
-        if master and not _alive(master[0]):
+        if master and not alive(master[0]):
             self.runner_socket().unlink(missing_ok=True)  # what a runner killed outright leaves
+        return forced
 
 
 def _outlived(pids: list[int], seconds: float) -> list[int]:
     """Those of ``pids`` still alive after up to ``seconds`` of waiting for them to go."""
     deadline = time.monotonic() + seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if alive(p)]
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -310,7 +314,8 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:

@@ -53,19 +53,11 @@ def _settings(tmp_path: Path, runner: str = STUBBORN_RUNNER) -> apisix.ApisixSet
     )
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")
-
-
 def test_a_runner_that_ignores_sigterm_is_stopped_with_the_gateway(tmp_path: Path) -> None:
     with apisix.running(_settings(tmp_path)) as gateway:
         runners = gateway.runner_pids()
-        assert runners and not any(_gone(p) for p in runners)
-    assert all(_gone(p) for p in runners), "no runner outlives the gateway"
+        assert runners and all(apisix.alive(p) for p in runners)
+    assert not any(apisix.alive(p) for p in runners), "no runner outlives the gateway"
     assert not gateway.runner_socket().exists(), "nor the socket of a runner killed outright"
 
 

@@ -256,14 +256,13 @@ def test_faulty_targets_are_reported_and_the_others_still_warmed(tmp_path: Path)
         # The good target's two instances started beforehand, with all the time a real Triton
         # sidecar takes to start: the run below is about the faulty ones (cold starts through
         # pings are test_overlapping_pings_reach_distinct_real_instances_and_keep_them_warm's).
-        transport = HttpTransport(
-            Target(name="good", kind="http", url=url, signing_key_env=None), pooled_session()
-        )
+        good = {"name": "good", "kind": "http", "url": url, "signing_key_env": None}
+        transport = HttpTransport(Target.model_validate(good), pooled_session())
         payload = schedules.ping_payload(WarmTarget(dwell_ms=800))
         started = warm_target("good", transport, 2, payload, models=[], probe=False, waves=5, timeout_s=60)
         assert started.ok, started
         targets = [
-            {"name": "good", "kind": "http", "url": url, "signing_key_env": None},
+            good,
             {"name": "hangs", "kind": "http", "url": hang, "signing_key_env": None},
             {"name": "fails", "kind": "http", "url": five, "signing_key_env": None},
             {"name": "wrong", "kind": "http", "url": body, "signing_key_env": None},
