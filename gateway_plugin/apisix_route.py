@@ -79,7 +79,7 @@ def route(
         plugins["http-logger"] = {
             "uri": f"http://{config.outcomes.listen}{OUTCOME_PATH}",
             "auth_header": outcomes.auth_header(token),
-            "log_format": outcomes.log_format(config.tenants.header),
+            "log_format": outcomes.log_format(),
             # A batch goes out when it is full, after inactive_timeout without a new entry, or
             # buffer_duration after its first: under steady traffic only the last one holds.
             "batch_max_size": 1000,

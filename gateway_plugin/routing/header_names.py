@@ -17,10 +17,12 @@ from functions.contract import HEADER_SIGNATURE, HEADER_TARGET
 OWN_PREFIX = "x-spillway-"
 # Which runner worker decided a request, where several share the socket: its outcome goes back there.
 HEADER_WORKER = "x-spillway-worker"
+# The tenant a decision counted, handed by the runner to the route's edge for the outcome's report.
+HEADER_TENANT = "x-spillway-tenant"
 # The APISIX consumer that authenticated a request, handed by the route's edge to the runner.
 HEADER_CONSUMER = "x-spillway-consumer"
 # Set by Spillway alone (the runner or the plugin); a client's spelling of any is removed.
-OWN_HEADERS = (HEADER_TARGET, HEADER_SIGNATURE, HEADER_WORKER, HEADER_CONSUMER)
+OWN_HEADERS = (HEADER_TARGET, HEADER_SIGNATURE, HEADER_WORKER, HEADER_TENANT, HEADER_CONSUMER)
 # nginx frames a request body by these in their "-" spelling alone: an "_" spelling is refused, so
 # that no layer reads a size nginx does not.
 FRAMING = ("content-length", "transfer-encoding")

@@ -39,10 +39,11 @@ FIELDS = (
 )
 
 
-def log_format(tenant_header: str) -> dict[str, str]:
-    """The ``log_format`` of the route's ``http-logger``: one outcome per request. The target and
-    the deciding worker are the ``spillway-edge`` plugin's variables (the runner's decision, which
-    no client can write); the tenant is the header as the runner settled it."""
+def log_format() -> dict[str, str]:
+    """The ``log_format`` of the route's ``http-logger``: one outcome per request. The target, the
+    deciding worker and the tenant the decision counted are the ``spillway-edge`` plugin's
+    variables (the runner's decision, which no client can write): not a header, which the runner
+    removes in consumer mode and a cloud target is never sent."""
     return {
         "target": "$spillway_upstream",
         "status": "$status",
@@ -51,7 +52,7 @@ def log_format(tenant_header: str) -> dict[str, str]:
         "request_s": "$request_time",
         "instance": "$sent_http_" + HEADER_INSTANCE.replace("-", "_"),
         "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
-        "tenant": "$http_" + tenant_header.lower().replace("-", "_"),
+        "tenant": "$spillway_decision_tenant",
         "uri": "$uri",
         "worker": "$spillway_worker",
     }

@@ -45,7 +45,7 @@ from gateway_plugin.routing.content import (
     size_verdict,
     tightened,
 )
-from gateway_plugin.routing.header_names import HEADER_CONSUMER, HEADER_WORKER
+from gateway_plugin.routing.header_names import HEADER_CONSUMER, HEADER_TENANT, HEADER_WORKER
 from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Policy, Reason, RequestFeatures, decide
 from gateway_plugin.routing.request_reading import as_decided, forget, forward_only, read_headers, settle
 from gateway_plugin.routing.state import GatewayState
@@ -193,12 +193,11 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         elif decision.target == LOCAL:
             action.set_header(HEADER_TARGET, LOCAL)
             action.delete_header(HEADER_SIGNATURE)
-            if self.state.worker is not None:
-                action.set_header(HEADER_WORKER, self.state.worker)
+            self._for_the_outcome(decision, action)
         elif self.state.target(decision.target).mode == "invoke":
             decision = await self._invoke(decision, request, action)
         else:
-            await self._upstream(decision.target, request, action)
+            await self._upstream(decision, request, action)
         if self.state.config.audit.logger is not None:
             classification = view.get(policy.classification_header)
             action.add_response_header(HEADER_AUDIT, audit_header(decision, model, classification))
@@ -210,12 +209,21 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             headers.append((HEADER_AUDIT, refused_header(status)))
         action.stop(status, json.dumps({"error": message}).encode(), headers)
 
-    async def _upstream(self, name: str, request: HttpRequest, action: RequestAction) -> None:
-        """Into traffic-split's cloud rule, with only the headers the target may receive."""
-        forward_only(request, self.state.target(name).forwarded, action)
-        action.set_header(HEADER_TARGET, self.state.route_value(name))
+    def _for_the_outcome(self, decision: Decision, action: RequestAction) -> None:
+        """What the route's logger reports back with the outcome, through the edge's variables
+        (which no client can write): the worker that decided and the tenant it counted, so the
+        answer closes the books the decision opened whatever headers the upstream is sent."""
         if self.state.worker is not None:
             action.set_header(HEADER_WORKER, self.state.worker)
+        if decision.tenant is not None:
+            action.set_header(HEADER_TENANT, decision.tenant)
+
+    async def _upstream(self, decision: Decision, request: HttpRequest, action: RequestAction) -> None:
+        """Into traffic-split's cloud rule, with only the headers the target may receive."""
+        name = decision.target
+        forward_only(request, self.state.target(name).forwarded, action)
+        action.set_header(HEADER_TARGET, self.state.route_value(name))
+        self._for_the_outcome(decision, action)
         signer = self.state.signer(name)
         if signer.key is None:
             action.delete_header(HEADER_SIGNATURE)

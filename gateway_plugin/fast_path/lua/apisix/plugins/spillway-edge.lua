@@ -5,8 +5,8 @@
 -- X-Spillway-*, a path already in normal form. The runner then settles the headers it reads and
 -- sets X-Spillway-Target (and X-Spillway-Worker) in its rewrite.
 -- access (before traffic-split, aws-lambda and the loggers): the runner's decision moves from its
--- header into the request's context (spillway_upstream, spillway_worker), which traffic-split
--- matches and the logger reports, and which no client can write; the header itself never leaves.
+-- header into the request's context (spillway_upstream, spillway_worker, spillway_decision_tenant),
+-- which traffic-split matches and the logger reports, and which no client can write; the header itself never leaves.
 -- A runner that has stopped answering (spillway/link.lua watches it) is treated as a dead one:
 -- requests get 503 at once instead of waiting out ext-plugin's 60 s socket timeout.
 
@@ -77,6 +77,12 @@ function _M.access(conf, ctx)
     if worker then
         ctx.spillway_worker = worker
         clear_header("X-Spillway-Worker")
+    end
+    -- The tenant the decision counted, for the outcome that gives its slot back.
+    local tenant = ngx.var.http_x_spillway_tenant
+    if tenant then
+        ctx.spillway_decision_tenant = tenant
+        clear_header("X-Spillway-Tenant")
     end
     if ctx.consumer_name then
         clear_header("X-Spillway-Consumer")

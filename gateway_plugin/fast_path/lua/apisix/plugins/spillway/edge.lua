@@ -14,10 +14,10 @@
 --     one (values of every spelling joined, spellings in sorted order); a tenant named twice
 --     differently is refused (400).
 -- The decision reaches traffic-split (on the ext-plugin route; the fast path's plugin sets the
--- upstream itself) and the loggers through the request's context (the
--- spillway_upstream and spillway_worker variables), which no client can write; a request that
--- goes to a cloud function keeps only the headers its target may receive; and the upstream is
--- sent the path as decided, encoded once.
+-- upstream itself) and the loggers through the request's context (the spillway_upstream,
+-- spillway_worker and spillway_decision_tenant variables), which no client can write; a request
+-- that goes to a cloud function keeps only the headers its target may receive; and the upstream
+-- is sent the path as decided, encoded once.
 
 local core = require("apisix.core")
 local counters = require("apisix.plugins.spillway.counters")
@@ -37,6 +37,7 @@ local FRAMING = { ["content-length"] = true, ["transfer-encoding"] = true }
 
 core.ctx.register_var("spillway_upstream", function(ctx) return ctx.spillway_upstream end)
 core.ctx.register_var("spillway_worker", function(ctx) return ctx.spillway_worker end)
+core.ctx.register_var("spillway_decision_tenant", function(ctx) return ctx.spillway_decision_tenant end)
 
 -- The audit trail (gateway_plugin/routing/audit.py): the decision as a logger's log_format reads
 -- it, built only when a logger asks. The fast path's plugin leaves its decision in ctx.spillway;

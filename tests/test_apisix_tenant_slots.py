@@ -1,0 +1,138 @@
+"""A tenant's concurrency quota on a real Apache APISIX 3.18 releases what it counts, on both routes,
+for each ``tenants.source``, whether the request stays home or spills.
+
+Before, on the ext-plugin route the outcome's tenant was read from the tenant header as it reached
+the upstream: a header the runner removes in consumer mode and that a cloud target never receives,
+so a slot taken by the decision was never given back by the answer (only the 60 s in-flight TTL
+freed it): one consumer with concurrency 1 got one request a minute. The outcome now carries the
+tenant the decision counted, from the edge's variable, as the target and the deciding worker are.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+import yaml
+
+from devtools import apisix
+from functions.sidecar import free_port
+from gateway_plugin.apisix_route import route
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import fast_route
+from tests.apisix_support import (
+    Stack,
+    example_plugins,
+    fast_path_settings,
+    metrics_feed,
+    needs_apisix,
+    stack_config,
+    upstream,
+)
+from tests.support import http, wait_until
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+FAST = "fast.test"
+KEY = "alice-key-0123456789"
+CONSUMERS = [{"username": "alice", "plugins": {"key-auth": {"key": KEY}}}]
+# The route's logger posts an outcome at most ``outcomes.batch_s`` (1 s) after the answer; a request
+# is finished for the books once its outcome is in.
+REPORTED_S = 2.0
+HOSTS = [None, FAST]
+HOST_IDS = ["ext-plugin", "fast-path"]
+LOADS = {"local": 0.0, "cloud": 500.0}
+
+
+class Front(Stack):
+    source: str = "header"
+
+    def ask(self, host: str | None) -> tuple[int, str]:
+        """Status and decision of one public request of tenant alice."""
+        sent = {"content-type": "application/json", "x-data-classification": "public"}
+        if self.source == "consumer":
+            sent["apikey"] = KEY
+        else:
+            sent["x-tenant"] = "alice"
+        if host is not None:
+            sent["host"] = host
+        status, answer, _ = http("POST", self.gateway.url + "/v2/models/add_sub/infer", b"{}", sent)
+        return status, answer.get("x-spillway-decision", "")
+
+    def load(self, queue_ms: float, host: str | None) -> None:
+        """Triton's queue as the runner scrapes it, until alice's requests show it on ``host``'s route."""
+        self.feed.queue_ms = queue_ms
+        want = "aws;" if queue_ms > 200 else "local;"
+
+        def shown() -> bool:
+            time.sleep(REPORTED_S)  # the previous try's slot back first
+            return self.ask(host)[1].startswith(want)
+
+        wait_until(shown, 60, f"decisions {want}")
+        time.sleep(REPORTED_S)
+
+
+@pytest.fixture(scope="module", params=["header", "consumer"])
+def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+    source: str = request.param
+    tmp = tmp_path_factory.mktemp(f"apisix-tenant-slots-{source}")
+    with ExitStack() as stack:
+        local = stack.enter_context(upstream("local"))
+        aws = stack.enter_context(upstream("aws", instance="fn-1"))
+        feed = stack.enter_context(metrics_feed())
+        config = stack_config(local, aws, feed)
+        config["tenants"] = {"source": source, "quotas": {"alice": {"concurrency": 1}}}
+        validated = SpillwayConfig.model_validate(config)
+        auth: dict[str, Any] = {"auth": "key-auth"} if source == "consumer" else {}
+        routes = [route(validated, TOKEN, **auth), {**fast_route(validated, TOKEN, **auth), "hosts": [FAST]}]
+        made: dict[str, Any] = {"routes": routes}
+        if source == "consumer":
+            made["consumers"] = CONSUMERS
+        settings = fast_path_settings(
+            config,
+            tmp,
+            free_port(),
+            routes,
+            plugins=[*example_plugins(), "spillway", "key-auth"],
+            routes_yaml=yaml.safe_dump(made, sort_keys=False),
+        )
+        gateway = stack.enter_context(apisix.running(settings))
+        front = Front(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        front.source = source
+        yield front
+
+
+@pytest.mark.parametrize("load", list(LOADS))
+@pytest.mark.parametrize("host", HOSTS, ids=HOST_IDS)
+def test_a_concurrency_of_one_serves_requests_in_turn_and_limits_those_in_parallel(
+    front: Front, host: str | None, load: str
+) -> None:
+    """Three requests one after another (each answered and reported before the next) are all
+    served; four at once are limited to one. The upstream takes half a second throughout: on the
+    ext-plugin route a dispatch counts for about as long as answers have lately taken (their
+    reports arrive up to a second late, routing.ledger.Outstanding), so the first three teach it
+    that."""
+    front.load(LOADS[load], host)
+    front.local.delay_s = front.aws.delay_s = 0.5
+    try:
+        in_turn = []
+        for _ in range(3):
+            in_turn.append(front.ask(host))
+            time.sleep(REPORTED_S)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            at_once = list(pool.map(lambda _: front.ask(host), range(4)))
+    finally:
+        front.local.delay_s = front.aws.delay_s = 0.0
+    assert [status for status, _ in in_turn] == [200] * 3, in_turn
+    target = "aws;" if load == "cloud" else "local;"
+    assert all(decision.startswith(target) for _, decision in in_turn), in_turn
+    assert sorted(status for status, _ in at_once) == [200, 429, 429, 429], at_once
+    assert all("tenant_concurrency" in decision for status, decision in at_once if status == 429), at_once
+    time.sleep(REPORTED_S)
+    assert front.ask(host)[0] == 200, "the slot came back once the one in flight answered"
