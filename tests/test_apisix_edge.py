@@ -282,6 +282,8 @@ def test_only_what_inference_needs_reaches_a_cloud_function(edge: Edge, host: st
         ("X_Api_Key", "k3y"),
         ("Authorization", "Bearer t0ken"),
         ("X-Forwarded-For", "10.1.2.3"),
+        ("Forwarded", "for=10.1.2.5"),
+        ("True-Client-IP", "10.1.2.6"),
         ("X-Custom", "internal"),
     ]
     needed = [
@@ -304,13 +306,35 @@ def test_only_what_inference_needs_reaches_a_cloud_function(edge: Edge, host: st
     }
     assert set(seen) <= allowed | ADDED_BY_APISIX, sorted(set(seen) - allowed - ADDED_BY_APISIX)
     assert seen["inference-header-content-length"] == "2" and seen[TRACE] == "abc"
-    assert seen["x-forwarded-for"] == "127.0.0.1", (
-        "the client's value does not travel; APISIX adds the peer's"
+    # APISIX's template sets both to the address that connected to it (proxy_set_header, which no
+    # plugin can change): that address, never one the client claimed, is what reaches a function.
+    assert seen["x-forwarded-for"] == seen["x-real-ip"] == "127.0.0.1", (
+        "the client's values do not travel; APISIX adds the peer's"
     )
     local = edge.raw(host, headers=credentials)
     assert local.upstream == "local" and dict(local.seen())["cookie"] == "session=s3cret", (
         "on-prem keeps them"
     )
+
+
+@pytest.mark.parametrize("host", PATHS)
+def test_the_client_address_a_cloud_function_sees_is_nginxs_remote_addr(edge: Edge, host: str) -> None:
+    """The exposure no plugin can close: APISIX's template sets ``X-Real-IP`` and
+    ``X-Forwarded-For`` from ``$remote_addr`` (``proxy_set_header``), which a plugin can neither
+    change nor remove. That is the address that connected to the gateway or, from an address in
+    ``real_ip_from`` (APISIX's default: loopback), the ``X-Real-IP`` it sent (nginx's realip
+    module), as here: a proxy in front of the gateway passes the client's own address on."""
+
+    def sees(sent: list[tuple[str, str]]) -> dict[str, str]:
+        headers = [("X-Data-Classification", "public"), *sent]
+        # The target's cap of 3 holds earlier tests' requests until their outcomes are in.
+        wait_until(lambda: edge.raw(host, headers=headers).upstream == "aws", 10, "a request spilling")
+        return {k.lower(): v for k, v in edge.aws.seen[-1]["header_list"]}
+
+    seen = sees([])
+    assert seen["x-real-ip"] == seen["x-forwarded-for"] == "127.0.0.1", seen
+    seen = sees([("X-Real-IP", "192.0.2.7")])
+    assert seen["x-real-ip"] == seen["x-forwarded-for"] == "192.0.2.7", seen
 
 
 @pytest.mark.parametrize("host", PATHS)
