@@ -20,7 +20,7 @@ local contract = require("apisix.plugins.spillway.contract")
 local decide = require("apisix.plugins.spillway.decide")
 local detect = require("apisix.plugins.spillway.detect")
 
-local re_find = ngx.re.find
+local re_find, re_gsub = ngx.re.find, ngx.re.gsub
 local find, sub, byte, format, gsub = string.find, string.sub, string.byte, string.format, string.gsub
 local type, pairs, ipairs, getmetatable, tonumber = type, pairs, ipairs, getmetatable, tonumber
 local floor = math.floor
@@ -45,10 +45,38 @@ local function is_object(v)
     return type(v) == "table" and getmetatable(v) ~= ARRAY
 end
 
+-- Every key in a JSON text: a string followed by ':'; a string that is not one is skipped whole.
+local KEY = [=["(?:[^"\\]++|\\.)*+"(?!\s*+:)(*SKIP)(*F)|"(?:[^"\\]++|\\.)*+"]=]
+
+-- How many keys the decoded objects hold, at any depth.
+local function keys_held(v)
+    local n = 0
+    if is_list(v) then
+        for _, item in ipairs(v) do
+            if type(item) == "table" then
+                n = n + keys_held(item)
+            end
+        end
+    elseif type(v) == "table" then
+        for _, item in pairs(v) do
+            n = n + 1
+            if type(item) == "table" then
+                n = n + keys_held(item)
+            end
+        end
+    end
+    return n
+end
+
 -- The smallest key (by its bytes, decoded) found twice in one object of text, which cjson has
--- read as JSON (cjson keeps the last of them); nil when none is. One pass over the text: a string
--- followed by ':' is a key of the innermost open object.
-local function duplicate_key(text)
+-- read as doc (keeping the last of them); nil when none is. When the text writes as many keys as
+-- doc holds, none is (one pass of PCRE, and a walk of doc); else a pass over the text names it: a
+-- string followed by ':' is a key of the innermost open object. Linear in the text either way.
+local function duplicate_key(text, doc)
+    local _, written = re_gsub(text, KEY, "", "jo")
+    if written == keys_held(doc) then
+        return nil
+    end
     local open, depth, smallest = {}, 0, nil
     local pos = 1
     while true do
@@ -106,7 +134,7 @@ local function document(text)
     if not is_object(doc) or re_find(text, LOOSE_NUMBER, "jos") then
         return nil
     end
-    return doc, duplicate_key(text)
+    return doc, duplicate_key(text, doc)
 end
 _M.document = document
 
