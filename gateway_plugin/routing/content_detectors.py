@@ -19,8 +19,8 @@ find, and the checksums are arithmetic.
   (``020 7946 0958``).
 
 Operator patterns (``content.patterns``) run on each text on its own, in the syntax both engines
-read alike (``content_syntax``). Built-ins run once over every text joined by newlines, which none
-of them matches across (none matches a NUL, which joins them).
+read alike (``content_syntax``). Built-ins run once over every text joined by NUL bytes, which none
+of them matches across.
 """
 
 from __future__ import annotations
