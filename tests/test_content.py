@@ -23,6 +23,7 @@ from gateway_plugin.routing.content import content_policy, tightened
 from gateway_plugin.routing.content_detectors import (
     BUILT_IN,
     CARD_RUN,
+    CARD_SEPARATOR,
     EMAIL,
     PHONE,
     built_in,
@@ -39,6 +40,7 @@ from gateway_plugin.routing.policy_build import build_policy
 from tests import content_cases
 from tests.content_cases import CARD_SEPARATORS
 from tests.fast_path_cases import hot_snapshot, python_decision, random_group
+from tests.support import ROOT
 
 DETECTORS = [built_in(name) for name in BUILT_IN]
 # Text around a number: anything but digits and the separators a card's groups may have.
@@ -301,3 +303,11 @@ def test_apisix_route_asks_for_content_checks_on_either_route(
     ext = _route_json(capsys)["plugins"]["ext-plugin-pre-req"]["conf"]
     assert ext == [{"name": "spillway", "value": '{"content_checks": true}'}]
     assert _route_json(capsys, "--fast-path")["plugins"]["spillway"]["content_checks"] is True
+
+
+def test_the_fast_path_splits_cards_by_the_same_separators() -> None:
+    lua = (ROOT / "gateway_plugin/fast_path/lua/apisix/plugins/spillway/detect.lua").read_text()
+    declared = lua[lua.index("local CARD_RUN = ") : lua.index("local IBAN_RUN = ")]
+    assert "".join(re.findall(r"\[=\[(.*?)\]=\]", declared)) == CARD_RUN
+    # The run is one separator, of either kind, between two digits.
+    assert re.fullmatch(rf"[0-9](?:{CARD_SEPARATOR}?[0-9]){{12,}}".encode(), b"4111\r\n1111\xc2\xa01111-1111")

@@ -16,11 +16,12 @@ local ipairs = ipairs
 local _M = { JOIN = "\0" }
 
 -- Kept in step with content_detectors.py (the table carries the search patterns themselves).
--- A card's separators: content_detectors.CARD_SEPARATOR (one of them between two digits).
-local CARD_SEPARATOR = [=[(?:\r\n|[\t-\r\x1c-\x1f -]|\xc2[\x85\xa0\xad]|\xe1\x9a\x80|\xe1\xa0\x8e]=]
-    .. [=[|\xe2\x80[\x80-\x95\xa8-\xaf]|\xe2\x81[\x9f-\xaf]|\xe2\x88\x92|\xe3\x80\x80|\xef\xb9[\x98\xa3]]=]
-    .. [=[|\xef\xbc\x8d|\xef\xbb\xbf)]=]
-local CARD_RUN = "[0-9](?:" .. CARD_SEPARATOR .. "?[0-9]){12,}"
+-- content_detectors.CARD_RUN: one separator (CARD_SEPARATOR) between two digits, the wide ones
+-- tried only after a byte that starts one.
+local CARD_RUN = [=[[0-9](?:[\t\n\x0b\x0c\x1c-\x1f -]?[0-9]]=]
+    .. [=[|(?=[\r\xc2\xe1-\xe3\xef])(?:\r\n?|\xc2[\x85\xa0\xad]|\xe1(?:\x9a\x80|\xa0\x8e)]=]
+    .. [=[|\xe2(?:\x80[\x80-\x95\xa8-\xaf]|\x81[\x9f-\xaf]|\x88\x92)]=]
+    .. [=[|\xe3\x80\x80|\xef(?:\xb9[\x98\xa3]|\xbc\x8d|\xbb\xbf))[0-9]){12,}]=]
 local IBAN_RUN = [=[(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9])+]=]
 local DOUBLED = { [0] = 0, 2, 4, 6, 8, 1, 3, 5, 7, 9 }
 
