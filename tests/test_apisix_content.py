@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devtools import apisix
@@ -268,7 +268,7 @@ def _spelt(key: str, escaped: bool) -> str:
     return f'"\\u{ord(key[0]):04x}{key[1:]}"' if escaped else f'"{key}"'
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None)
 @given(
     secret=SECRETS,
     place=st.sampled_from(PLACES),
