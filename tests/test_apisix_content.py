@@ -52,6 +52,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         feed = stack.enter_context(metrics_feed())
         config = {**stack_config(local, aws, feed), "content": {"max_scan_bytes": 4096}}
+        config["tenants"]["quotas"]["single"] = {"concurrency": 1}
         settings = fast_path_settings(config, tmp, free_port(), _routes(config), attr={"stale_after_s": 0.5})
         gateway = stack.enter_context(apisix.running(settings))
         yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
@@ -147,6 +148,18 @@ def test_a_body_with_a_duplicate_key_is_refused_naming_it_on_both_routes(stack: 
             assert (status, upstream_name) == (400, ""), (what, name, status, answer)
             assert answer["error"].startswith(f'duplicate key "{key}" in the JSON body'), (what, name, answer)
     assert not any(CARD.replace(" ", "") in json.dumps(seen).replace(" ", "") for seen in stack.aws.seen)
+
+
+def test_a_refused_body_gives_its_tenants_slot_back(stack: Stack) -> None:
+    """A tenant allowed one request at a time is refused a body with a key twice, again and again,
+    and its next request is still decided (not shed for a slot the refusals kept)."""
+    stack.set_load(500)
+    for name, path in PATHS.items():
+        for _ in range(3):
+            refused = _answer(stack, path, DUPLICATES["inputs"].encode(), **{"x-tenant": "single"})
+            assert refused[:2] == (400, ""), (name, refused)
+        clean = _answer(stack, path, _inference("nothing here"), **{"x-tenant": "single"})
+        assert clean[:2] == (200, "aws"), (name, clean)
 
 
 def test_bytes_past_the_declared_binary_tensors_keep_a_request_home_on_both_routes(stack: Stack) -> None:

@@ -311,12 +311,9 @@ function _M.access(conf, ctx)
         keyed_tenant(f, policy.tenant_header)
         local reserved = reserve_tenant(f, policy)
         kept_by = check_content(ctx, f, tbl, policy)
-        if kept_by and kept_by.refusal then
-            -- A body Triton would read otherwise than the checks did (a duplicate key).
+        if kept_by and kept_by.refusal then  -- Triton would read the body otherwise: a duplicate key
             slot.tenant = nil
-            if reserved then
-                release_tenant(reserved)
-            end
+            if reserved then release_tenant(reserved) end
             ctx.spillway_refused, ctx.spillway_via = 400, "fast_path"
             return 400, { error = kept_by.refusal }
         end
