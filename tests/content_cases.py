@@ -1,7 +1,9 @@
 """Random request bodies and content settings for the fast path's equivalence test: KServe v2 JSON
-(and binary-tensor bodies) whose text inputs hold cards, IBANs, e-mail addresses and phone numbers
-or near misses of them, and the malformed JSON that the runner's and the plugin's decoders could
-read differently (invalid UTF-8, NUL, lone surrogates, NaN, loose numbers, nesting at the limit)."""
+(and binary-tensor bodies) whose text inputs hold cards (split by any separator the detector knows,
+or by two), IBANs, e-mail addresses (internationalised too) and phone numbers or near misses of
+them, in BYTES data and in parameters at any depth, and the malformed JSON that the runner's and the
+plugin's decoders could read differently (invalid UTF-8, NUL, lone surrogates, NaN, loose numbers,
+nesting at the limit, duplicate keys, bytes past the binary tensors)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,13 @@ CARDS = (
     "1234 5678 9012 3456",
     "4111 1111  1111 1111",
     "order 1234 4111111111111111",
+    "4111\t1111\t1111\t1111",
+    "4111\u00a01111 1111-1111",
+    "4111\r\n1111\r\n1111\r\n1111",
+    "4111\u200b1111\u200b1111\u200b1111",
+    "4111\u20131111\u20131111\u20131111",
+    "4111\t\t1111 1111 1111",
+    "4111\n\n1111\n1111\n1111",
 )
 IBANS = (
     "DE89 3704 0044 0532 0130 00",
@@ -63,6 +72,10 @@ CONTACTS = (
     "+1234",
     "+33 6 12 34 56 78",
     "+1234567890123456789",
+    "jürgen@bücher.de",
+    "用户@例子.广告",
+    "josé@localhost",
+    "x@y.é",
 )
 WORDS = (
     "hello",
@@ -94,12 +107,27 @@ WORDS = (
 )
 
 
+# Each character the card detector takes as a separator between two digits, and CR LF.
+CARD_SEPARATORS = [
+    *" -\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\xad\u1680\u180e\u2212\u3000\ufe58\ufe63\uff0d\ufeff",
+    *map(chr, range(0x2000, 0x2016)),
+    *map(chr, range(0x2028, 0x2030)),
+    *map(chr, range(0x205F, 0x2070)),
+    "\r\n",
+]
+
+
+# Between a card's digits: what the card detector takes as one separator, and what it does not.
+SEPARATORS = " - \t\n\r\x0b\x1f\u0085\u00a0\u00ad\u2009\u200b\u2013\u202f\u2060\u3000\ufeff\uff0d._/\u00b7"
+
+
 def _digits(rng: random.Random) -> str:
-    """13 to 19 random digits split at random by single spaces or hyphens (1 in 10 passes Luhn)."""
+    """13 to 19 random digits split at random by separators, now and then by two (1 in 10 passes
+    Luhn)."""
     out = []
     for i in range(rng.randint(11, 20)):
         if i and rng.random() < 0.25:
-            out.append(rng.choice(" -"))
+            out.append(rng.choice(SEPARATORS) * rng.choice((1, 1, 1, 2)))
         out.append(rng.choice(string.digits))
     return "".join(out)
 
@@ -142,8 +170,12 @@ def document(rng: random.Random) -> dict[str, Any]:
             tensor["data"] = [rng.random() for _ in range(3)] + [text(rng)] * (rng.random() < 0.2)
         else:
             tensor["data"] = _nested(rng, rng.randint(0, 2))
+            if rng.random() < 0.1:
+                tensor["data"].append({text(rng): [text(rng)]})
         if rng.random() < 0.3:
             tensor["parameters"] = {"note": text(rng), "n": 3}
+        if rng.random() < 0.1:
+            tensor["parameters"] = {"list": [1, [text(rng)]], "object": {text(rng): {"deep": text(rng)}}}
         if rng.random() < 0.1:
             tensor["parameters"] = {"binary_data_size": 16}
         inputs.append(tensor)
@@ -152,6 +184,8 @@ def document(rng: random.Random) -> dict[str, Any]:
         doc["parameters"] = {"prompt": text(rng), "flag": True, "k": None}
     if rng.random() < 0.2:
         doc["outputs"] = [{"name": "out", "parameters": {"label": text(rng), "binary_data": True}}]
+        if rng.random() < 0.3:
+            doc["outputs"][0]["parameters"]["nested"] = [{"k": text(rng)}]
     if rng.random() < 0.1:
         doc["id"] = text(rng)
     return doc
@@ -165,7 +199,7 @@ def _deep(depth: int) -> str:
 
 # How a JSON text is spoilt, each a way the two decoders could part (or must agree).
 def _spoil(rng: random.Random, encoded: str) -> bytes:
-    how = rng.randrange(16)
+    how = rng.randrange(19)
     raw = encoded.encode()
     if how == 0:
         return raw[: len(raw) // 2] + b"\xff" + raw[len(raw) // 2 :]
@@ -200,7 +234,14 @@ def _spoil(rng: random.Random, encoded: str) -> bytes:
         return raw.replace(b"{", b'{"e": 1e999, "m": -0.0e-5, ', 1)
     if how == 14:
         return b" \t\r\n" + raw + b" \n"
-    return raw.replace(b'"BYTES"', b'"\\u0042YTES"', 1)
+    if how == 15:
+        return raw.replace(b'"BYTES"', b'"\\u0042YTES"', 1)
+    # A key twice: the first spelling carrying text, written as is or as an escape.
+    if how == 16:
+        return raw.replace(b"{", b'{"inputs": [{"datatype": "BYTES", "data": ["4111111111111111"]}], ', 1)
+    if how == 17:
+        return raw.replace(b'"datatype": "BYTES"', b'"datatype": "BYTES", "d\\u0061tatype": "FP32"', 1)
+    return raw.replace(b'"parameters": {', b'"parameters": {"p": "a@b.org", "p": "x", ', 1)
 
 
 def body(rng: random.Random) -> tuple[bytes, dict[str, str]]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from devtools import apisix
 from functions.sidecar import free_port
@@ -22,6 +24,7 @@ from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
+from tests.content_cases import CARD_SEPARATORS
 from tests.support import http, wait_until
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -49,6 +52,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         feed = stack.enter_context(metrics_feed())
         config = {**stack_config(local, aws, feed), "content": {"max_scan_bytes": 4096}}
+        config["tenants"]["quotas"]["single"] = {"concurrency": 1}
         settings = fast_path_settings(config, tmp, free_port(), _routes(config), attr={"stale_after_s": 0.5})
         gateway = stack.enter_context(apisix.running(settings))
         yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
@@ -108,3 +112,207 @@ def test_matches_are_counted_by_detector_and_logged_without_the_text(stack: Stac
     # Each names the class the client sent, not the one the request was then decided as.
     assert all('"classification": "public"' in line for line in lines), lines
     assert "jane.doe" not in stack.gateway.error_log()
+
+
+def _answer(stack: Stack, path: str, body: bytes, **headers: str) -> tuple[int, str, dict[str, Any]]:
+    """The status, which upstream answered ("" for none: the gateway did) and the decoded answer."""
+    sent = {"content-type": "application/json", "x-data-classification": "public", **headers}
+    status, _, answer = http("POST", stack.gateway.url + path, body, sent)
+    decoded = json.loads(answer) if answer.startswith(b"{") else {}
+    return status, str(decoded.get("upstream", "")), decoded
+
+
+def _tensor(name: str, text: str, datatype: str = "BYTES") -> str:
+    return json.dumps({"name": name, "datatype": datatype, "shape": [1], "data": [text]})
+
+
+# The card in the first of two spellings of a key: Triton reads the first (RapidJSON's FindMember),
+# Python's json and cjson the last.
+DUPLICATES = {
+    "inputs": f'{{"inputs": [{_tensor("TEXT", CARD)}], "inputs": [{_tensor("TEXT", "clean")}]}}',
+    "data": f'{{"inputs": [{{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["{CARD}"], '
+    '"data": ["clean"]}]}',
+    "datatype": f'{{"inputs": [{{"name": "TEXT", "datatype": "BYTES", "datatype": "FP32", "shape": [1], '
+    f'"data": ["{CARD}"]}}]}}',
+    "parameters": f'{{"parameters": {{"note": "{CARD}"}}, "parameters": {{}}, "inputs": []}}',
+    "inputs (as an escape)": f'{{"inputs": [{_tensor("TEXT", CARD)}], "\\u0069nputs": []}}',
+}
+
+
+def test_a_body_with_a_duplicate_key_is_refused_naming_it_on_both_routes(stack: Stack) -> None:
+    stack.set_load(500)
+    for what, text in DUPLICATES.items():
+        key = what.split(" ")[0]
+        for name, path in PATHS.items():
+            status, upstream_name, answer = _answer(stack, path, text.encode())
+            assert (status, upstream_name) == (400, ""), (what, name, status, answer)
+            assert answer["error"].startswith(f'duplicate key "{key}" in the JSON body'), (what, name, answer)
+    assert not any(CARD.replace(" ", "") in json.dumps(seen).replace(" ", "") for seen in stack.aws.seen)
+
+
+def test_a_refused_body_gives_its_tenants_slot_back(stack: Stack) -> None:
+    """A tenant allowed one request at a time is refused a body with a key twice, again and again,
+    and its next request is still decided (not shed for a slot the refusals kept)."""
+    stack.set_load(500)
+    for name, path in PATHS.items():
+        for _ in range(3):
+            refused = _answer(stack, path, DUPLICATES["inputs"].encode(), **{"x-tenant": "single"})
+            assert refused[:2] == (400, ""), (name, refused)
+        clean = _answer(stack, path, _inference("nothing here"), **{"x-tenant": "single"})
+        assert clean[:2] == (200, "aws"), (name, clean)
+
+
+def test_bytes_past_the_declared_binary_tensors_keep_a_request_home_on_both_routes(stack: Stack) -> None:
+    stack.set_load(500)
+    header = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "parameters": {}}]})
+    binary = header.replace('"parameters": {}', '"parameters": {"binary_data_size": 4}')
+    before = _counted(stack, "spillway_content_unscannable_total", 'reason="trailing_bytes"')
+    for name, path in PATHS.items():
+        # As declared: the header alone, or the header and its one 4-byte tensor.
+        one = b"\x00\x00\x80?"  # 1.0 as FP32
+        for body, length in ((header.encode(), len(header)), (binary.encode() + one, len(binary))):
+            sent = _answer(stack, path, body, **{"inference-header-content-length": str(length)})
+            assert sent[:2] == (200, "aws"), (name, body, sent)
+        for body in (header.encode() + CARD.encode(), binary.encode() + one + CARD.encode()):
+            length = len(header) if body.startswith(header.encode()) else len(binary)
+            kept = _answer(stack, path, body, **{"inference-header-content-length": str(length)})
+            assert kept[:2] == (200, "local"), (name, body, kept)
+    assert not any(CARD in json.dumps(seen) for seen in stack.aws.seen)
+    wait_until(
+        lambda: (
+            _counted(stack, "spillway_content_unscannable_total", 'reason="trailing_bytes"') == before + 4
+        ),
+        10,
+        "trailing bytes counted on both routes",
+    )
+
+
+CARDS_SPLIT = {
+    "tab": "4111\t1111\t1111\t1111",
+    "newline": "4111\n1111\n1111\n1111",
+    "CR LF": "4111\r\n1111\r\n1111\r\n1111",
+    "no-break space": "4111\u00a01111\u00a01111\u00a01111",
+    "thin space": "4111\u20091111\u20091111\u20091111",
+    "ideographic space": "4111\u30001111\u30001111\u30001111",
+    "zero-width space": "4111\u200b1111\u200b1111\u200b1111",
+    "en dash": "4111\u20131111\u20131111\u20131111",
+}
+ELSEWHERE = {
+    "a list-valued parameter": {"parameters": {"notes": ["a", CARD]}, "inputs": []},
+    "an object-valued parameter": {"parameters": {"meta": {"card": CARD}}, "inputs": []},
+    "a nested input parameter": {
+        "inputs": [
+            {"name": "X", "datatype": "FP32", "shape": [1], "data": [1], "parameters": {"m": [[CARD]]}}
+        ]
+    },
+    "a parameter's name": {"parameters": {CARD: True}, "inputs": []},
+    "an output's nested parameter": {
+        "inputs": [],
+        "outputs": [{"name": "Y", "parameters": {"m": {"k": [CARD]}}}],
+    },
+    "an object inside BYTES data": {
+        "inputs": [{"name": "T", "datatype": "BYTES", "shape": [1], "data": [{"c": CARD}]}]
+    },
+    "an IDN e-mail address (local part)": {"parameters": {"to": "jürgen.müller@example.org"}, "inputs": []},
+    "an IDN e-mail address (domain)": {"parameters": {"to": "info@bücher.de"}, "inputs": []},
+    "an IDN e-mail address (all of it)": {"parameters": {"to": "用户@例子.广告"}, "inputs": []},
+}
+
+
+def test_cards_split_otherwise_nested_text_and_idn_addresses_stay_home_on_both_routes(stack: Stack) -> None:
+    stack.set_load(500)
+    bodies = {what: _inference("card", text) for what, text in CARDS_SPLIT.items()}
+    bodies.update({what: json.dumps(doc, ensure_ascii=False).encode() for what, doc in ELSEWHERE.items()})
+    for what, body in bodies.items():
+        for name, path in PATHS.items():
+            assert _send(stack, path, body) == ("local", "local;residency"), (what, name)
+
+
+# What a detector matches, as a client might write it.
+SECRETS = st.one_of(
+    st.builds(
+        lambda digits, sep: sep.join(digits[i : i + 4] for i in range(0, 16, 4)),
+        st.sampled_from(["4111111111111111", "5500000000000004", "6011000990139424"]),
+        st.sampled_from(["", *CARD_SEPARATORS]),
+    ),
+    st.sampled_from(
+        [
+            "378282246310005",
+            "jane.doe@example.org",
+            "jürgen@bücher.de",
+            "用户@例子.广告",
+            "DE89 3704 0044 0532 0130 00",
+            "+44 20 7946 0958",
+        ]
+    ),
+)
+# Where Triton reads text: BYTES data, and the request's, an input's and an output's parameters.
+PLACES = ("data", "request", "input", "output", "name")
+
+
+def _nested(value: Any, shape: list[bool]) -> Any:
+    """``value`` inside lists (False) and objects (True), outermost last."""
+    for in_object in shape:
+        value = {"k": value} if in_object else [value]
+    return value
+
+
+def _document(place: str, text: str, shape: list[bool]) -> dict[str, Any]:
+    """A KServe v2 request carrying ``text`` at ``place``, ``shape`` deep."""
+    value = _nested(text, shape)
+    if place == "data":
+        tensor = {"name": "T", "datatype": "BYTES", "shape": [1], "data": value if shape else [text]}
+        return {"inputs": [tensor]}
+    if place == "request":
+        return {"parameters": {"p": value}, "inputs": []}
+    if place == "input":
+        return {
+            "inputs": [
+                {"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0], "parameters": {"p": value}}
+            ]
+        }
+    if place == "output":
+        return {"inputs": [], "outputs": [{"name": "Y", "parameters": {"p": value}}]}
+    return {"parameters": {text: True}, "inputs": []}
+
+
+def _spelt(key: str, escaped: bool) -> str:
+    """A key as JSON text, its first character as a \\u escape if ``escaped``."""
+    return f'"\\u{ord(key[0]):04x}{key[1:]}"' if escaped else f'"{key}"'
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    secret=SECRETS,
+    place=st.sampled_from(PLACES),
+    shape=st.lists(st.booleans(), max_size=3),
+    how=st.sampled_from(["plain", "duplicated", "trailing"]),
+    ascii_only=st.booleans(),
+    escaped=st.booleans(),
+)
+def test_no_detector_match_leaves_wherever_triton_would_read_it(
+    stack: Stack, secret: str, place: str, shape: list[bool], how: str, ascii_only: bool, escaped: bool
+) -> None:
+    """Generated bodies carry a detector's match where Triton reads text, in the first of two
+    spellings of a key, or in bytes past the declared binary tensors; none leaves on either route,
+    and the same body without the match does."""
+    stack.set_load(500)
+    carrying, clean = _document(place, secret, shape), _document(place, "nothing here", shape)
+    headers: dict[str, str] = {}
+    sent = json.dumps(carrying, ensure_ascii=ascii_only).encode()
+    control = json.dumps(clean).encode()
+    if how == "duplicated":
+        key = "outputs" if place == "output" else "inputs" if place in ("data", "input") else "parameters"
+        first, second = json.dumps(carrying[key], ensure_ascii=ascii_only), json.dumps(clean[key])
+        sent = f'{{"{key}": {first}, {_spelt(key, escaped)}: {second}}}'.encode()
+        control = json.dumps({key: clean[key]}).encode()  # the second spelling alone
+    elif how == "trailing":
+        headers = {"inference-header-content-length": str(len(control))}
+        sent = control + secret.encode()
+    for name, path in PATHS.items():
+        status, upstream_name, answer = _answer(stack, path, sent, **headers)
+        assert upstream_name != "aws", (name, sent, answer)
+        assert (status, upstream_name) in ((200, "local"), (400, "")), (name, sent, status, answer)
+        assert (status == 400) == (how == "duplicated"), (name, sent, status, answer)
+        left = _answer(stack, path, control, **headers)
+        assert left[:2] == (200, "aws"), (name, control, left)

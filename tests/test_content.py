@@ -23,6 +23,7 @@ from gateway_plugin.routing.content import content_policy, tightened
 from gateway_plugin.routing.content_detectors import (
     BUILT_IN,
     CARD_RUN,
+    CARD_SEPARATOR,
     EMAIL,
     PHONE,
     built_in,
@@ -37,7 +38,9 @@ from gateway_plugin.routing.content_syntax import compiled
 from gateway_plugin.routing.policy import RequestFeatures, decide
 from gateway_plugin.routing.policy_build import build_policy
 from tests import content_cases
+from tests.content_cases import CARD_SEPARATORS
 from tests.fast_path_cases import hot_snapshot, python_decision, random_group
+from tests.support import ROOT
 
 DETECTORS = [built_in(name) for name in BUILT_IN]
 # Text around a number: anything but digits and the separators a card's groups may have.
@@ -51,8 +54,8 @@ def _luhn_valid(body: str) -> str:
 
 def luhn_card(run: bytes) -> bool:
     """A card run as content_detectors reads it, without its stretches: whole, or any group."""
-    digits = re.sub(rb"[ -]", b"", run)
-    groups = [digits, *re.split(rb"[ -]", run)]
+    digits = re.sub(rb"[^0-9]", b"", run)
+    groups = [digits, *re.findall(rb"[0-9]+", run)]
     return any(13 <= len(g) <= 19 and luhn(g) for g in groups)
 
 
@@ -73,6 +76,37 @@ def test_any_luhn_valid_number_of_13_to_19_digits_is_a_card(
     assert card(f"{before} {_grouped(number, separator)} {after}".encode())
     wrong = number[:-1] + str((int(number[-1]) + 1) % 10)
     assert not card(f"{before} {_grouped(wrong, separator)} {after}".encode())
+
+
+@given(
+    body=st.text(alphabet=string.digits, min_size=12, max_size=18),
+    separator=st.sampled_from(CARD_SEPARATORS),
+    before=AROUND,
+    after=AROUND,
+)
+def test_a_card_split_by_any_separator_is_found_and_by_two_is_not(
+    body: str, separator: str, before: str, after: str
+) -> None:
+    number = _luhn_valid(body)
+    assert card(f"{before} {_grouped(number, separator)} {after}".encode())
+    # Two separators split it: its first 8 digits and the rest, each too short for a card.
+    doubled = separator * 2 if separator != "\r\n" else "\r\n\n"
+    assert not card(f"{before} {number[:8]}{doubled}{_grouped(number[8:], separator)} {after}".encode())
+
+
+def test_every_unicode_space_is_a_card_separator() -> None:
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    assert set(spaces) <= set(CARD_SEPARATORS), set(spaces) - set(CARD_SEPARATORS)
+    for space in spaces:
+        assert card(_grouped("4111111111111111", space).encode()), repr(space)
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["jürgen.müller@example.org", "info@bücher.de", "用户@例子.广告", "почта@пример.рф", "a@b.co"],
+)
+def test_internationalised_e_mail_addresses_are_found(address: str) -> None:
+    assert email(f"write to {address}, thanks".encode()), address
 
 
 def _iban(country: str, bban: str) -> str:
@@ -101,7 +135,9 @@ def test_any_iban_with_a_right_checksum_is_found_written_either_way(
 
 
 @settings(max_examples=300)
-@given(st.integers(0, 2**32 - 1), st.text(alphabet="0123456789 .()+-@aZ\n", max_size=60))
+@given(
+    st.integers(0, 2**32 - 1), st.text(alphabet="0123456789 .()+-@aZ\n\t\r\u00a0\u200b\u2013é", max_size=60)
+)
 def test_the_runner_finds_what_the_whole_regexes_find(seed: int, noise: str) -> None:
     """The runner runs each built-in only on the stretches a cheaper pass found; PCRE, on the fast
     path, runs the regexes over everything. Both find the same."""
@@ -267,3 +303,11 @@ def test_apisix_route_asks_for_content_checks_on_either_route(
     ext = _route_json(capsys)["plugins"]["ext-plugin-pre-req"]["conf"]
     assert ext == [{"name": "spillway", "value": '{"content_checks": true}'}]
     assert _route_json(capsys, "--fast-path")["plugins"]["spillway"]["content_checks"] is True
+
+
+def test_the_fast_path_splits_cards_by_the_same_separators() -> None:
+    lua = (ROOT / "gateway_plugin/fast_path/lua/apisix/plugins/spillway/detect.lua").read_text()
+    declared = lua[lua.index("local CARD_RUN = ") : lua.index("local IBAN_RUN = ")]
+    assert "".join(re.findall(r"\[=\[(.*?)\]=\]", declared)) == CARD_RUN
+    # The run is one separator, of either kind, between two digits.
+    assert re.fullmatch(rf"[0-9](?:{CARD_SEPARATOR}?[0-9]){{12,}}".encode(), b"4111\r\n1111\xc2\xa01111-1111")

@@ -117,6 +117,7 @@ def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apis
     every_verdict = {"card", "iban", "email", "phone", "None", *(f"unscannable:{r}" for r in Unscannable)}
     assert every_verdict <= set(found), found
     assert any(k.startswith("p") for k in found), found
+    assert any(k.startswith("refused:duplicate key") for k in found), found
     own, headroom = _moved_by_the_load_estimate(groups)
     assert own > 300 and headroom > 100, (own, headroom)
     out, shed = _moved_by_a_failing_cluster(groups)
@@ -131,6 +132,26 @@ def _tensor(*texts: str, datatype: str = "BYTES") -> bytes:
     return json.dumps(
         {"inputs": [{"name": "t", "datatype": datatype, "shape": [1], "data": list(texts)}]}
     ).encode()
+
+
+def _refused(key: str) -> str:
+    """The verdict on a body with ``key`` (as the refusal shows it) twice in one object."""
+    return (
+        f'refused:duplicate key "{key}" in the JSON body: Triton reads the first of them, so each key '
+        "may appear once in an object"
+    )
+
+
+def _headed(header: bytes, tensors: bytes) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor body: the JSON ``header``, then ``tensors``."""
+    return _framed(header + tensors, **{HEADER_JSON_LENGTH: str(len(header))})
+
+
+def _binary(size: bytes, tensors: bytes) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor body whose one input declares ``size`` bytes."""
+    return _headed(
+        b'{"inputs": [{"datatype": "FP32", "parameters": {"binary_data_size": ' + size + b"}}]}", tensors
+    )
 
 
 DEEP = b'{"inputs": [], "deep": ' + b"[" * 31 + b"1" + b"]" * 31 + b"}"  # 32 levels: the most read
@@ -167,16 +188,102 @@ BODIES: dict[str, tuple[tuple[bytes, dict[str, str]], str | None]] = {
     "33 levels": (_framed(DEEP.replace(b"[1]", b"[[1]]")), "unscannable:not_json"),
     "a duplicate key, the last clean": (
         _framed(b'{"inputs": [{"datatype": "BYTES", "data": ["4111111111111111"]}], "inputs": []}'),
+        _refused("inputs"),
+    ),
+    "a duplicate key spelt as an escape": (
+        _framed(b'{"inputs": [], "\\u0069nputs": []}'),
+        _refused("inputs"),
+    ),
+    "a duplicate key inside a tensor": (
+        _framed(b'{"inputs": [{"datatype": "BYTES", "datatype": "FP32", "data": ["4111111111111111"]}]}'),
+        _refused("datatype"),
+    ),
+    "duplicate keys: the smallest is named": (
+        _framed(b'{"b": {"z": 1, "z": 2}, "a": 1, "a": [], "c": 0, "c": 1}'),
+        _refused("a"),
+    ),
+    "a duplicate key beyond ASCII": (_framed('{"é": 1, "\\u00e9": 2}'.encode()), _refused("\\xc3\\xa9")),
+    "a long duplicate key": (
+        _framed(b'{"' + b"k" * 70 + b'": 1, "' + b"k" * 70 + b'": 2}'),
+        _refused("k" * 64 + "..."),
+    ),
+    "a duplicate key holding quotes": (_framed(b'{"a\\"b": 1, "a\\u0022b": 2}'), _refused("a\\x22b")),
+    "the same key in two objects": (_framed(b'{"a": {"k": 1}, "b": {"k": [{"k": 2}]}, "k": 3}'), None),
+    "a key's text inside a value": (
+        _framed(b'{"parameters": {"p": "\\"p\\": 1, {\\"p\\": 2}", "q": "p"}, "inputs": []}'),
         None,
+    ),
+    "a duplicate key and NaN": (_framed(b'{"a": 1, "a": NaN}'), "unscannable:not_json"),
+    "a duplicate key in a binary body's header": (
+        _headed(b'{"inputs": [], "inputs": []}', b"1234"),
+        _refused("inputs"),
+    ),
+    "bytes past a header declaring no tensor": (
+        _headed(b'{"inputs": []}', b"4111111111111111"),
+        "unscannable:trailing_bytes",
+    ),
+    "a binary tensor as declared": (_binary(b"4", b"\x00\x00\x80?"), None),
+    "a binary tensor's size written 4.0": (_binary(b"4.0", b"\x00\x00\x80?"), None),
+    "a byte past the binary tensor": (_binary(b"4", b"\x00\x00\x80?x"), "unscannable:trailing_bytes"),
+    "a byte short of the binary tensor": (_binary(b"4", b"\x00\x00\x80"), "unscannable:trailing_bytes"),
+    "a binary size that is text": (_binary(b'"4"', b"\x00\x00\x80?"), "unscannable:trailing_bytes"),
+    "a binary size that is negative": (_binary(b"-4", b""), "unscannable:trailing_bytes"),
+    "a binary size that is true": (_binary(b"true", b"x"), "unscannable:trailing_bytes"),
+    "a binary size that is null": (_binary(b"null", b""), "unscannable:trailing_bytes"),
+    "a binary size past every body": (_binary(b"1e300", b""), "unscannable:trailing_bytes"),
+    "a binary size of 2**53 + 2": (_binary(b"9007199254740994", b""), "unscannable:trailing_bytes"),
+    "a binary size of 4.5": (_binary(b"4.5", b"\x00\x00\x80?"), "unscannable:trailing_bytes"),
+    "two binary tensors": (
+        _headed(
+            b'{"inputs": [{"parameters": {"binary_data_size": 2}}, {"data": [1]}, '
+            b'{"parameters": {"binary_data_size": 3}}]}',
+            b"abcde",
+        ),
+        None,
+    ),
+    "an output's binary_data_size is no input's": (
+        _headed(b'{"inputs": [], "outputs": [{"parameters": {"binary_data_size": 3}}]}', b"abc"),
+        "unscannable:trailing_bytes",
+    ),
+    "a card in a header with bytes past it": (
+        _framed(_tensor("4111111111111111") + b"xx", **{HEADER_JSON_LENGTH: str(len(_tensor("x" * 16)))}),
+        "card",
+    ),
+    "a card split by tabs": (_framed(_tensor("4111\t1111\t1111\t1111")), "card"),
+    "a card split by newlines": (_framed(_tensor("4111\n1111\n1111\n1111")), "card"),
+    "a card split by CR LF": (_framed(_tensor("4111\r\n1111\r\n1111\r\n1111")), "card"),
+    "a card split by no-break spaces": (_framed(_tensor("4111\u00a01111\u00a01111\u00a01111")), "card"),
+    "a card split by zero-width spaces": (_framed(_tensor("4111\u200b1111\u200b1111\u200b1111")), "card"),
+    "a card split by en dashes": (_framed(_tensor("4111\u20131111\u20131111\u20131111")), "card"),
+    "a card split by ideographic spaces": (_framed(_tensor("4111\u30001111\u30001111\u30001111")), "card"),
+    "a card split by two tabs": (_framed(_tensor("4111\t\t1111\t\t1111\t\t1111")), None),
+    "a card across two texts": (_framed(_tensor("4111 1111", "1111 1111")), None),
+    "a card in a list-valued parameter": (
+        _framed(b'{"parameters": {"p": [1, ["4111111111111111"]]}}'),
+        "card",
+    ),
+    "a card in an object-valued parameter": (
+        _framed(b'{"inputs": [{"parameters": {"p": {"q": "4111111111111111"}}}]}'),
+        "card",
+    ),
+    "a card as a parameter's name": (
+        _framed(b'{"outputs": [{"parameters": {"4111111111111111": 1}}]}'),
+        "card",
+    ),
+    "a card in an object in BYTES data": (
+        _framed(b'{"inputs": [{"datatype": "BYTES", "data": [[{"4111111111111111": "x"}]]}]}'),
+        "card",
+    ),
+    "an IDN e-mail address": (_framed(_tensor("write to jürgen@bücher.de")), "email"),
+    "an IDN e-mail address, escaped": (
+        _framed(b'{"parameters": {"p": "\\u7528@\\u4f8b\\u5b50.\\u5e7f\\u544a"}}'),
+        "email",
     ),
     "text in a binary BYTES tensor": (
         _framed(b'{"inputs": [{"datatype": "BYTES", "parameters": {"binary_data_size": 20}}]}'),
         "unscannable:binary_text",
     ),
-    "the binary part is not read": (
-        _framed(b'{"inputs": []}4111111111111111', **{HEADER_JSON_LENGTH: "14"}),
-        None,
-    ),
+    "a numeric binary tensor is not read": (_binary(b"16", b"4111111111111111"), None),
     "the JSON header is": (
         _framed(
             _tensor("a@b.org") + b"\x00\xff",

@@ -129,3 +129,41 @@ def test_the_residency_log_names_the_detector_never_the_text(
     (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "spillway.residency"]
     assert line["content"] == "card" and line["classification"] == "public", line
     assert "4111" not in caplog.text
+
+
+def test_a_body_with_a_key_twice_is_refused_and_bytes_past_its_tensors_counted(tmp_path: Path) -> None:
+    """A body read with a key written twice is answered 400 naming it, and nothing is decided or
+    counted for it; a binary body longer than its inputs declare is unscannable, and stays."""
+
+    async def run() -> tuple[Any, str, Any]:
+        app = RunnerApp(CONFIG, None)
+        server = await serve(Runner(app.plugins), tmp_path / "runner.sock")
+        peer = ApisixPeer(tmp_path / "runner.sock")
+        try:
+            twice = b'{"inputs": [{"datatype": "BYTES", "data": ["' + CARD.encode() + b'"]}], "inputs": []}'
+            refused = await peer.request(CHECKED, _call(twice))
+            header = b'{"inputs": []}'
+            past = _call(header + CARD.encode(), **{"inference-header-content-length": str(len(header))})
+            kept = await peer.request(CHECKED, past)
+            assert kept.rewrite is not None, kept
+            return (
+                refused.stop,
+                dict(kept.rewrite.resp_headers)["x-spillway-decision"],
+                app.state.metrics.registry,
+            )
+        finally:
+            await peer.close()
+            app.close()
+            server.close()
+
+    stop, decision, registry = asyncio.run(run())
+    assert stop is not None and stop.status == 400, stop
+    assert json.loads(stop.body)["error"].startswith('duplicate key "inputs" in the JSON body'), stop.body
+    assert decision == "local;residency"
+    assert (
+        registry.get_sample_value("spillway_content_unscannable_total", {"reason": "trailing_bytes"}) == 1.0
+    )
+    assert (
+        registry.get_sample_value("spillway_decisions_total", {"target": "local", "reason": "residency"})
+        == 1.0
+    )

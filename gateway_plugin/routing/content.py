@@ -8,13 +8,19 @@ detectors (``content_detectors``) run over them; a match makes the request decid
 consumer's requests to its ceiling. So ``decide()`` is handed a classification the request may not
 leave with: a match can only keep a request home, never send one out.
 
-The text inputs are those of a KServe v2 JSON request: the elements of every ``BYTES`` tensor's
-``data`` and the string values of the request's, each input's and each output's ``parameters``.
-With the binary tensor extension only the JSON header is read (``Inference-Header-Content-Length``
-bytes), the tensors after it skipped; a ``BYTES`` tensor sent there holds text that is not read.
-Only what is read is checked: a body over ``max_scan_bytes``, of unknown size (chunked), not JSON
-(compressed, malformed, nested deeper than ``MAX_DEPTH``) or with text in binary tensors follows
-``content.unscannable`` (stay home by default).
+The text inputs are those of a KServe v2 JSON request: every string in every ``BYTES`` tensor's
+``data`` and in the request's, each input's and each output's ``parameters`` (names and values, at
+any depth: a list- or object-valued parameter's strings too). With the binary tensor extension only
+the JSON header is read (``Inference-Header-Content-Length`` bytes), the tensors after it skipped;
+a ``BYTES`` tensor sent there holds text that is not read, and the body must end where the inputs'
+``binary_data_size`` say it does (bytes past them would leave unread). Only what is read is checked:
+a body over ``max_scan_bytes``, of unknown size (chunked), not JSON (compressed, malformed, nested
+deeper than ``MAX_DEPTH``), with text in binary tensors or bytes other than its tensors declare
+follows ``content.unscannable`` (stay home by default).
+
+A key twice in one object is refused outright (``Verdict.refusal``, a 400): Triton's RapidJSON
+reads the first, Python's json and cjson the last, so no reading of such a body is the one the model
+server makes. Keys are compared as decoded strings (``"a"`` and ``"\\u0061"`` are one key).
 
 Reading costs CPU on the request's path, so it happens only for a request that would otherwise
 leave: the caller decides first and reads only when that decision is a cloud one (a request staying
@@ -40,6 +46,9 @@ HEADER_JSON_LENGTH = "inference-header-content-length"
 # dimension); the fast path's JSON decoder is held to the same.
 MAX_DEPTH = 32
 _DIGITS = re.compile(rb"[0-9]+")
+# The largest binary_data_size read as a size: every whole number up to it is exact as a double,
+# which is how the fast path reads JSON numbers.
+_MOST_BINARY = 2**53
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -50,18 +59,22 @@ class Unscannable(StrEnum):
     UNKNOWN_SIZE = "unknown_size"
     NOT_JSON = "not_json"
     BINARY_TEXT = "binary_text"
+    TRAILING_BYTES = "trailing_bytes"
 
 
 class Verdict(NamedTuple):
     """What reading a request's text found: the first detector that matched, or why the text could
-    not be read (both None: read, nothing found)."""
+    not be read, or why the body is refused (all None: read, nothing found)."""
 
     detector: str | None = None
     unscannable: Unscannable | None = None
+    refusal: str | None = None
 
     @property
     def label(self) -> str | None:
         """As the residency log shows it; never the text itself."""
+        if self.refusal is not None:
+            return f"refused:{self.refusal}"
         if self.detector is not None:
             return self.detector
         return None if self.unscannable is None else f"unscannable:{self.unscannable}"
@@ -81,7 +94,10 @@ class ContentPolicy:
     rules: frozenset[str] = frozenset()
 
     def keeps_home(self, verdict: Verdict) -> bool:
-        return verdict.detector is not None or (verdict.unscannable is not None and self.unscannable_stays)
+        """A refused body is kept home too, should a caller decide on it rather than refuse it."""
+        if verdict.detector is not None or verdict.refusal is not None:
+            return True
+        return verdict.unscannable is not None and self.unscannable_stays
 
 
 def content_policy(config: SpillwayConfig) -> ContentPolicy:
@@ -142,14 +158,51 @@ def body_verdict(content: ContentPolicy, body: bytes, json_length: str | None) -
     if len(body) > content.max_bytes:
         return Verdict(unscannable=Unscannable.TOO_LARGE)
     header = json_header(body, json_length)
-    document = None if header is None else json_document(header)
-    if document is None:
+    read = None if header is None else json_document(header)
+    if header is None or read is None:
         return Verdict(unscannable=Unscannable.NOT_JSON)
+    document, duplicate = read
+    if duplicate is not None:
+        return Verdict(refusal=duplicate_key_message(duplicate))
     texts, binary_text = text_inputs(document)
     found = first_found(content.detectors, texts)
     if found is not None:
         return Verdict(found)
+    if json_length is not None and len(body) - len(header) != binary_bytes(document, len(body)):
+        return Verdict(unscannable=Unscannable.TRAILING_BYTES)
     return Verdict(unscannable=Unscannable.BINARY_TEXT) if binary_text else CLEAN
+
+
+def duplicate_key_message(key: bytes) -> str:
+    """The refusal's words, naming the key (its first 64 bytes, printable ASCII as is, every other
+    byte as ``\\xhh``), as the fast path words it."""
+    shown = "".join(chr(b) if 32 <= b < 127 and b not in b'"\\' else f"\\x{b:02x}" for b in key[:64])
+    more = "..." if len(key) > 64 else ""
+    return (
+        f'duplicate key "{shown}{more}" in the JSON body: Triton reads the first of them, so each key '
+        "may appear once in an object"
+    )
+
+
+def binary_bytes(document: dict[str, Any], most: int) -> int | None:
+    """How many bytes the binary tensors after the JSON header hold, as Triton sums them: each
+    input's ``binary_data_size``; None when one is not a size (a whole number, 0 to 2**53) or the sum
+    passes ``most``."""
+    inputs = document.get("inputs")
+    total = 0
+    for tensor in inputs if isinstance(inputs, list) else ():
+        parameters = tensor.get("parameters") if isinstance(tensor, dict) else None
+        if not isinstance(parameters, dict) or "binary_data_size" not in parameters:
+            continue
+        size = parameters["binary_data_size"]
+        if isinstance(size, bool) or not isinstance(size, int | float):
+            return None
+        if not (0 <= size <= _MOST_BINARY and float(size).is_integer()):
+            return None
+        total += int(size)
+        if total > most:
+            return None
+    return total
 
 
 def json_header(body: bytes, json_length: str | None) -> bytes | None:
@@ -167,11 +220,34 @@ def _refuse(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
-def json_document(text: bytes) -> dict[str, Any] | None:
-    """The JSON object ``text`` holds, read as strictly as the fast path's decoder reads it; None
-    when it holds none. UTF-8 only, no NUL byte, no NaN or Infinity, no lone surrogate escape, at
-    most MAX_DEPTH levels; control characters inside strings are allowed, as both decoders allow
-    them."""
+class _Keys:
+    """An ``object_pairs_hook`` that keeps the keys it found twice in one object."""
+
+    def __init__(self) -> None:
+        self.twice: set[str] = set()
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        made = dict(pairs)
+        if len(made) != len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    self.twice.add(key)
+                seen.add(key)
+        return made
+
+
+def _loads(decoded: str, **options: Any) -> tuple[Any, set[str]]:
+    keys = _Keys()
+    document = json.loads(decoded, strict=False, parse_constant=_refuse, object_pairs_hook=keys, **options)
+    return document, keys.twice
+
+
+def json_document(text: bytes) -> tuple[dict[str, Any], bytes | None] | None:
+    """The JSON object ``text`` holds, read as strictly as the fast path's decoder reads it, and the
+    smallest key (its UTF-8 bytes) found twice in one of its objects, if any; None when it holds no
+    object. UTF-8 only, no NUL byte, no NaN or Infinity, no lone surrogate escape, at most MAX_DEPTH
+    levels; control characters inside strings are allowed, as both decoders allow them."""
     if b"\x00" in text:
         return None
     try:
@@ -179,14 +255,14 @@ def json_document(text: bytes) -> dict[str, Any] | None:
     except UnicodeDecodeError:
         return None
     try:
-        document = json.loads(decoded, strict=False, parse_constant=_refuse)
+        document, twice = _loads(decoded)
     except RecursionError:
         return None
     except json.JSONDecodeError:
         return None
     except ValueError:  # an integer too long for int(): the fast path reads it as a float
         try:
-            document = json.loads(decoded, strict=False, parse_constant=_refuse, parse_int=float)
+            document, twice = _loads(decoded, parse_int=float)
         except (ValueError, RecursionError):
             return None
     if not isinstance(document, dict):
@@ -195,7 +271,8 @@ def json_document(text: bytes) -> dict[str, Any] | None:
         return None
     if text.count(b"[") + text.count(b"{") > MAX_DEPTH and _deeper_than(document, MAX_DEPTH):
         return None
-    return document
+    # Every string in the document is UTF-8 now (no lone surrogate), keys too.
+    return document, min((k.encode() for k in twice), default=None)
 
 
 def _encodable(document: dict[str, Any]) -> bool:
@@ -221,10 +298,11 @@ def _deeper_than(document: dict[str, Any], limit: int) -> bool:
 def _parameters(owner: Mapping[str, Any], texts: list[bytes]) -> None:
     parameters = owner.get("parameters")
     if isinstance(parameters, dict):
-        texts.extend(v.encode() for v in parameters.values() if isinstance(v, str))
+        _strings(parameters, texts)
 
 
 def _strings(data: Any, texts: list[bytes]) -> None:
+    """Every string in ``data`` at any depth: list elements, object keys and values."""
     stack = [data]
     while stack:
         item = stack.pop()
@@ -232,6 +310,9 @@ def _strings(data: Any, texts: list[bytes]) -> None:
             texts.append(item.encode())
         elif isinstance(item, list):
             stack.extend(item)
+        elif isinstance(item, dict):
+            texts.extend(k.encode() for k in item)
+            stack.extend(item.values())
 
 
 def text_inputs(document: dict[str, Any]) -> tuple[list[bytes], bool]:

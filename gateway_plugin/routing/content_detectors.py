@@ -6,18 +6,20 @@ way on the fast path. Everything is defined over bytes with ASCII classes, so th
 and PCRE agree: the regexes below are plain ones whose match, wherever it starts, both engines
 find, and the checksums are arithmetic.
 
-- ``card``: 13 to 19 digits, written together or in groups split by single spaces or hyphens
-  (``4111 1111 1111 1111``), that pass the Luhn check; a run of groups counts whole, and each of its
-  groups on its own.
+- ``card``: 13 to 19 digits, written together or in groups split by single separators
+  (``4111 1111 1111 1111``): a space, hyphen, tab, line break (``\\r\\n`` too), no-break or other
+  Unicode space, zero-width or other invisible character, or Unicode dash (``CARD_SEPARATOR``), that
+  pass the Luhn check; a run of groups counts whole, and each of its groups on its own.
 - ``iban``: two letters, two check digits and 11 to 30 letters or digits (15 to 34 in all), written
   together or in groups of four split by single spaces, whose ISO 13616 mod-97 checksum is 1.
-- ``email``: ``local@domain.tld``.
+- ``email``: ``local@domain.tld``, internationalised ones too (``jürgen@bücher.de``,
+  ``用户@例子.广告``: any non-ASCII UTF-8 byte counts as a letter; labels split by ASCII dots).
 - ``phone``: ``+`` and 8 to 15 digits (single spaces, dots, hyphens or parentheses between them);
   ``(555) 123-4567``-style ten-digit numbers; and national numbers that start with a trunk 0
   (``020 7946 0958``).
 
 Operator patterns (``content.patterns``) run on each text on its own, in the syntax both engines
-read alike (``content_syntax``). Built-ins run once over every text joined by newlines, which none
+read alike (``content_syntax``). Built-ins run once over every text joined by NUL bytes, which none
 of them matches across.
 """
 
@@ -27,19 +29,41 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-# Between two texts when built-ins read them at once: no built-in pattern matches a newline.
-JOIN = b"\n"
+# Between two texts when built-ins read them at once: no built-in pattern matches a NUL (a card's
+# separators include line breaks).
+JOIN = b"\x00"
 
 # Anchored on the "@" (a character before it looked back at): a regex that starts with a class
 # of many characters is tried at nearly every position of a text.
-EMAIL = r"@(?<=[A-Za-z0-9._%+-]@)[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"
+# Any byte of a non-ASCII character (UTF-8: 0x80 and up) counts as a letter, so internationalised
+# addresses are found; the dots between labels are ASCII ones.
+EMAIL = (
+    r"@(?<=[A-Za-z0-9._%+\x80-\xff-]@)[A-Za-z0-9\x80-\xff-]+(?:\.[A-Za-z0-9\x80-\xff-]+)*"
+    r"\.[A-Za-z\x80-\xff]{2,}"
+)
 PHONE = (
     r"\+[0-9](?:[ .()-]{0,2}[0-9]){7,14}(?![0-9])"
     r"|(?<![0-9])(?:\([0-9]{3}\) ?|[0-9]{3}[ .-])[0-9]{3}[ .-][0-9]{4}(?![0-9])"
     r"|(?<![0-9])0[0-9]{2,4}[ .-][0-9]{3,4}[ .-]?[0-9]{3,4}(?![0-9])"
 )
-# A run of 13 digits or more, single spaces or hyphens allowed between them.
-CARD_RUN = r"[0-9](?:[ -]?[0-9]){12,}"
+# What may stand between two digits of a card (one of them, as UTF-8): ASCII spaces and line breaks
+# (CR LF as one), the hyphen, U+0085, no-break space, soft hyphen, U+1680, U+180E, U+2000-U+2015
+# (spaces, zero-width characters, marks, dashes), U+2028-U+202F (separators, embeddings, narrow
+# no-break space), U+205F-U+206F (medium space, word joiner, invisible operators, isolates), minus
+# sign, ideographic space, small and full-width hyphens, U+FEFF.
+# The ASCII ones, one byte each; the others (CR LF too), each a branch of its own first byte.
+CARD_SEPARATOR_ASCII = r"[\t\n\x0b\x0c\x1c-\x1f -]"
+CARD_SEPARATOR_WIDE = (
+    r"(?:\r\n?|\xc2[\x85\xa0\xad]|\xe1(?:\x9a\x80|\xa0\x8e)|\xe2(?:\x80[\x80-\x95\xa8-\xaf]|\x81[\x9f-\xaf]|\x88\x92)"
+    r"|\xe3\x80\x80|\xef(?:\xb9[\x98\xa3]|\xbc\x8d|\xbb\xbf))"
+)
+CARD_SEPARATOR = rf"(?:{CARD_SEPARATOR_ASCII}|{CARD_SEPARATOR_WIDE})"
+# A run of 13 digits or more, one separator allowed between two of them. Only the byte that starts
+# a wide one sends the engine to try them: text is mostly ASCII, and PCRE tries this after every
+# digit.
+CARD_RUN = (
+    rf"[0-9](?:{CARD_SEPARATOR_ASCII}?[0-9]|(?=[\r\xc2\xe1-\xe3\xef]){CARD_SEPARATOR_WIDE}[0-9]){{12,}}"
+)
 # From a word that starts like an IBAN (country, check digits) to the end of its run of words.
 IBAN_RUN = r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9])+"
 
@@ -51,11 +75,13 @@ _EMAIL = re.compile(EMAIL.encode())
 # cheaper pass, the stretches every match lies within (or a part every match holds), and the
 # detector runs on those alone. What it finds is the same: a stretch ends where a match could not
 # go on, at a character no match holds. (PCRE, on the fast path, runs the regexes whole.)
-_CARD_STRETCH = re.compile(rb"[0-9][0-9 -]{11,}[0-9]")  # 13 or more of what a card run is made of
+# 13 or more of the bytes a card run is made of (every byte of every separator among them).
+_CARD_STRETCH = re.compile(rb"[0-9][0-9\t-\r\x1c-\x1f \-\x80-\xbf\xc2\xe1-\xe3\xef]{11,}[0-9]")
 _PHONE_STRETCH = re.compile(rb"[+(0-9][0-9 .()+-]{7,}[0-9]")  # the shortest phone match is 9 long
 _IBAN_PART = re.compile(rb"[0-9][0-9](?<=[A-Za-z]{2}[0-9]{2})")  # two letters, two digits
 _IBAN_HEAD = re.compile(rb"[A-Z]{2}[0-9]{2}")
-_SEPARATOR = re.compile(rb"[ -]")
+_NOT_DIGIT = re.compile(rb"[^0-9]")
+_DIGIT_GROUP = re.compile(rb"[0-9]+")
 _DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)
 
 
@@ -78,10 +104,10 @@ def card(blob: bytes) -> bool:
 def _card_in(stretch: bytes) -> bool:
     for run in _CARD_RUN.finditer(stretch):
         text = run.group()
-        digits = _SEPARATOR.sub(b"", text)
+        digits = _NOT_DIGIT.sub(b"", text)
         if _card_number(digits):
             return True
-        if len(digits) != len(text) and any(_card_number(g) for g in _SEPARATOR.split(text)):
+        if len(digits) != len(text) and any(_card_number(g) for g in _DIGIT_GROUP.findall(text)):
             return True
     return False
 

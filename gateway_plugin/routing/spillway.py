@@ -3,7 +3,8 @@
 Request filter: one reading of the request (``request_reading``; 400 when none is possible) →
 features → snapshot from the live state → ``policy.decide`` (where the route or rule asks and the
 decision is a cloud one, the request's text is read first and a match decides it as a class that
-may not leave: ``routing.content``) → ``X-Spillway-Target`` (and a
+may not leave: ``routing.content``; a body it cannot read as Triton would, with a key twice in an
+object, is refused with 400) → ``X-Spillway-Target`` (and a
 signature, and only the headers the target may receive) for the route's edge to hand to APISIX's
 traffic-split, a Stop carrying the function's answer in invoke mode, or a Stop with 429/503 and
 Retry-After when shedding. No spelling of the client's own ``X-Spillway-*`` survives.
@@ -169,6 +170,10 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         if decision.is_cloud and conf.checks is not None and conf.checks.applies(policy, features):
             content = conf.checks.content
             verdict = await _read_content(content, request, features.body_bytes)
+            if verdict.refusal is not None:
+                # A body the model server would read otherwise than the checks did (a duplicate key).
+                self._refuse(action, 400, verdict.refusal)
+                return
             self.state.content_read(verdict)
             if content.keeps_home(verdict):
                 features, kept_by = tightened(features, policy, content), verdict.label

@@ -37,10 +37,10 @@ local function decide_one(tbl, case, path)
     local policy = content.attach(decide.route_policy(tbl, case.route), tbl, case.route)
     local live = live_of(case)
     local body = ngx.decode_base64(case.body)
-    local found, why, read = content.check(f, tbl, policy, live, function() return body end)
+    local found, why, read, refusal = content.check(f, tbl, policy, live, function() return body end)
     local d = decide.decide(f, tbl, policy, live)
     return {
-        read = read or false, content = read and content.label(found, why) or json.null,
+        read = read or false, content = read and content.label(found, why, refusal) or json.null,
         target = d.target, label = decide.label(d), status = d.status,
         retry_after_s = d.retry_after_s or 0, cost_usd = string.format("%.17g", d.cost_usd or 0),
         residency_kept = d.residency_kept or false, overflowing = d.overflowing or false,

@@ -311,6 +311,12 @@ function _M.access(conf, ctx)
         keyed_tenant(f, policy.tenant_header)
         local reserved = reserve_tenant(f, policy)
         kept_by = check_content(ctx, f, tbl, policy)
+        if kept_by and kept_by.refusal then  -- Triton would read the body otherwise: a duplicate key
+            slot.tenant = nil
+            if reserved then release_tenant(reserved) end
+            ctx.spillway_refused, ctx.spillway_via = 400, "fast_path"
+            return 400, { error = kept_by.refusal }
+        end
         d = decide_and_reserve(f, tbl, policy)
         slot.tenant = nil
         if reserved and d.target == decide.SHED then

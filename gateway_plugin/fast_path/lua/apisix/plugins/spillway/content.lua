@@ -4,10 +4,12 @@
 -- the table would send out has its text inputs read first: the elements of every BYTES tensor's
 -- data and the string values of the request's, each input's and each output's parameters, from
 -- the JSON body or the JSON header of a binary-tensor body (Inference-Header-Content-Length bytes).
+-- Every string at any depth in a BYTES tensor's data and in a parameters object (names too) is read.
 -- When a detector (detect.lua) finds something, the request is decided as content.classify_as, a
 -- class that may not leave: a match only ever keeps a request home. A body that cannot be read
--- (over max_bytes, of unknown size, not JSON, text in binary tensors) stays home unless the config
--- says to decide it by its label.
+-- (over max_bytes, of unknown size, not JSON, text in binary tensors, bytes other than the inputs'
+-- binary_data_size declare) stays home unless the config says to decide it by its label. A body
+-- with a key twice in one object is refused (400): Triton reads the first, cjson the last.
 --
 -- The body is read exactly as the runner reads it: UTF-8 only (PCRE's validity check), no NUL
 -- byte, strict JSON (cjson with invalid numbers refused, plus the "1." and "-.5" forms cjson lets
@@ -18,9 +20,10 @@ local contract = require("apisix.plugins.spillway.contract")
 local decide = require("apisix.plugins.spillway.decide")
 local detect = require("apisix.plugins.spillway.detect")
 
-local re_find = ngx.re.find
-local find, sub = string.find, string.sub
+local re_find, re_gsub = ngx.re.find, ngx.re.gsub
+local find, sub, byte, format, gsub = string.find, string.sub, string.byte, string.format, string.gsub
 local type, pairs, ipairs, getmetatable, tonumber = type, pairs, ipairs, getmetatable, tonumber
+local floor = math.floor
 
 local PREFIX, WHY = contract.PREFIX, contract.UNSCANNABLE
 local _M = { HEADER_JSON_LENGTH = "inference-header-content-length", MAX_DEPTH = 32 }
@@ -42,7 +45,83 @@ local function is_object(v)
     return type(v) == "table" and getmetatable(v) ~= ARRAY
 end
 
--- The JSON object text holds; nil when it holds none.
+-- Every key in a JSON text: a string followed by ':'; a string that is not one is skipped whole.
+local KEY = [=["(?:[^"\\]++|\\.)*+"(?!\s*+:)(*SKIP)(*F)|"(?:[^"\\]++|\\.)*+"]=]
+
+-- How many keys the decoded objects hold, at any depth.
+local function keys_held(v)
+    local n = 0
+    if is_list(v) then
+        for _, item in ipairs(v) do
+            if type(item) == "table" then
+                n = n + keys_held(item)
+            end
+        end
+    elseif type(v) == "table" then
+        for _, item in pairs(v) do
+            n = n + 1
+            if type(item) == "table" then
+                n = n + keys_held(item)
+            end
+        end
+    end
+    return n
+end
+
+-- The smallest key (by its bytes, decoded) found twice in one object of text, which cjson has
+-- read as doc (keeping the last of them); nil when none is. When the text writes as many keys as
+-- doc holds, none is (one pass of PCRE, and a walk of doc); else a pass over the text names it: a
+-- string followed by ':' is a key of the innermost open object. Linear in the text either way.
+local function duplicate_key(text, doc)
+    local _, written = re_gsub(text, KEY, "", "jo")
+    if written == keys_held(doc) then
+        return nil
+    end
+    local open, depth, smallest = {}, 0, nil
+    local pos = 1
+    while true do
+        local at = find(text, '[{}"]', pos)
+        if not at then
+            return smallest
+        end
+        local c = byte(text, at)
+        if c == 123 then  -- {
+            depth = depth + 1
+            open[depth] = {}
+            pos = at + 1
+        elseif c == 125 then  -- }
+            open[depth] = nil
+            depth = depth - 1
+            pos = at + 1
+        else
+            local close, escaped = at + 1, false
+            while true do
+                close = find(text, '["\\]', close)
+                if byte(text, close) == 34 then
+                    break
+                end
+                escaped, close = true, close + 2
+            end
+            pos = close + 1
+            local after = find(text, "[^ \t\r\n]", pos)
+            if after and byte(text, after) == 58 then  -- ':'
+                local key = sub(text, at, close)
+                key = escaped and cjson.decode(key) or sub(key, 2, -2)
+                local keys = open[depth]
+                if keys[key] then
+                    if smallest == nil or key < smallest then
+                        smallest = key
+                    end
+                else
+                    keys[key] = true
+                end
+            end
+        end
+    end
+end
+
+-- The JSON object text holds and the smallest key found twice in one of its objects (nil when
+-- none is); nil when it holds no object.
 local function document(text)
     if find(text, "\0", 1, true) then
         return nil
@@ -55,9 +134,52 @@ local function document(text)
     if not is_object(doc) or re_find(text, LOOSE_NUMBER, "jos") then
         return nil
     end
-    return doc
+    return doc, duplicate_key(text, doc)
 end
 _M.document = document
+
+-- The refusal's words, naming the key as the runner does (content.duplicate_key_message).
+-- Printable ASCII as is, but for the quote and the backslash; every other byte as \\xhh.
+local function shown(c)
+    local b = byte(c)
+    if b >= 32 and b < 127 and b ~= 34 and b ~= 92 then
+        return c
+    end
+    return format("\\x%02x", b)
+end
+
+function _M.duplicate_key_message(key)
+    local more = #key > 64 and "..." or ""
+    local named = gsub(sub(key, 1, 64), ".", shown)
+    return 'duplicate key "' .. named .. more .. '" in the JSON body: Triton reads the first of '
+           .. "them, so each key may appear once in an object"
+end
+
+-- Largest binary_data_size read as a size: whole numbers up to it are exact as doubles.
+local MOST_BINARY = 2 ^ 53
+
+-- How many bytes the binary tensors after the JSON header hold, as Triton sums them (each
+-- input's binary_data_size); nil when one is not a size or the sum passes most.
+local function binary_bytes(doc, most)
+    local total = 0
+    if not is_list(doc.inputs) then
+        return total
+    end
+    for _, tensor in ipairs(doc.inputs) do
+        local p = is_object(tensor) and tensor.parameters or nil
+        if is_object(p) and p.binary_data_size ~= nil then
+            local size = p.binary_data_size
+            if type(size) ~= "number" or size < 0 or size > MOST_BINARY or size ~= floor(size) then
+                return nil
+            end
+            total = total + size
+            if total > most then
+                return nil
+            end
+        end
+    end
+    return total
+end
 
 -- The JSON part of the body: all of it, or the header's count of bytes; nil when that header is
 -- not a size within the body.
@@ -76,17 +198,7 @@ local function json_header(body, json_length)
     return sub(body, 1, n)
 end
 
-local function parameters(owner, texts)
-    local p = owner.parameters
-    if is_object(p) then
-        for _, v in pairs(p) do
-            if type(v) == "string" then
-                texts[#texts + 1] = v
-            end
-        end
-    end
-end
-
+-- Every string in data at any depth: list elements, object keys and values.
 local function strings(data, texts)
     if type(data) == "string" then
         texts[#texts + 1] = data
@@ -94,6 +206,18 @@ local function strings(data, texts)
         for _, item in ipairs(data) do
             strings(item, texts)
         end
+    elseif type(data) == "table" then
+        for k, v in pairs(data) do
+            texts[#texts + 1] = k
+            strings(v, texts)
+        end
+    end
+end
+
+local function parameters(owner, texts)
+    local p = owner.parameters
+    if is_object(p) then
+        strings(p, texts)
     end
 end
 
@@ -127,8 +251,8 @@ local function text_inputs(doc)
 end
 
 -- What reading the request's text found: the first detector that matched, or why it could not
--- be read (both nil: read, nothing found). read_body() gives the body, called only when its
--- declared size is within max_bytes.
+-- be read, or (third) why the body is refused (all nil: read, nothing found). read_body() gives
+-- the body, called only when its declared size is within max_bytes.
 function _M.verdict(c, headers, read_body)
     local declared = decide.body_bytes(headers)
     if declared == nil then
@@ -144,15 +268,25 @@ function _M.verdict(c, headers, read_body)
     if #body > c.max_bytes then
         return nil, WHY.too_large
     end
-    local header = json_header(body, headers[_M.HEADER_JSON_LENGTH])
-    local doc = header and document(header)
+    local json_length = headers[_M.HEADER_JSON_LENGTH]
+    local header = json_header(body, json_length)
+    local doc, duplicate
+    if header then
+        doc, duplicate = document(header)
+    end
     if not doc then
         return nil, WHY.not_json
+    end
+    if duplicate then
+        return nil, nil, _M.duplicate_key_message(duplicate)
     end
     local texts, binary_text = text_inputs(doc)
     local found = detect.first_found(c.detectors, texts)
     if found then
         return found, nil
+    end
+    if json_length ~= nil and #body - #header ~= binary_bytes(doc, #body) then
+        return nil, WHY.trailing_bytes
     end
     return nil, binary_text and WHY.binary_text or nil
 end
@@ -194,8 +328,9 @@ function _M.applies(p, f)
 end
 
 -- Before the decision that counts: a request the table would send out is read, and decided as a
--- class that may not leave when what was found keeps it home. Returns what was found (a detector's
--- name), why the text was unreadable, and true; nothing when it was not read.
+-- class that may not leave when what was found keeps it home (a refused body too). Returns what
+-- was found (a detector's name), why the text was unreadable, true, and why the body is refused;
+-- nothing when it was not read.
 function _M.check(f, tbl, policy, live, read_body)
     if not _M.applies(policy, f) then
         return nil
@@ -205,24 +340,28 @@ function _M.check(f, tbl, policy, live, read_body)
         return nil
     end
     local c = policy.content.c
-    local found, why = _M.verdict(c, f.headers, read_body)
-    if found or (why and c.unscannable_stays) then
+    local found, why, refusal = _M.verdict(c, f.headers, read_body)
+    if found or refusal or (why and c.unscannable_stays) then
         rawset(f.headers, policy.classification_header, c.classify_as)
     end
-    return found, why, true
+    return found, why, true, refusal
 end
 
 -- check(), with what it found counted (count(key): "cm:<detector>" or "cu:<reason>"). When it
 -- kept the request home: what the residency log names (the detector, never the text) and the
--- class the request was sent with, before the one it is decided as.
+-- class the request was sent with, before the one it is decided as; for a refused body, why
+-- (refusal: the answer's words).
 function _M.screen(f, tbl, policy, live, read_body, count)
     if policy.content == nil then
         return nil
     end
     local sent = f.headers[policy.classification_header]
-    local found, why, read = _M.check(f, tbl, policy, live, read_body)
+    local found, why, read, refusal = _M.check(f, tbl, policy, live, read_body)
     if not read then
         return nil
+    end
+    if refusal then
+        return { refusal = refusal }
     end
     if found or why then
         count(found and (PREFIX.content_match .. found) or (PREFIX.content_unscannable .. why))
@@ -233,8 +372,11 @@ function _M.screen(f, tbl, policy, live, read_body, count)
     return nil
 end
 
--- The label the residency log shows (never the text).
-function _M.label(found, why)
+-- The label the residency log shows (never the text); a refusal's, as the runner's Verdict.label.
+function _M.label(found, why, refusal)
+    if refusal then
+        return "refused:" .. refusal
+    end
     if found then
         return found
     end

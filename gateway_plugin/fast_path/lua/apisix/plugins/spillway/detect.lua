@@ -2,7 +2,7 @@
 --
 -- The detectors come in the decision table, in the order they are tried: card and iban (a run of
 -- digits or words found by a regex, then a checksum: Luhn, ISO 13616 mod 97), search (a built-in
--- regex, run once over every text joined by newlines, which none of them matches across) and
+-- regex, run once over every text joined by NUL bytes, which none of them matches across) and
 -- pattern (an operator's regex, run over each text on its own). Regexes run on PCRE over the
 -- texts' bytes, without UTF-8 mode: the same bytes and the same ASCII classes Python's re reads,
 -- in the syntax both read alike (content_syntax.py checks operators' patterns when the config is
@@ -13,10 +13,15 @@ local byte, sub, upper, gsub = string.byte, string.sub, string.upper, string.gsu
 local concat = table.concat
 local ipairs = ipairs
 
-local _M = { JOIN = "\n" }
+local _M = { JOIN = "\0" }
 
 -- Kept in step with content_detectors.py (the table carries the search patterns themselves).
-local CARD_RUN = [=[[0-9](?:[ -]?[0-9]){12,}]=]
+-- content_detectors.CARD_RUN: one separator (CARD_SEPARATOR) between two digits, the wide ones
+-- tried only after a byte that starts one.
+local CARD_RUN = [=[[0-9](?:[\t\n\x0b\x0c\x1c-\x1f -]?[0-9]]=]
+    .. [=[|(?=[\r\xc2\xe1-\xe3\xef])(?:\r\n?|\xc2[\x85\xa0\xad]|\xe1(?:\x9a\x80|\xa0\x8e)]=]
+    .. [=[|\xe2(?:\x80[\x80-\x95\xa8-\xaf]|\x81[\x9f-\xaf]|\x88\x92)]=]
+    .. [=[|\xe3\x80\x80|\xef(?:\xb9[\x98\xa3]|\xbc\x8d|\xbb\xbf))[0-9]){12,}]=]
 local IBAN_RUN = [=[(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9])+]=]
 local DOUBLED = { [0] = 0, 2, 4, 6, 8, 1, 3, 5, 7, 9 }
 
@@ -40,7 +45,7 @@ end
 local function card(blob)
     for m in re_gmatch(blob, CARD_RUN, "jo") do
         local text = m[0]
-        local digits = gsub(text, "[ -]", "")
+        local digits = gsub(text, "[^0-9]", "")
         if card_number(digits) then
             return true
         end
