@@ -14,7 +14,8 @@ With the binary tensor extension only the JSON header is read (``Inference-Heade
 bytes), the tensors after it skipped; a ``BYTES`` tensor sent there holds text that is not read.
 Only what is read is checked: a body over ``max_scan_bytes``, of unknown size (chunked), not JSON
 (compressed, malformed, nested deeper than ``MAX_DEPTH``) or with text in binary tensors follows
-``content.unscannable`` (stay home by default).
+``content.unscannable`` (stay home by default). A scan that runs past ``content.scan_budget_ms``
+of CPU is stopped and stays home under either setting: what it had not read yet may hold anything.
 
 Reading costs CPU on the request's path, so it happens only for a request that would otherwise
 leave: the caller decides first and reads only when that decision is a cloud one (a request staying
@@ -26,13 +27,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.content_detectors import Detector, built_in, first_found, pattern_detector
+from gateway_plugin.routing.content_detectors import (
+    Budget,
+    Detector,
+    OverBudget,
+    built_in,
+    first_found,
+    pattern_detector,
+)
 from gateway_plugin.routing.policy import Policy, RequestFeatures
 
 HEADER_JSON_LENGTH = "inference-header-content-length"
@@ -50,6 +59,7 @@ class Unscannable(StrEnum):
     UNKNOWN_SIZE = "unknown_size"
     NOT_JSON = "not_json"
     BINARY_TEXT = "binary_text"
+    OVER_BUDGET = "over_budget"
 
 
 class Verdict(NamedTuple):
@@ -79,9 +89,13 @@ class ContentPolicy:
     unscannable_stays: bool = True
     classify_as: str = "confidential"
     rules: frozenset[str] = frozenset()
+    budget_s: float = 0.05
 
     def keeps_home(self, verdict: Verdict) -> bool:
-        return verdict.detector is not None or (verdict.unscannable is not None and self.unscannable_stays)
+        why = verdict.unscannable
+        return verdict.detector is not None or (
+            why is not None and (self.unscannable_stays or why is Unscannable.OVER_BUDGET)
+        )
 
 
 def content_policy(config: SpillwayConfig) -> ContentPolicy:
@@ -96,6 +110,7 @@ def content_policy(config: SpillwayConfig) -> ContentPolicy:
         checks.unscannable == "stay_home",
         checks.classify_as.strip().lower(),
         frozenset(r.name for r in config.rules if r.content_checks),
+        checks.scan_budget_ms / 1000,
     )
 
 
@@ -137,16 +152,27 @@ def size_verdict(content: ContentPolicy, declared: int | None) -> Verdict | None
     return CLEAN if declared == 0 else None
 
 
-def body_verdict(content: ContentPolicy, body: bytes, json_length: str | None) -> Verdict:
-    """What the detectors find in the body's text inputs."""
+def body_verdict(
+    content: ContentPolicy,
+    body: bytes,
+    json_length: str | None,
+    clock: Callable[[], float] = time.thread_time,
+) -> Verdict:
+    """What the detectors find in the body's text inputs, within the scan's CPU budget (``clock``:
+    this thread's CPU time; the scan never yields, so it is the scan's)."""
     if len(body) > content.max_bytes:
         return Verdict(unscannable=Unscannable.TOO_LARGE)
+    budget = Budget(content.budget_s, clock)
     header = json_header(body, json_length)
     document = None if header is None else json_document(header)
     if document is None:
         return Verdict(unscannable=Unscannable.NOT_JSON)
     texts, binary_text = text_inputs(document)
-    found = first_found(content.detectors, texts)
+    try:
+        budget.read(len(body))
+        found = first_found(content.detectors, texts, budget)
+    except OverBudget:
+        return Verdict(unscannable=Unscannable.OVER_BUDGET)
     if found is not None:
         return Verdict(found)
     return Verdict(unscannable=Unscannable.BINARY_TEXT) if binary_text else CLEAN
