@@ -38,7 +38,7 @@ run that calls ``ngx.re.find`` on each pattern). The last table is the switch's 
 request with checks, ``re2`` over ``re``, per round.
 
     python bench/content_checks.py [--rounds 3] [--seconds 5] [--connections 8] [--engines re2,re]
-                                   [--json-out F]
+                                   [--sizes 1k,64k,over] [--json-out F]
 
 Needs APISIX in a prefix of its own (--prefix, else $SPILLWAY_APISIX_PREFIX, else
 /opt/spillway-apisix-bench), ``wrk`` and ``nginx`` (both come with scripts/install-apisix.sh).
@@ -298,7 +298,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 try:
                     gateway.start()
                     wait_spilling(gateway)
-                    for size_name, size in SIZES.items():
+                    for size_name in args.sizes:
+                        size = SIZES[size_name]
                         if size_name == "over" and engine != ENGINES[0]:
                             continue  # not read: no engine runs
                         body = body_of(size)
@@ -412,9 +413,12 @@ def main(argv: list[str] | None = None) -> int:
         default=list(ENGINES),
         help="re2 (what ships), re (operators' patterns on Python's re and PCRE, as before)",
     )
+    parser.add_argument("--sizes", type=lambda v: v.split(","), default=list(SIZES), help="1k,64k,over")
     args = parser.parse_args(argv)
     if not set(args.engines) <= set(ENGINES) or not args.engines:
         parser.error(f"--engines: a comma-separated list of {', '.join(ENGINES)}")
+    if not set(args.sizes) <= set(SIZES) or not args.sizes:
+        parser.error(f"--sizes: a comma-separated list of {', '.join(SIZES)}")
     prefix = args.prefix or Path(os.environ.get("SPILLWAY_APISIX_PREFIX") or "/opt/spillway-apisix-bench")
     os.environ["SPILLWAY_APISIX_PREFIX"] = str(prefix)
     reason = apisix.missing_reason()

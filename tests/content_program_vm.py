@@ -47,3 +47,11 @@ def search(program: Program, text: bytes) -> bool:
             return False
         states = {b for a, b in consuming if program.sets[a] >> text[at] & 1}
     return False
+
+
+def prefilter_holds(program: Program, text: bytes) -> bool:
+    """Whether the text holds the program's prefilter (its sets one after the other) somewhere."""
+    sets = [program.sets[i] for i in program.prefilter]
+    return any(
+        all(sets[k] >> text[at + k] & 1 for k in range(len(sets))) for at in range(len(text) - len(sets) + 1)
+    )

@@ -246,6 +246,31 @@ def test_python_and_lua_stop_a_scan_over_its_budget_alike(gateway: apisix.Apisix
         assert got["content"] == verdict and got["target"] == ("local" if verdict else "aws"), (what, got)
 
 
+def test_the_plugins_automaton_drops_its_states_and_finds_what_re2_finds(gateway: apisix.Apisix) -> None:
+    """``a[ab]{12}c`` has 8,192 states over random a and b, far more than the plugin keeps per
+    pattern (dfa.lua's MAX_STATES): it drops them and builds again, many times over 48 KiB, and
+    finds a match at the very end as RE2 does; without it, nothing."""
+    config = {
+        "local": {"latency_target_ms": 200},
+        "targets": [{"name": "aws", "kind": "http", "url": "http://127.0.0.1:1", "cold_start_ms": 0}],
+        "content": {
+            "detectors": [],
+            "patterns": {"window": "a[ab]{12}c"},
+            "max_scan_bytes": 131072,
+            "scan_budget_ms": 10_000,
+        },
+    }
+    text = _random_ab(4, 49152)
+    bodies = {"at the end": (_tensor(text + "a" + "b" * 12 + "c"), "window"), "none": (_tensor(text), None)}
+    group = bodies_group(config, [_framed(body) for body, _ in bodies.values()])
+    (answer,) = _lua(gateway, [group])
+    for (what, (_, verdict)), case, got in zip(bodies.items(), group.cases, answer["results"], strict=True):  # type: ignore[call-overload]
+        want = expected(group, case)
+        got["cost_usd"] = float(got["cost_usd"])
+        assert got == want, f"{what}: python {want}, lua {got}"
+        assert got["content"] == verdict, (what, got)
+
+
 def test_a_built_in_regex_pcre_gives_up_on_keeps_the_request_home(gateway: apisix.Apisix) -> None:
     """PCRE's match limit (APISIX sets lua_regex_match_limit) on a built-in's regex: the plugin
     counts the scan as over budget and the request stays home, even with ``as_labelled``. (No

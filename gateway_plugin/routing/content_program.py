@@ -20,6 +20,7 @@ Instruction 0 is the match.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gateway_plugin.routing.content_syntax import (
@@ -31,7 +32,6 @@ from gateway_plugin.routing.content_syntax import (
     Node,
     NotPortable,
     Repeat,
-    folded,
     read,
 )
 
@@ -39,6 +39,8 @@ BYTE, SPLIT, ASSERT, MATCH = 0, 1, 2, 3
 # The most instructions one pattern compiles to: a new state of the automaton costs a pass over
 # them, and RE2's own program is about as large.
 MAX_PROGRAM = 1000
+# The longest prefilter: a run of byte sets longer than this says little more.
+MAX_PREFILTER = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +48,14 @@ class Program:
     sets: tuple[int, ...]
     code: tuple[tuple[int, int, int], ...]
     start: int
-    # Bytes every match holds in a row (ASCII letters lower case when ``caseless``).
-    literal: bytes = b""
-    caseless: bool = False
+    # Byte sets (indices into ``sets``) every match holds one after the other: none, or at least
+    # a byte's worth of them.
+    prefilter: tuple[int, ...] = ()
 
     def encoded(self) -> str:
         sets = "".join(f"{bits:064x}"[::-1] for bits in self.sets)
         code = " ".join(f"{op} {a} {b}" for op, a, b in self.code)
-        return f"{sets}:{self.start}:{code}:{self.literal.hex()}:{int(self.caseless)}"
+        return f"{sets}:{self.start}:{code}:{' '.join(map(str, self.prefilter))}"
 
 
 class _Compiler:
@@ -101,40 +103,39 @@ class _Compiler:
         return tail
 
 
-def _letter(bits: int) -> int | None:
-    """The byte of a one-byte set, or of an ASCII letter in either case (its lower case)."""
-    low = (bits & -bits).bit_length() - 1
-    if bits == 1 << low:
-        return low
-    return low | 0x20 if bits == folded(1 << low) and chr(low).isalpha() else None
-
-
 def _flat(items: tuple[Node, ...]) -> list[Node]:
     return [n for item in items for n in (_flat(item.items) if isinstance(item, Cat) else [item])]
 
 
 def _runs(node: Node) -> list[list[int]]:
-    """Runs of single bytes (sets of one byte, or a letter in either case) every match holds."""
+    """Runs of byte sets every match holds one after the other (positions, being no byte, ignored)."""
     if isinstance(node, Repeat):
         return _runs(node.item) if node.low >= 1 else []
-    if isinstance(node, Byte):
-        return [[node.bits]] if _letter(node.bits) is not None else []
-    if not isinstance(node, Cat):
+    if not isinstance(node, Cat | Byte):
         return []
     runs: list[list[int]] = [[]]
-    for item in _flat(node.items):
-        if isinstance(item, Byte) and _letter(item.bits) is not None:
+    for item in _flat(node.items) if isinstance(node, Cat) else [node]:
+        if isinstance(item, Byte):
             runs[-1].append(item.bits)
-        else:
+        elif isinstance(item, Repeat) and isinstance(item.item, Byte) and item.low >= 1:
+            runs[-1] += [item.item.bits] * min(item.low, MAX_PREFILTER)
+            if item.high != item.low:
+                runs.append([])
+        elif not isinstance(item, Assert):
             runs += [*_runs(item), []]
     return [r for r in runs if r]
 
 
-def literal(node: Node) -> tuple[bytes, bool]:
-    """The longest literal every match holds (empty when none), and whether its letters are read
-    in either case."""
-    run = max(_runs(node), key=len, default=[])
-    return bytes(_letter(b) or 0 for b in run), any(b != 1 << (_letter(b) or 0) for b in run)
+def _bits_of(run: list[int]) -> float:
+    """How much a run says: a byte of one set in 256 is 8 bits, of any byte none."""
+    return sum(8 - math.log2(bits.bit_count()) for bits in run)
+
+
+def prefilter(node: Node) -> list[int]:
+    """The run of byte sets (at most MAX_PREFILTER) every match holds that says the most, if it says
+    at least a byte's worth; else none."""
+    best = max((run[:MAX_PREFILTER] for run in _runs(node)), key=_bits_of, default=[])
+    return best if _bits_of(best) >= 8 else []
 
 
 def program(pattern: str) -> Program:
@@ -142,5 +143,6 @@ def program(pattern: str) -> Program:
     compiler = _Compiler()
     node = read(pattern)
     start = compiler.node(node, 0)
+    first = tuple(compiler.sets.setdefault(bits, len(compiler.sets)) for bits in prefilter(node))
     sets = tuple(sorted(compiler.sets, key=compiler.sets.__getitem__))
-    return Program(sets, tuple(compiler.code), start, *literal(node))
+    return Program(sets, tuple(compiler.code), start, first)

@@ -10,9 +10,11 @@
 -- states never repeat (a[ab]{20}c over random a and b) runs out of budget, not of time.
 --
 -- A byte costs a few ns here (each lookup waits on the last), where PCRE skips to the bytes a
--- match may start with; so the program carries the longest literal every match holds, looked for
--- first (string.find, or for a literal whose letters match either case ngx.re.find: a literal
--- cannot backtrack): a text without it cannot match, and the automaton does not run.
+-- match may start with; so the program carries byte sets every match holds one after the other
+-- (EMP-, or [A-Z][A-Z][0-9]... for [A-Z]{2}[0-9]{7}), looked for first: a literal with
+-- string.find, else with ngx.re.find as classes in a row, which PCRE has nothing to backtrack
+-- over (no quantifier, no alternative: at most their count of steps from each byte). A text
+-- without them cannot match, and the automaton does not run.
 --
 -- A state is the set of instructions waiting for the next byte and what the byte before it was
 -- (none, a newline, a word byte, another): the positions ^ $ \A \z \b \B are decided when the
@@ -85,26 +87,55 @@ local function sets_of(hex)
     return sets
 end
 
--- The literal every match holds, as string.find (plain) or ngx.re.find (caseless) looks for it.
-local function literal_of(hex, caseless)
-    if #hex == 0 then
-        return nil
+-- A byte set as a PCRE class of \xhh ranges (PCRE reads bytes here: no UTF-8 mode).
+local function class_of(set)
+    local parts, c = {}, 0
+    while c <= 255 do
+        if set[c] then
+            local last = c
+            while last < 255 and set[last + 1] do
+                last = last + 1
+            end
+            parts[#parts + 1] = format(last > c and "\\x%02x-\\x%02x" or "\\x%02x", c, last)
+            c = last
+        end
+        c = c + 1
     end
-    local bytes, escaped = {}, {}
-    for k = 1, #hex, 2 do
-        local c = tonumber(sub(hex, k, k + 1), 16)
-        bytes[#bytes + 1], escaped[#escaped + 1] = char(c), format("\\x%02x", c)
+    return "[" .. concat(parts) .. "]"
+end
+
+-- The prefilter, as the runner chose it: byte sets every match holds one after the other. When
+-- each is one byte, the literal string.find looks for; else the PCRE of their classes in a row.
+local function prefilter_of(indices, sets)
+    local literal, classes, plain = {}, {}, true
+    for index in indices:gmatch("%d+") do
+        local set = sets[tonumber(index) + 1]
+        if not set then
+            return nil, nil, false
+        end
+        local only, count = nil, 0
+        for c = 0, 255 do
+            if set[c] then
+                only, count = c, count + 1
+            end
+        end
+        plain = plain and count == 1
+        literal[#literal + 1] = only and char(only) or ""
+        classes[#classes + 1] = class_of(set)
     end
-    if caseless == "1" then
-        return "(?i)" .. concat(escaped), true
+    if #classes == 0 then
+        return nil, nil, true
     end
-    return concat(bytes), false
+    if plain then
+        return concat(literal), nil, true
+    end
+    return nil, concat(classes), true
 end
 
 -- The program in its encoded form, checked; nil when it is malformed.
 local function parse(text)
-    local hex, start, code, literal, caseless = text:match("^(%x*):(%d+):([%d ]*):(%x*):([01])$")
-    if not hex or #hex % 64 ~= 0 or #literal % 2 ~= 0 then
+    local hex, start, code, first = text:match("^(%x*):(%d+):([%d ]*):([%d ]*)$")
+    if not hex or #hex % 64 ~= 0 then
         return nil
     end
     local sets, n = sets_of(hex), 0
@@ -131,8 +162,12 @@ local function parse(text)
             a[pc] = sets[x + 1]
         end
     end
-    local prog = { op = op, a = a, b = b, start = start, m = m, mark = {}, gen = 0 }
-    prog.literal, prog.caseless = literal_of(literal, caseless)
+    local literal, classes, ok = prefilter_of(first, sets)
+    if not ok then
+        return nil
+    end
+    local prog = { op = op, a = a, b = b, start = start, m = m, mark = {}, gen = 0,
+                   literal = literal, classes = classes }
     flush(prog)
     return prog
 end
@@ -231,14 +266,11 @@ end
 -- Whether the program matches anywhere in text: true or false; nil once over(budget) says the
 -- budget is spent (looked at every CHECK_BYTES bytes and every CHECK_BUILDS new states).
 function _M.search(prog, text, over, budget)
-    local literal = prog.literal
-    if literal then
-        local at, _, err
-        if prog.caseless then
-            at, _, err = re_find(text, literal, "jo")
-        else
-            at = find(text, literal, 1, true)
-        end
+    if prog.literal and not find(text, prog.literal, 1, true) then
+        return false
+    end
+    if prog.classes then
+        local at, _, err = re_find(text, prog.classes, "jo")
         if at == nil and err == nil then
             return false
         end
