@@ -95,6 +95,7 @@ def test_a_refusal_says_where_the_construct_is() -> None:
         r"(?m)^z\z",
         "é(?:é)+",
         "(?:(?:ab){5}){10}",
+        r"a[^\x00-\xff]",
     ],
 )
 def test_patterns_in_the_syntax_compile_for_both_paths(pattern: str) -> None:

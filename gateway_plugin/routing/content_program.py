@@ -128,7 +128,7 @@ def _runs(node: Node) -> list[list[int]]:
 
 def _bits_of(run: list[int]) -> float:
     """How much a run says: a byte of one set in 256 is 8 bits, of any byte none."""
-    return sum(8 - math.log2(bits.bit_count()) for bits in run)
+    return sum(8 - math.log2(max(1, bits.bit_count())) for bits in run)  # an empty set: [^\x00-\xff]
 
 
 def prefilter(node: Node) -> list[int]:

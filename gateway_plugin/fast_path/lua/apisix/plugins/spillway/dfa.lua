@@ -7,7 +7,7 @@
 -- program's instructions. States are kept per program (at most MAX_STATES; past that they are
 -- dropped and built again), so a pattern's steady cost is the lookup. search() looks at the
 -- scan's budget every CHECK_BYTES bytes and every CHECK_BUILDS new states, so a pattern whose
--- states never repeat (a[ab]{20}c over random a and b) runs out of budget, not of time.
+-- states never repeat (a[ab]{20}(?:c|d) over random a and b) runs out of budget, not of time.
 --
 -- A byte costs a few ns here (each lookup waits on the last), where PCRE skips to the bytes a
 -- match may start with; so the program carries byte sets every match holds one after the other
@@ -100,6 +100,9 @@ local function class_of(set)
             c = last
         end
         c = c + 1
+    end
+    if #parts == 0 then
+        return "[^\\x00-\\xff]"  -- no byte: [^\x00-\xff] in the pattern
     end
     return "[" .. concat(parts) .. "]"
 end
