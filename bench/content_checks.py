@@ -19,6 +19,10 @@ Each body is a KServe v2 JSON request with one BYTES tensor of sentences that no
            alone (with the default, stay_home, it would stay on the overloaded cluster, where the
            runner sheds most such requests with 503: another path, not a cost)
 
+All four built-ins are on, and three operator patterns: two with a literal every match holds
+(``EMP-[0-9]{6}``, ``(?i)\bproject-[a-f0-9]{8}\b``, the README's) and one without
+(``\b[A-Z]{2}[0-9]{7}\b``), which the fast path's automaton reads byte by byte.
+
 For each body, route kind and round, ``wrk -t1 -c<connections>`` posts it to the route with checks
 and to the same route without them (the order alternating between rounds): CPU per request is
 user+system time from /proc over the measured window (APISIX's master and worker, and the runner
@@ -26,7 +30,15 @@ with all its threads) divided by the requests wrk completed. Ratios are medians 
 ratios (with checks / without); "added" is the median per-round difference in µs. Every
 measurement checks from the upstreams' logs that its requests went where they should.
 
-    python bench/content_checks.py [--rounds 3] [--seconds 5] [--connections 8] [--json-out F]
+Engines (``--engines``), each round starting APISIX once per engine (their order alternating):
+``re2``, what ships (operators' patterns on RE2 in the runner, on the compiled program's DFA on the
+fast path), and ``re``, what ran before (Python's ``re`` in the runner, through
+``bench/content_engine_re.py``; PCRE in the plugin, through a ``spillway/dfa.lua`` written for the
+run that calls ``ngx.re.find`` on each pattern). The last table is the switch's cost: CPU per
+request with checks, ``re2`` over ``re``, per round.
+
+    python bench/content_checks.py [--rounds 3] [--seconds 5] [--connections 8] [--engines re2,re]
+                                   [--sizes 1k,64k,over] [--json-out F]
 
 Needs APISIX in a prefix of its own (--prefix, else $SPILLWAY_APISIX_PREFIX, else
 /opt/spillway-apisix-bench), ``wrk`` and ``nginx`` (both come with scripts/install-apisix.sh).
@@ -54,12 +66,15 @@ from apisix_gateway import (
     upstream_nginx,
     wrk_command,
 )
+from content_engine_re import pattern_detector as pattern_detector_re
 from harness import LOOPBACK, ROOT, cpu_seconds, free_port, machine_note, median, render_table, say
 
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import config_snippet, fast_route
+from gateway_plugin.routing import content
 from gateway_plugin.routing.content import body_verdict, content_policy
+from gateway_plugin.routing.content_program import program
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
 from devtools import apisix
@@ -69,6 +84,12 @@ PLUGINS = ["spillway-edge", "spillway", "ext-plugin-pre-req", "traffic-split", "
 SENTENCE = "On 2024-05-17 the build v3.12.1 ran 42 jobs in 7.5 minutes for 19.99 EUR, then rested. "
 SIZES = {"1k": 1024, "64k": 65_000, "over": 256 * 1024}
 ROUTES = ("ext-plugin", "fast path")
+PATTERNS = {
+    "employee_id": "EMP-[0-9]{6}",
+    "project": "(?i)\\bproject-[a-f0-9]{8}\\b",
+    "passport": "\\b[A-Z]{2}[0-9]{7}\\b",
+}
+ENGINES = ("re2", "re")
 
 
 def body_of(size: int) -> bytes:
@@ -99,7 +120,7 @@ def config(ups: Upstreams, feed_url: str) -> dict[str, Any]:
                 "concurrency_cap": 1000,
             }
         ],
-        "content": {"unscannable": "as_labelled"},
+        "content": {"unscannable": "as_labelled", "patterns": PATTERNS},
         "metrics": {"listen": f"{LOOPBACK}:{free_port()}"},
         "outcomes": {"listen": f"{LOOPBACK}:{free_port()}"},
     }
@@ -190,17 +211,76 @@ def measure(gateway: apisix.Apisix, ups: Upstreams, script: Path, args: argparse
     }
 
 
-def in_process(validated: SpillwayConfig) -> dict[str, float]:
-    """The runner's reading and detectors alone (body_verdict), µs per body, for reference."""
-    content = content_policy(validated)
-    timings = {}
-    for name, size in SIZES.items():
-        body, n = body_of(size), 200 if size < 10_000 else 20
-        started = time.perf_counter()
-        for _ in range(n):
-            body_verdict(content, body, None)
-        timings[name] = (time.perf_counter() - started) / n * 1e6
+def in_process(validated: SpillwayConfig, engines: list[str]) -> dict[str, dict[str, float]]:
+    """The runner's reading and detectors alone (body_verdict), µs per body, for reference: each
+    engine's, and with no operator pattern; interleaved, medians of 5 runs."""
+    policies = {engine: content_policy(validated) for engine in engines if engine != "re"}
+    if "re" in engines:
+        with_re2 = content.pattern_detector
+        content.pattern_detector = pattern_detector_re
+        policies["re"] = content_policy(validated)
+        content.pattern_detector = with_re2
+    plain = validated.model_copy(update={"content": validated.content.model_copy(update={"patterns": {}})})
+    policies["no patterns"] = content_policy(plain)
+    timings: dict[str, dict[str, float]] = {name: {} for name in policies}
+    for size_name, size in SIZES.items():
+        body, n = body_of(size), 400 if size < 10_000 else 20
+        runs: dict[str, list[float]] = {name: [] for name in policies}
+        for _ in range(5):
+            for name, policy in policies.items():
+                started = time.perf_counter()
+                for _ in range(n):
+                    body_verdict(policy, body, None)
+                runs[name].append((time.perf_counter() - started) / n * 1e6)
+        for name, values in runs.items():
+            timings[name][size_name] = median(values)
     return timings
+
+
+def pcre_dfa_lua(work: Path) -> Path:
+    """A ``spillway/dfa.lua`` that runs each operator pattern on PCRE, as the plugin did before
+    (the table carries each pattern's program; this knows which pattern each program is). Returns
+    the directory to put first on APISIX's Lua path."""
+    top = work / "lua-pcre"
+    folder = top / "apisix" / "plugins" / "spillway"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = "\n".join(f"    [ [==[{program(p).encoded()}]==] ] = [==[{p}]==]," for p in PATTERNS.values())
+    (folder / "dfa.lua").write_text(
+        "-- bench only (bench/content_checks.py --engines re): operators' patterns on PCRE.\n"
+        f"local PATTERNS = {{\n{names}\n}}\n"
+        "local _M = {}\n"
+        "function _M.compile(text) local p = PATTERNS[text]; return p and { pattern = p } or nil end\n"
+        "function _M.search(prog, text)\n"
+        '    local from, _, err = ngx.re.find(text, prog.pattern, "jo")\n'
+        "    if err then return nil end\n"
+        "    return from ~= nil\n"
+        "end\n"
+        "return _M\n"
+    )
+    return top
+
+
+def gateway_for(engine: str, work: Path, validated: SpillwayConfig, token: str) -> apisix.Apisix:
+    snippet = config_snippet(validated)
+    spillway_lua = Path(snippet["apisix"]["extra_lua_path"]).parent
+    runner = [sys.executable, "-m", "gateway_plugin"]
+    lua_paths: dict[str, Any] = {"extra_lua_path": spillway_lua}
+    if engine == "re":
+        runner = [sys.executable, str(Path(__file__).with_name("content_engine_re.py"))]
+        lua_paths = {"extra_lua_path": pcre_dfa_lua(work), "more_lua_paths": [spillway_lua]}
+    return apisix.Apisix(
+        apisix.ApisixSettings(
+            port=free_port(),
+            routes_yaml=routes(validated, token.encode()),
+            runner_cmd=[*runner, "run", "--config", str(work / "spillway.yaml")],
+            plugins=PLUGINS,
+            envs=["SPILLWAY_ROUTE_TOKEN"],
+            env={"SPILLWAY_ROUTE_TOKEN": token},
+            shared_dicts=snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
+            plugin_attr=snippet["plugin_attr"],
+            **lua_paths,
+        )
+    )
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -210,60 +290,54 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         feed.mode = "overloaded"
         settings = config(ups, feed.url)
         validated = SpillwayConfig.model_validate(settings)
-        config_path = work / "spillway.yaml"
-        config_path.write_text(yaml.safe_dump(settings))
-        snippet = config_snippet(validated)
-        gateway = apisix.Apisix(
-            apisix.ApisixSettings(
-                port=free_port(),
-                routes_yaml=routes(validated, token.encode()),
-                runner_cmd=[
-                    sys.executable,
-                    "-m",
-                    "gateway_plugin",
-                    "run",
-                    "--config",
-                    str(work / "spillway.yaml"),
-                ],
-                plugins=PLUGINS,
-                envs=["SPILLWAY_ROUTE_TOKEN"],
-                env={"SPILLWAY_ROUTE_TOKEN": token},
-                extra_lua_path=Path(snippet["apisix"]["extra_lua_path"]).parent,
-                shared_dicts=snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
-                plugin_attr=snippet["plugin_attr"],
-            )
-        )
-        try:
-            gateway.start()
-            wait_spilling(gateway)
-            for rnd in range(args.rounds):
-                for size_name, size in SIZES.items():
-                    body = body_of(size)
-                    for kind in ROUTES:
-                        order = (True, False) if rnd % 2 == 0 else (False, True)
-                        for checks in order:
-                            name = f"{size_name}-{host(kind, checks)}"
-                            script = wrk_script(work, name, body, host(kind, checks))
-                            say(f"round {rnd + 1}: {name}")
-                            got = measure(gateway, ups, script, args)
-                            samples.append(
-                                {"round": rnd, "body": size_name, "route": kind, "checks": checks, **got}
-                            )
-        finally:
-            gateway.stop()
-    return {"samples": samples, "in_process_us": in_process(validated), "machine": machine_note()}
+        (work / "spillway.yaml").write_text(yaml.safe_dump(settings))
+        for rnd in range(args.rounds):
+            engines = args.engines if rnd % 2 == 0 else args.engines[::-1]
+            for engine in engines:
+                gateway = gateway_for(engine, work, validated, token)
+                try:
+                    gateway.start()
+                    wait_spilling(gateway)
+                    for size_name in args.sizes:
+                        size = SIZES[size_name]
+                        if size_name == "over" and engine != ENGINES[0]:
+                            continue  # not read: no engine runs
+                        body = body_of(size)
+                        for kind in ROUTES:
+                            order = (True, False) if rnd % 2 == 0 else (False, True)
+                            for checks in order:
+                                name = f"{size_name}-{host(kind, checks)}"
+                                script = wrk_script(work, name, body, host(kind, checks))
+                                say(f"round {rnd + 1}, {engine}: {name}")
+                                got = measure(gateway, ups, script, args)
+                                sample = {"round": rnd, "engine": engine, "body": size_name, "route": kind}
+                                samples.append({**sample, "checks": checks, **got})
+                finally:
+                    gateway.stop()
+    return {
+        "samples": samples,
+        "in_process_us": in_process(validated, args.engines),
+        "machine": machine_note(),
+    }
 
 
-def summary(result: dict[str, Any]) -> list[list[object]]:
+def _by_round(samples: list[dict[str, Any]]) -> dict[int, dict[bool, dict[str, Any]]]:
+    by_round: dict[int, dict[bool, dict[str, Any]]] = {}
+    for s in samples:
+        by_round.setdefault(s["round"], {})[s["checks"]] = s
+    return {r: pair for r, pair in by_round.items() if len(pair) == 2}
+
+
+def summary(result: dict[str, Any], engine: str) -> list[list[object]]:
     rows = []
-    samples = result["samples"]
+    samples = [s for s in result["samples"] if s.get("engine", ENGINES[0]) == engine]
     for size_name in SIZES:
         for kind in ROUTES:
-            mine = [s for s in samples if s["body"] == size_name and s["route"] == kind]
-            by_round: dict[int, dict[bool, dict[str, Any]]] = {}
-            for s in mine:
-                by_round.setdefault(s["round"], {})[s["checks"]] = s
-            pairs = [r for r in by_round.values() if len(r) == 2]
+            pairs = list(
+                _by_round([s for s in samples if s["body"] == size_name and s["route"] == kind]).values()
+            )
+            if not pairs:
+                continue
             ratio = median([r[True]["total_us"] / r[False]["total_us"] for r in pairs])
             added = median([r[True]["total_us"] - r[False]["total_us"] for r in pairs])
             rows.append(
@@ -280,6 +354,32 @@ def summary(result: dict[str, Any]) -> list[list[object]]:
     return rows
 
 
+def switch(result: dict[str, Any]) -> list[list[object]]:
+    """CPU per request with checks, re2 over re, per round; and what the checks add with each."""
+    rows = []
+    samples = result["samples"]
+    for size_name in ("1k", "64k"):
+        for kind in ROUTES:
+            mine = [s for s in samples if s["body"] == size_name and s["route"] == kind]
+            new = _by_round([s for s in mine if s["engine"] == "re2"])
+            old = _by_round([s for s in mine if s["engine"] == "re"])
+            rounds = sorted(set(new) & set(old))
+            if not rounds:
+                continue
+            rows.append(
+                [
+                    size_name,
+                    kind,
+                    round(median([old[r][True]["total_us"] for r in rounds])),
+                    round(median([new[r][True]["total_us"] for r in rounds])),
+                    f"{median([new[r][True]['total_us'] / old[r][True]['total_us'] for r in rounds]):.2f}",
+                    round(median([old[r][True]["total_us"] - old[r][False]["total_us"] for r in rounds])),
+                    round(median([new[r][True]["total_us"] - new[r][False]["total_us"] for r in rounds])),
+                ]
+            )
+    return rows
+
+
 HEADERS = [
     "body",
     "route",
@@ -288,6 +388,15 @@ HEADERS = [
     "ratio",
     "added µs",
     "throughput ratio",
+]
+SWITCH_HEADERS = [
+    "body",
+    "route",
+    "cpu µs/req with checks, re",
+    "with checks, re2",
+    "re2 / re",
+    "checks add, re",
+    "checks add, re2",
 ]
 
 
@@ -298,7 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--prefix", type=Path, default=None)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument(
+        "--engines",
+        type=lambda v: v.split(","),
+        default=list(ENGINES),
+        help="re2 (what ships), re (operators' patterns on Python's re and PCRE, as before)",
+    )
+    parser.add_argument("--sizes", type=lambda v: v.split(","), default=list(SIZES), help="1k,64k,over")
     args = parser.parse_args(argv)
+    if not set(args.engines) <= set(ENGINES) or not args.engines:
+        parser.error(f"--engines: a comma-separated list of {', '.join(ENGINES)}")
+    if not set(args.sizes) <= set(SIZES) or not args.sizes:
+        parser.error(f"--sizes: a comma-separated list of {', '.join(SIZES)}")
     prefix = args.prefix or Path(os.environ.get("SPILLWAY_APISIX_PREFIX") or "/opt/spillway-apisix-bench")
     os.environ["SPILLWAY_APISIX_PREFIX"] = str(prefix)
     reason = apisix.missing_reason()
@@ -307,7 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="spillway-content-bench-") as tmp:
         result = run(args, Path(tmp))
-    print(render_table(HEADERS, summary(result)))
+    for engine in args.engines:
+        print(f"engine {engine}:")
+        print(render_table(HEADERS, summary(result, engine)))
+    if set(args.engines) == set(ENGINES):
+        print("the switch (re2 over re):")
+        print(render_table(SWITCH_HEADERS, switch(result)))
     print("runner alone, reading and detectors per body (µs):", json.dumps(result["in_process_us"]))
     if args.json_out is not None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,10 @@ import string
 from typing import Any
 
 from gateway_plugin.routing.content import MAX_DEPTH
+from gateway_plugin.routing.content_syntax import NotPortable, check
 
-# Portable operator patterns (content_syntax) touching each construct the core allows.
+# Operator patterns (content_syntax) touching each construct the syntax allows, and the readings
+# where engines part: $ before a final newline, \s and \v, ^ after a final newline, nesting.
 PATTERNS = (
     r"EMP-[0-9]{6}",
     r"(?i)secret",
@@ -26,12 +28,18 @@ PATTERNS = (
     r"\s{2}",
     r"(?s)x.y",
     r"(?m)^z$",
-    r"(?<![0-9])7{3}(?![0-9])",
+    r"(?:^|[^0-9])7{3}(?:[^0-9]|$)",
     r"\d{3}\.\d",
     r"colou?r|gr[ae]y",
     r"(?i)[A-Z]{2}-\w+?\W",
     r"\Aok\b",
-    r"(?=ab)a[b-d]{2,}",
+    r"ab[b-d]{2,}",
+    r"y\z",
+    r"(?m)\n^",
+    r"a\Sb",
+    r"(a+)+$",
+    r"(.*a){3}",
+    r"(?i)é",
 )
 CARDS = (
     "4111111111111111",
@@ -79,6 +87,11 @@ CONTACTS = (
 )
 WORDS = (
     "hello",
+    "plan\n",
+    "grey\n",
+    "aaa",
+    "aaab",
+    "ÉÉ é",
     "the quick brown fox",
     "12",
     "2024-01-15",
@@ -147,10 +160,10 @@ def _iban(rng: random.Random) -> str:
 def text(rng: random.Random) -> str:
     pieces = []
     for _ in range(rng.randint(1, 3)):
-        pool = rng.choice((WORDS, WORDS, CARDS, IBANS, CONTACTS, ("digits",), ("iban",)))
+        pool = rng.choice((WORDS, WORDS, CARDS, IBANS, CONTACTS, ("digits",), ("iban",), ("random",)))
         piece = rng.choice(pool)
         piece = _digits(rng) if piece == "digits" else _iban(rng) if piece == "iban" else piece
-        pieces.append(piece)
+        pieces.append(random_text(rng) if piece == "random" else piece)
     return rng.choice((" ", "", "\n", ", ", "-")).join(pieces)
 
 
@@ -268,8 +281,83 @@ def content_section(rng: random.Random) -> dict[str, Any]:
     rng.shuffle(built_in)
     return {
         "detectors": built_in[: rng.randint(0, 4)],
-        "patterns": {f"p{i}": p for i, p in enumerate(PATTERNS) if rng.random() < 0.3},
+        "patterns": {
+            **{f"p{i}": p for i, p in enumerate(PATTERNS) if rng.random() < 0.3},
+            **{f"r{i}": p for i, p in enumerate(random_patterns(rng, rng.randint(0, 3)))},
+        },
         "max_scan_bytes": rng.choice((64, 400, 4096, 65536)),
         "unscannable": rng.choice(("stay_home", "as_labelled")),
         "classify_as": rng.choice(("confidential", " Secret-Content ")),
     }
+
+
+# Random patterns in the syntax operators may write, over a small alphabet so that they match often.
+_ATOMS = (
+    "a",
+    "b",
+    "c",
+    "A",
+    "-",
+    " ",
+    "\\n",
+    ".",
+    "\\d",
+    "\\w",
+    "\\s",
+    "\\W",
+    "\\S",
+    "\\D",
+    "[abc]",
+    "[^a]",
+    "[a-c]",
+    "[\\d ]",
+    "[^\\s-]",
+    "\\x41",
+    "\\.",
+    "[\\x80-\\xff]",
+)
+_POSITIONS = ("^", "$", "\\b", "\\B", "\\A", "\\z")
+_QUANTIFIERS = ("*", "+", "?", "{2}", "{0,2}", "{1,}", "{2,3}", "*?", "+?", "??")
+_FLAGS = ("", "", "(?i)", "(?m)", "(?s)", "(?ims)")
+ALPHABET = "abcAB-1 \n\t\x0b_.é"
+
+
+def _piece(rng: random.Random, depth: int) -> str:
+    roll = rng.random()
+    if roll < 0.12:
+        return rng.choice(_POSITIONS)
+    if roll < 0.16:
+        return "é"
+    if roll < 0.3 and depth < 3:
+        inner = "|".join(_sequence(rng, depth + 1) for _ in range(rng.randint(1, 3)))
+        atom = rng.choice(("(", "(?:")) + inner + ")"
+    else:
+        atom = rng.choice(_ATOMS)
+    return atom + (rng.choice(_QUANTIFIERS) if rng.random() < 0.4 else "")
+
+
+def _sequence(rng: random.Random, depth: int) -> str:
+    return "".join(_piece(rng, depth) for _ in range(rng.randint(1, 4)))
+
+
+def random_pattern(rng: random.Random) -> str:
+    """A pattern in the syntax (one content_syntax may still refuse: one that matches the empty
+    text, or whose repeats inside repeats multiply too far)."""
+    return rng.choice(_FLAGS) + "|".join(_sequence(rng, 0) for _ in range(rng.randint(1, 2)))
+
+
+def random_patterns(rng: random.Random, count: int) -> list[str]:
+    """``count`` random patterns the syntax accepts."""
+    found: list[str] = []
+    while len(found) < count:
+        pattern = random_pattern(rng)
+        try:
+            check(pattern)
+        except NotPortable:
+            continue
+        found.append(pattern)
+    return found
+
+
+def random_text(rng: random.Random) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 12)))

@@ -34,7 +34,7 @@ from gateway_plugin.routing.content_detectors import (
     luhn,
     phone,
 )
-from gateway_plugin.routing.content_syntax import compiled
+from gateway_plugin.routing.content_program import program
 from gateway_plugin.routing.policy import RequestFeatures, decide
 from gateway_plugin.routing.policy_build import build_policy
 from tests import content_cases
@@ -181,40 +181,6 @@ def test_detectors_are_tried_in_order_and_never_match_across_two_texts() -> None
     assert first_found(DETECTORS, [b"jane@", b"example.org"]) is None
 
 
-@pytest.mark.parametrize(
-    ("pattern", "why"),
-    [
-        ("[[:alpha:]]+", "POSIX class"),
-        ("a{,3}", "not a quantifier"),
-        (r"secret\Z", r"\Z"),
-        (r"\v", r"\v"),
-        ("a++", "possessive"),
-        ("(?P<n>x)", "group of the form"),
-        (r"(x)\1", r"\1"),
-        (r"[\d-z]", "range"),
-        ("é+", "quantifier after"),
-        ("x|", "empty text"),
-        ("(unclosed", "not a regular expression"),
-    ],
-)
-def test_a_pattern_outside_what_both_engines_read_alike_is_refused_saying_what(
-    pattern: str, why: str
-) -> None:
-    with pytest.raises(ConfigError) as refused:
-        parse({"content": {"patterns": {"mine": pattern}}})
-    assert "content.patterns" in str(refused.value) and why in str(refused.value), refused.value
-
-
-def test_portable_patterns_compile_over_bytes() -> None:
-    for pattern in (
-        r"EMP-[0-9]{6}",
-        r"(?i)\bproj(?:ect)?-[a-f0-9]{8}\b",
-        r"[^\x00-\x7f]{2}",
-        r"(?<![0-9])7{3}",
-    ):
-        assert compiled(pattern).pattern == pattern.encode()
-
-
 def test_check_config_says_what_is_read_and_what_a_match_does() -> None:
     config = parse({"rules": [{"name": "partners", "action": "overflow", "content_checks": True}]})
     assert (
@@ -277,16 +243,18 @@ def test_the_decision_table_carries_the_detectors_and_the_rules_that_ask() -> No
     policy = build_policy(config)
     snapshot = hot_snapshot(random.Random(0), policy)
     table = decision_table.build_table(policy, snapshot, {}, 1, 0.0, content=content_policy(config))
+    emp = program("EMP-[0-9]{6}").encoded()
     assert table["format"] == decision_table.FORMAT
     assert table["content"] == {
         "detectors": [
             {"name": "iban", "kind": "iban"},
-            {"name": "emp", "kind": "pattern", "pattern": "EMP-[0-9]{6}"},
+            {"name": "emp", "kind": "pattern", "pattern": "EMP-[0-9]{6}", "program": emp},
         ],
         "max_bytes": 65536,
         "unscannable_stays": False,
         "classify_as": "confidential",
         "rules": ["read"],
+        "budget_ms": 50,
     }
 
 

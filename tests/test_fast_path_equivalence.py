@@ -112,11 +112,13 @@ def test_python_and_lua_decide_every_case_alike_and_keep_residency(gateway: apis
     assert cloud > 500 and kept > 500 and refused > 500, (cloud, kept, refused)
     every = {r.value for r in Reason} - {Reason.INVOKE_FAILED.value}
     assert every | {"rule", "residency+local_saturated", "no_target+local_saturated"} <= labels, labels
-    # Read bodies reach every verdict: each built-in and some operator pattern found, each reason a
-    # text could not be read, and nothing found.
-    every_verdict = {"card", "iban", "email", "phone", "None", *(f"unscannable:{r}" for r in Unscannable)}
+    # Read bodies reach every verdict: each built-in, some operator pattern and some random one
+    # found, each reason a text could not be read but the budget (the clock's: see below), and
+    # nothing found.
+    reasons = (r for r in Unscannable if r is not Unscannable.OVER_BUDGET)
+    every_verdict = {"card", "iban", "email", "phone", "None", *(f"unscannable:{r}" for r in reasons)}
     assert every_verdict <= set(found), found
-    assert any(k.startswith("p") for k in found), found
+    assert any(k.startswith("p") for k in found) and any(k.startswith("r") for k in found), found
     assert any(k.startswith("refused:duplicate key") for k in found), found
     own, headroom = _moved_by_the_load_estimate(groups)
     assert own > 300 and headroom > 100, (own, headroom)
@@ -318,11 +320,91 @@ def test_python_and_lua_read_the_same_bodies_alike(gateway: apisix.Apisix) -> No
         assert got["target"] == ("local" if verdict is not None else "aws"), f"{what}: {got}"
 
 
+def _random_ab(seed: int, size: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("ab") for _ in range(size))
+
+
+def test_python_and_lua_stop_a_scan_over_its_budget_alike(gateway: apisix.Apisix) -> None:
+    """A 1 ms budget and 64 KiB that keep an automaton building states (``a[ab]{20}(?:c|d)`` over
+    random a and b, where the plugin's prefilter, ``a[ab]{20}``, is everywhere: RE2 takes tens of
+    ms): both stop, keep the request home and say why. A short text without the prefilter is read
+    whole: no clock is looked at before 8 KiB are read or (the plugin's automaton) 8 states built."""
+    config = {
+        "local": {"latency_target_ms": 200},
+        "targets": [{"name": "aws", "kind": "http", "url": "http://127.0.0.1:1", "cold_start_ms": 0}],
+        "content": {
+            "detectors": [],
+            "patterns": {"window": "a[ab]{20}(?:c|d)"},
+            "max_scan_bytes": 131072,
+            "scan_budget_ms": 1,
+            "unscannable": "as_labelled",
+        },
+    }
+    bodies = {
+        "over budget": (_tensor(_random_ab(1, 65536)), "unscannable:over_budget"),
+        "short": (_tensor("a" + "b" * 19 + "c, not a window"), None),
+    }
+    group = bodies_group(config, [_framed(body) for body, _ in bodies.values()])
+    (answer,) = _lua(gateway, [group])
+    for (what, (_, verdict)), case, got in zip(bodies.items(), group.cases, answer["results"], strict=True):  # type: ignore[call-overload]
+        want = expected(group, case)
+        got["cost_usd"] = float(got["cost_usd"])
+        assert got == want, f"{what}: python {want}, lua {got}"
+        assert got["content"] == verdict and got["target"] == ("local" if verdict else "aws"), (what, got)
+
+
+def test_the_plugins_automaton_drops_its_states_and_finds_what_re2_finds(gateway: apisix.Apisix) -> None:
+    """``a[ab]{12}(?:c|d)`` has 8,192 states over random a and b, far more than the plugin keeps
+    per pattern (dfa.lua's MAX_STATES): it drops them and builds again, many times over 48 KiB
+    (its prefilter, ``a[ab]{12}``, is everywhere), and finds a match at the very end as RE2 does;
+    without it, nothing."""
+    config = {
+        "local": {"latency_target_ms": 200},
+        "targets": [{"name": "aws", "kind": "http", "url": "http://127.0.0.1:1", "cold_start_ms": 0}],
+        "content": {
+            "detectors": [],
+            "patterns": {"window": "a[ab]{12}(?:c|d)"},
+            "max_scan_bytes": 131072,
+            "scan_budget_ms": 10_000,
+        },
+    }
+    text = _random_ab(4, 49152)
+    bodies = {"at the end": (_tensor(text + "a" + "b" * 12 + "c"), "window"), "none": (_tensor(text), None)}
+    group = bodies_group(config, [_framed(body) for body, _ in bodies.values()])
+    (answer,) = _lua(gateway, [group])
+    for (what, (_, verdict)), case, got in zip(bodies.items(), group.cases, answer["results"], strict=True):  # type: ignore[call-overload]
+        want = expected(group, case)
+        got["cost_usd"] = float(got["cost_usd"])
+        assert got == want, f"{what}: python {want}, lua {got}"
+        assert got["content"] == verdict, (what, got)
+
+
+def test_a_built_in_regex_pcre_gives_up_on_keeps_the_request_home(gateway: apisix.Apisix) -> None:
+    """PCRE's match limit (APISIX sets lua_regex_match_limit) on a built-in's regex: the plugin
+    counts the scan as over budget and the request stays home, even with ``as_labelled``. (No
+    built-in's regex backtracks so: the table is edited to carry one that does.)"""
+    config = {
+        "local": {"latency_target_ms": 200},
+        "targets": [{"name": "aws", "kind": "http", "url": "http://127.0.0.1:1", "cold_start_ms": 0}],
+        "content": {"detectors": ["email"], "unscannable": "as_labelled"},
+    }
+    group = bodies_group(config, [_framed(_tensor("a" * 5000 + "!"))])
+    table = json.loads(group.table)
+    (email,) = table["content"]["detectors"]
+    email["pattern"] = "(a+)+$"
+    (answer,) = _lua(gateway, [dataclasses.replace(group, table=json.dumps(table))])
+    (got,) = answer["results"]  # type: ignore[call-overload]
+    assert (got["content"], got["target"]) == ("unscannable:over_budget", "local"), got
+
+
 def _kept_by_content(group: Group, got: dict[str, object]) -> bool:
     verdict = str(got["content"])
     assert group.content is not None
     return got["content"] is not None and (
-        not verdict.startswith("unscannable:") or group.content.unscannable_stays
+        not verdict.startswith("unscannable:")
+        or group.content.unscannable_stays
+        or verdict == f"unscannable:{Unscannable.OVER_BUDGET}"
     )
 
 

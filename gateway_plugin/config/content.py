@@ -8,8 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway_plugin.config.model import Model
-from gateway_plugin.routing.content_detectors import BUILT_IN
-from gateway_plugin.routing.content_syntax import compiled
+from gateway_plugin.routing.content_program import program
 
 BuiltIn = Literal["card", "iban", "email", "phone"]
 ALL_BUILT_IN: list[BuiltIn] = ["card", "iban", "email", "phone"]
@@ -17,6 +16,8 @@ DetectorName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 # The most a request's body may be for its text to be read: what APISIX hands the runner in one
 # frame is at most 16 MiB, and every byte read is CPU on the request's path.
 MAX_SCAN_BYTES = 4 * 1024 * 1024
+# The most CPU one request's scan may take, in ms: past it the request stays home.
+MAX_SCAN_BUDGET_MS = 10_000
 
 
 class ContentChecks(Model):
@@ -27,10 +28,17 @@ class ContentChecks(Model):
     patterns: dict[DetectorName, str] = Field(
         default_factory=dict,
         description="the operator's detectors: name → regex, tried after the built-ins, over each text "
-        "on its own (the syntax PCRE and Python's re read alike; see README)",
+        "on its own (the syntax both paths read alike, run in linear time; see README)",
     )
     max_scan_bytes: int = Field(
         default=65536, ge=1, le=MAX_SCAN_BYTES, description="bodies larger than this are not read"
+    )
+    scan_budget_ms: float = Field(
+        default=50,
+        gt=0,
+        le=MAX_SCAN_BUDGET_MS,
+        description="the CPU one request's scan (its JSON read and every detector) may take; a scan past "
+        "it is stopped and the request stays home (counted as unscannable, over_budget)",
     )
     unscannable: Literal["stay_home", "as_labelled"] = Field(
         default="stay_home",
@@ -55,10 +63,10 @@ class ContentChecks(Model):
     @classmethod
     def _portable(cls, value: dict[str, str]) -> dict[str, str]:
         for name, pattern in value.items():
-            if name in BUILT_IN:
+            if name in ALL_BUILT_IN:
                 raise ValueError(f"pattern {name!r} has a built-in detector's name; name it otherwise")
             try:
-                compiled(pattern)
+                program(pattern)
             except ValueError as exc:
                 raise ValueError(f"pattern {name!r}: {exc}") from None
         return value

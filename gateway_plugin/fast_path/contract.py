@@ -15,7 +15,7 @@ from gateway_plugin.routing.content import Unscannable
 from gateway_plugin.routing.outcomes import AUTH_LABEL
 
 # The decision table's format: a plugin refuses a table of any other.
-FORMAT: Final = 6
+FORMAT: Final = 7
 # The reason of a decision made without a usable table (the plugin's fail-safe).
 FAIL_SAFE: Final = "table_stale"
 

@@ -112,11 +112,14 @@ def _policy(policy: Policy) -> PolicyRow:
 
 def _content(content: ContentPolicy) -> ContentRow:
     return ContentRow(
-        detectors=[DetectorRow(d.name, cast(DetectorKind, d.kind), d.pattern) for d in content.detectors],
+        detectors=[
+            DetectorRow(d.name, cast(DetectorKind, d.kind), d.pattern, d.program) for d in content.detectors
+        ],
         max_bytes=content.max_bytes,
         unscannable_stays=content.unscannable_stays,
         classify_as=content.classify_as,
         rules=sorted(content.rules),
+        budget_ms=content.budget_s * 1000,
     )
 
 

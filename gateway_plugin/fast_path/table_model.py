@@ -67,7 +67,10 @@ class PolicyRow:
 class DetectorRow:
     name: str
     kind: DetectorKind
+    # A search's PCRE regex; an operator's pattern as written (the plugin runs its program).
     pattern: str | None = None
+    # An operator's pattern compiled for the plugin's automaton (routing.content_program).
+    program: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,8 @@ class ContentRow:
     unscannable_stays: bool
     classify_as: str
     rules: list[str]
+    # The CPU one request's scan may take (content.scan_budget_ms).
+    budget_ms: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,9 @@ a ``BYTES`` tensor sent there holds text that is not read, and the body must end
 ``binary_data_size`` say it does (bytes past them would leave unread). Only what is read is checked:
 a body over ``max_scan_bytes``, of unknown size (chunked), not JSON (compressed, malformed, nested
 deeper than ``MAX_DEPTH``), with text in binary tensors or bytes other than its tensors declare
-follows ``content.unscannable`` (stay home by default).
+follows ``content.unscannable`` (stay home by default). A scan that runs past
+``content.scan_budget_ms`` of CPU is stopped and stays home under either setting: what it had not
+read yet may hold anything.
 
 A key twice in one object is refused outright (``Verdict.refusal``, a 400): Triton's RapidJSON
 reads the first, Python's json and cjson the last, so no reading of such a body is the one the model
@@ -32,13 +34,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.content_detectors import Detector, built_in, first_found, pattern_detector
+from gateway_plugin.routing.content_detectors import (
+    Budget,
+    Detector,
+    OverBudget,
+    built_in,
+    first_found,
+    pattern_detector,
+)
 from gateway_plugin.routing.policy import Policy, RequestFeatures
 
 HEADER_JSON_LENGTH = "inference-header-content-length"
@@ -60,6 +70,7 @@ class Unscannable(StrEnum):
     NOT_JSON = "not_json"
     BINARY_TEXT = "binary_text"
     TRAILING_BYTES = "trailing_bytes"
+    OVER_BUDGET = "over_budget"
 
 
 class Verdict(NamedTuple):
@@ -92,12 +103,15 @@ class ContentPolicy:
     unscannable_stays: bool = True
     classify_as: str = "confidential"
     rules: frozenset[str] = frozenset()
+    budget_s: float = 0.05
 
     def keeps_home(self, verdict: Verdict) -> bool:
-        """A refused body is kept home too, should a caller decide on it rather than refuse it."""
+        """A refused body is kept home too, should a caller decide on it rather than refuse it; a
+        scan past its budget stays home under either setting."""
+        why = verdict.unscannable
         if verdict.detector is not None or verdict.refusal is not None:
             return True
-        return verdict.unscannable is not None and self.unscannable_stays
+        return why is not None and (self.unscannable_stays or why is Unscannable.OVER_BUDGET)
 
 
 def content_policy(config: SpillwayConfig) -> ContentPolicy:
@@ -112,6 +126,7 @@ def content_policy(config: SpillwayConfig) -> ContentPolicy:
         checks.unscannable == "stay_home",
         checks.classify_as.strip().lower(),
         frozenset(r.name for r in config.rules if r.content_checks),
+        checks.scan_budget_ms / 1000,
     )
 
 
@@ -153,10 +168,17 @@ def size_verdict(content: ContentPolicy, declared: int | None) -> Verdict | None
     return CLEAN if declared == 0 else None
 
 
-def body_verdict(content: ContentPolicy, body: bytes, json_length: str | None) -> Verdict:
-    """What the detectors find in the body's text inputs."""
+def body_verdict(
+    content: ContentPolicy,
+    body: bytes,
+    json_length: str | None,
+    clock: Callable[[], float] = time.thread_time,
+) -> Verdict:
+    """What the detectors find in the body's text inputs, within the scan's CPU budget (``clock``:
+    this thread's CPU time; the scan never yields, so it is the scan's)."""
     if len(body) > content.max_bytes:
         return Verdict(unscannable=Unscannable.TOO_LARGE)
+    budget = Budget(content.budget_s, clock)
     header = json_header(body, json_length)
     read = None if header is None else json_document(header)
     if header is None or read is None:
@@ -165,7 +187,11 @@ def body_verdict(content: ContentPolicy, body: bytes, json_length: str | None) -
     if duplicate is not None:
         return Verdict(refusal=duplicate_key_message(duplicate))
     texts, binary_text = text_inputs(document)
-    found = first_found(content.detectors, texts)
+    try:
+        budget.read(len(body))
+        found = first_found(content.detectors, texts, budget)
+    except OverBudget:
+        return Verdict(unscannable=Unscannable.OVER_BUDGET)
     if found is not None:
         return Verdict(found)
     if json_length is not None and len(body) - len(header) != binary_bytes(document, len(body)):

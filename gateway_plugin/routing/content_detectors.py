@@ -18,16 +18,30 @@ find, and the checksums are arithmetic.
   ``(555) 123-4567``-style ten-digit numbers; and national numbers that start with a trunk 0
   (``020 7946 0958``).
 
-Operator patterns (``content.patterns``) run on each text on its own, in the syntax both engines
-read alike (``content_syntax``). Built-ins run once over every text joined by NUL bytes, which none
-of them matches across.
+Operator patterns (``content.patterns``) run on each text on its own, in the syntax both paths
+read alike (``content_syntax``), on RE2 here (``google-re2``, over bytes as Latin-1: each byte one
+character) and on the program ``content_program`` compiles on the fast path: both linear in the
+text, whatever the pattern. Built-ins run once over every text joined by NUL bytes, which none of
+them matches across.
+
+A scan has a CPU budget (``content.scan_budget_ms``): ``Budget`` is told how much text each step
+read and looks at the clock once per ``CHECK_BYTES`` of it, between detectors and between texts;
+past the budget the scan stops (``OverBudget``) and the request stays home. One step is one
+detector over the joined texts, or one pattern over one text, each linear in at most
+``max_scan_bytes``.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import re2
+
+from gateway_plugin.routing.content_program import program
 
 # Between two texts when built-ins read them at once: no built-in pattern matches a NUL (a card's
 # separators include line breaks).
@@ -169,6 +183,42 @@ BUILT_IN: dict[str, tuple[str, str | None, Callable[[bytes], bool]]] = {
 }
 
 
+# How much text a scan reads between two looks at the clock (one costs about a microsecond).
+CHECK_BYTES = 8192
+
+
+class OverBudget(Exception):
+    """The scan ran past its CPU budget."""
+
+
+class Budget:
+    """What is left of one scan's CPU time (``clock``: this thread's CPU seconds)."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.thread_time) -> None:
+        self.clock = clock
+        self.deadline = clock() + seconds
+        self.unchecked = 0
+
+    def read(self, size: int) -> None:
+        """``size`` more bytes read; ``OverBudget`` once the clock, looked at every CHECK_BYTES, is past."""
+        self.unchecked += size
+        if self.unchecked >= CHECK_BYTES:
+            self.unchecked = 0
+            if self.clock() > self.deadline:
+                raise OverBudget
+
+
+def _latin1() -> Any:
+    options = re2.Options()
+    options.encoding = re2.Options.Encoding.LATIN1  # bytes as they are, classes and (?i) ASCII only
+    options.never_capture = True
+    options.log_errors = False
+    return options
+
+
+_RE2_OPTIONS = _latin1()
+
+
 @dataclass(frozen=True)
 class Detector:
     """One detector: ``kind`` is ``card`` or ``iban`` (a checksum), ``search`` (a built-in regex,
@@ -178,18 +228,28 @@ class Detector:
     kind: str
     pattern: str | None = None
     check: Callable[[bytes], bool] | None = field(default=None, compare=False, repr=False)
-    regex: re.Pattern[bytes] | None = field(default=None, compare=False, repr=False)
+    regex: Any = field(default=None, compare=False, repr=False)  # an RE2 regex
+    # The pattern as the fast path runs it (content_program.Program.encoded).
+    program: str | None = field(default=None, compare=False, repr=False)
 
-    def finds(self, texts: Sequence[bytes], blob: bytes) -> bool:
+    def finds(self, texts: Sequence[bytes], blob: bytes, budget: Budget) -> bool:
         if self.check is not None:
-            return self.check(blob)
-        regex = self.regex or re.compile((self.pattern or "").encode())
-        return any(regex.search(t) is not None for t in texts)
+            found = self.check(blob)
+            budget.read(len(blob))
+            return found
+        for text in texts:
+            if self.regex.search(text) is not None:
+                return True
+            budget.read(len(text))
+        return False
 
 
 def pattern_detector(name: str, pattern: str) -> Detector:
-    """An operator's pattern (checked by ``content_syntax`` when the config was loaded)."""
-    return Detector(name, "pattern", pattern, regex=re.compile(pattern.encode()))
+    """An operator's pattern: read (``content_syntax``, which refused it when the config was loaded
+    if it is outside the syntax), compiled for RE2 and for the fast path."""
+    compiled = program(pattern)
+    regex = re2.compile(pattern.encode(), _RE2_OPTIONS)
+    return Detector(name, "pattern", pattern, regex=regex, program=compiled.encoded())
 
 
 def built_in(name: str) -> Detector:
@@ -197,9 +257,13 @@ def built_in(name: str) -> Detector:
     return Detector(name, kind, pattern, check)
 
 
-def first_found(detectors: Sequence[Detector], texts: Sequence[bytes]) -> str | None:
-    """The first detector, in order, that finds something in any text; None when none does."""
+def first_found(
+    detectors: Sequence[Detector], texts: Sequence[bytes], budget: Budget | None = None
+) -> str | None:
+    """The first detector, in order, that finds something in any text; None when none does;
+    ``OverBudget`` when the budget ran out before one found something or all had looked."""
     if not texts:
         return None
     blob = JOIN.join(texts)
-    return next((d.name for d in detectors if d.finds(texts, blob)), None)
+    budget = budget or Budget(float("inf"))
+    return next((d.name for d in detectors if d.finds(texts, blob, budget)), None)

@@ -82,7 +82,8 @@ class RunnerMetrics:
         self.content_unscannable = Counter(
             "spillway_content_unscannable",
             "Requests that would have left and whose text could not be read (too_large, unknown_size, "
-            "not_json, binary_text, trailing_bytes); content.unscannable says whether they stayed.",
+            "not_json, binary_text, trailing_bytes; content.unscannable says whether they stayed) or "
+            "whose scan ran past content.scan_budget_ms (over_budget: they stayed).",
             ["reason"],
             registry=r,
         )

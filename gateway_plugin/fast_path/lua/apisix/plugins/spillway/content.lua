@@ -8,8 +8,10 @@
 -- When a detector (detect.lua) finds something, the request is decided as content.classify_as, a
 -- class that may not leave: a match only ever keeps a request home. A body that cannot be read
 -- (over max_bytes, of unknown size, not JSON, text in binary tensors, bytes other than the inputs'
--- binary_data_size declare) stays home unless the config says to decide it by its label. A body
--- with a key twice in one object is refused (400): Triton reads the first, cjson the last.
+-- binary_data_size declare) stays home unless the config says to decide it by its label; a scan
+-- that ran past its CPU budget (budget_ms, from the read body on: nothing in it yields) stays home
+-- whatever the config says. A body with a key twice in one object is refused (400): Triton reads
+-- the first, cjson the last.
 --
 -- The body is read exactly as the runner reads it: UTF-8 only (PCRE's validity check), no NUL
 -- byte, strict JSON (cjson with invalid numbers refused, plus the "1." and "-.5" forms cjson lets
@@ -268,6 +270,7 @@ function _M.verdict(c, headers, read_body)
     if #body > c.max_bytes then
         return nil, WHY.too_large
     end
+    local budget = detect.budget(c.budget_ms)
     local json_length = headers[_M.HEADER_JSON_LENGTH]
     local header = json_header(body, json_length)
     local doc, duplicate
@@ -281,15 +284,25 @@ function _M.verdict(c, headers, read_body)
         return nil, nil, _M.duplicate_key_message(duplicate)
     end
     local texts, binary_text = text_inputs(doc)
-    local found = detect.first_found(c.detectors, texts)
-    if found then
-        return found, nil
+    if detect.read(budget, #body) then
+        return nil, WHY.over_budget
+    end
+    local found, over = detect.first_found(c.detectors, texts, budget)
+    if found or over then
+        return found, over and WHY.over_budget
     end
     if json_length ~= nil and #body - #header ~= binary_bytes(doc, #body) then
         return nil, WHY.trailing_bytes
     end
     return nil, binary_text and WHY.binary_text or nil
 end
+
+-- Whether what reading found keeps the request home: a match, or text it could not read (a scan
+-- over budget always; the rest unless the config decides them by their label).
+local function stays(c, found, why)
+    return found ~= nil or (why ~= nil and (c.unscannable_stays or why == WHY.over_budget))
+end
+_M.stays = stays
 
 -- The route's policy (decide.route_policy) given what content checks it has: every request
 -- (content_checks in the route's conf) or those of the rules that ask; the header that locates
@@ -341,7 +354,7 @@ function _M.check(f, tbl, policy, live, read_body)
     end
     local c = policy.content.c
     local found, why, refusal = _M.verdict(c, f.headers, read_body)
-    if found or refusal or (why and c.unscannable_stays) then
+    if refusal or stays(c, found, why) then
         rawset(f.headers, policy.classification_header, c.classify_as)
     end
     return found, why, true, refusal
@@ -366,7 +379,7 @@ function _M.screen(f, tbl, policy, live, read_body, count)
     if found or why then
         count(found and (PREFIX.content_match .. found) or (PREFIX.content_unscannable .. why))
     end
-    if found or (why and policy.content.c.unscannable_stays) then
+    if stays(policy.content.c, found, why) then
         return { label = _M.label(found, why), classification = sent }
     end
     return nil

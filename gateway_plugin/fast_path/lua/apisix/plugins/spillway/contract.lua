@@ -2,12 +2,12 @@
 -- do not edit; change the Python side and regenerate (a test fails while this file is stale).
 -- What the runner and this plugin agree on (see there for what each one means).
 return {
-    FORMAT = 6,
+    FORMAT = 7,
     FAIL_SAFE = "table_stale",
     PATH = { alive = "/spillway/alive", table = "/spillway/table", outcomes = "/spillway/fast-outcomes" },
     DICT = "spillway",
     PREFIX = { in_flight = "if:", in_flight_cold = "ifc:", spent = "sp:", probe = "pr:", tenant_in_flight = "tif:", local_in_flight = "lif:", local_probe = "lpr:", hot = "hot:", content_match = "cm:", content_unscannable = "cu:", table = "table:", alive = "alive:" },
     KEY = { table_class = "table_class", version = "version", fail_safe = "failsafe", dropped = "dropped", store_failed = "store_failed", malformed = "malformed", node = "node" },
-    UNSCANNABLE = { too_large = "too_large", unknown_size = "unknown_size", not_json = "not_json", binary_text = "binary_text", trailing_bytes = "trailing_bytes" },
+    UNSCANNABLE = { too_large = "too_large", unknown_size = "unknown_size", not_json = "not_json", binary_text = "binary_text", trailing_bytes = "trailing_bytes", over_budget = "over_budget" },
     TOKEN = { min_len = 16, auth_label = "spillway-outcomes" },
 }

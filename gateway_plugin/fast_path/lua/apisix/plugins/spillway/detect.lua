@@ -3,17 +3,26 @@
 -- The detectors come in the decision table, in the order they are tried: card and iban (a run of
 -- digits or words found by a regex, then a checksum: Luhn, ISO 13616 mod 97), search (a built-in
 -- regex, run once over every text joined by NUL bytes, which none of them matches across) and
--- pattern (an operator's regex, run over each text on its own). Regexes run on PCRE over the
--- texts' bytes, without UTF-8 mode: the same bytes and the same ASCII classes Python's re reads,
--- in the syntax both read alike (content_syntax.py checks operators' patterns when the config is
--- loaded). So every detector finds what the runner's finds.
+-- pattern (an operator's regex, run over each text on its own). Built-in regexes run on PCRE over
+-- the texts' bytes, without UTF-8 mode: the same bytes and the same ASCII classes Python's re
+-- reads. An operator's pattern runs as the program the runner compiled from it, on dfa.lua (a
+-- linear-time automaton; the runner runs the pattern on RE2, which reads it alike). So every
+-- detector finds what the runner's finds.
+--
+-- A scan has a CPU budget (the table's budget_ms): budget() starts it, read() is told how much
+-- text each step read and looks at this worker's CPU clock every CHECK_BYTES of it; dfa.search
+-- looks at it too as it goes. Past the budget the scan stops and says why ("over_budget"); so
+-- does a built-in regex PCRE gives up on (its match limit, lua_regex_match_limit): the request
+-- stays home.
 
+local ffi = require("ffi")
+local contract = require("apisix.plugins.spillway.contract")
+local dfa = require("apisix.plugins.spillway.dfa")
 local re_find, re_gmatch = ngx.re.find, ngx.re.gmatch
 local byte, sub, upper, gsub = string.byte, string.sub, string.upper, string.gsub
 local concat = table.concat
-local ipairs = ipairs
+local ipairs, type, tonumber, pcall = ipairs, type, tonumber, pcall
 
-local _M = { JOIN = "\0" }
 
 -- Kept in step with content_detectors.py (the table carries the search patterns themselves).
 -- content_detectors.CARD_RUN: one separator (CARD_SEPARATOR) between two digits, the wide ones
@@ -24,6 +33,43 @@ local CARD_RUN = [=[[0-9](?:[\t\n\x0b\x0c\x1c-\x1f -]?[0-9]]=]
     .. [=[|\xe3\x80\x80|\xef(?:\xb9[\x98\xa3]|\xbc\x8d|\xbb\xbf))[0-9]){12,}]=]
 local IBAN_RUN = [=[(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9])+]=]
 local DOUBLED = { [0] = 0, 2, 4, 6, 8, 1, 3, 5, 7, 9 }
+
+local _M = { JOIN = "\0", CHECK_BYTES = 8192, OVER_BUDGET = contract.UNSCANNABLE.over_budget }
+
+-- This worker's CPU time (nginx workers are single-threaded), read the way no other cdef can clash with.
+pcall(ffi.cdef, [[
+typedef struct { long sec; long nsec; } spillway_cpu_time;
+int spillway_clock_gettime(int clock, spillway_cpu_time *t) __asm__("clock_gettime");
+]])
+local CLOCK_THREAD_CPUTIME_ID = 3
+local cpu_time = ffi.new("spillway_cpu_time")
+
+local function cpu_now()
+    ffi.C.spillway_clock_gettime(CLOCK_THREAD_CPUTIME_ID, cpu_time)
+    return tonumber(cpu_time.sec) + tonumber(cpu_time.nsec) * 1e-9
+end
+
+-- A scan's budget, from now: budget_ms of CPU.
+function _M.budget(budget_ms)
+    return { deadline = cpu_now() + budget_ms / 1000, unchecked = 0 }
+end
+
+local function over(budget)
+    return cpu_now() > budget.deadline
+end
+_M.over = over
+
+-- size more bytes read: true once the budget is spent (looked at every CHECK_BYTES).
+local function read(budget, size)
+    local unchecked = budget.unchecked + size
+    if unchecked < _M.CHECK_BYTES then
+        budget.unchecked = unchecked
+        return false
+    end
+    budget.unchecked = 0
+    return over(budget)
+end
+_M.read = read
 
 local function luhn(digits)
     local total, n = 0, #digits
@@ -119,38 +165,70 @@ end
 
 local CHECKS = { card = card, iban = iban }
 
--- Whether the detector finds anything; a regex PCRE gives up on (its backtracking limit) counts
--- as a find: text that could not be read through stays home.
-local function finds(d, texts, blob)
-    local check = CHECKS[d.kind]
-    if check then
-        return check(blob)
-    end
-    if d.kind == "search" then
-        local from, _, err = re_find(blob, d.pattern, "jo")
-        return from ~= nil or err ~= nil
+-- Whether the detector finds anything: true or false; nil once the budget is spent, or when PCRE
+-- gave up on a built-in regex (its match limit): text that could not be read through stays home.
+local function finds(d, texts, blob, budget)
+    if d.kind ~= "pattern" then
+        local found, check = false, CHECKS[d.kind]
+        if check then
+            found = check(blob)
+        else
+            local from, _, err = re_find(blob, d.pattern, "jo")
+            if err then
+                return nil
+            end
+            found = from ~= nil
+        end
+        if found then
+            return true
+        end
+        if read(budget, #blob) then
+            return nil
+        end
+        return false
     end
     for _, text in ipairs(texts) do
-        local from, _, err = re_find(text, d.pattern, "jo")
-        if from or err then
-            return true
+        local found = dfa.search(d.automaton, text, over, budget)
+        if found ~= false then
+            return found
+        end
+        if read(budget, #text) then
+            return nil
         end
     end
     return false
 end
 
--- The name of the first detector, in order, that finds something in any text; nil when none does.
-function _M.first_found(detectors, texts)
+-- The name of the first detector, in order, that finds something in any text; nil when none
+-- does; nil and OVER_BUDGET when the budget ran out (or PCRE gave up) before one found something.
+function _M.first_found(detectors, texts, budget)
     if #texts == 0 then
         return nil
     end
     local blob = concat(texts, _M.JOIN)
     for _, d in ipairs(detectors) do
-        if finds(d, texts, blob) then
+        local found = finds(d, texts, blob, budget)
+        if found then
             return d.name
+        elseif found == nil then
+            return nil, _M.OVER_BUDGET
         end
     end
     return nil
+end
+
+-- A table's detectors made ready: an operator's pattern's program compiled (dfa.lua, kept per
+-- worker across tables). False when a program is malformed.
+function _M.compile(detectors)
+    for _, d in ipairs(detectors) do
+        if d.kind == "pattern" then
+            d.automaton = type(d.program) == "string" and dfa.compile(d.program) or nil
+            if not d.automaton then
+                return false
+            end
+        end
+    end
+    return true
 end
 
 return _M

@@ -9,6 +9,7 @@
 local core = require("apisix.core")
 local contract = require("apisix.plugins.spillway.contract")
 local schema = require("apisix.plugins.spillway.table_schema")
+local detect = require("apisix.plugins.spillway.detect")
 local re_find = ngx.re.find
 local type, pairs, ipairs = type, pairs, ipairs
 
@@ -19,8 +20,9 @@ cjson.decode_invalid_numbers(false)
 local _M = { FORMAT = contract.FORMAT }
 
 -- What a schema cannot say: every pattern compiles in PCRE (a rule's uri as a search, its headers'
--- and args' as whole-value matches, a search or pattern detector's), and a cloud target that is
--- not invoke-mode names the value traffic-split matches.
+-- and args' as whole-value matches, a search detector's), every operator pattern's program is
+-- well formed (detect.compile), and a cloud target that is not invoke-mode names the value
+-- traffic-split matches.
 local function regex_ok(pattern, full)
     local p = full and ("\\A(?:" .. pattern .. ")\\z") or pattern
     local _, _, err = re_find("", p, "jo")
@@ -43,10 +45,12 @@ local function patterns_problem(t)
         end
     end
     for _, d in ipairs(t.content.detectors) do
-        if (d.kind == "search" or d.kind == "pattern") and (type(d.pattern) ~= "string"
-                or not regex_ok(d.pattern, false)) then
+        if d.kind == "search" and (type(d.pattern) ~= "string" or not regex_ok(d.pattern, false)) then
             return "content section malformed (a detector's pattern PCRE does not compile)"
         end
+    end
+    if not detect.compile(t.content.detectors) then
+        return "content section malformed (an operator pattern's program is malformed)"
     end
     for name, target in pairs(t.targets) do
         if not target.invoke and target.value == nil then

@@ -120,6 +120,7 @@ return {
                                 type = "string",
                             },
                             pattern = { type = "string" },
+                            program = { type = "string" },
                         },
                         required = { "name", "kind" },
                         type = "object",
@@ -133,8 +134,9 @@ return {
                     items = { type = "string" },
                     type = "array",
                 },
+                budget_ms = { type = "number", minimum = -1e+308, maximum = 1e+308 },
             },
-            required = { "detectors", "max_bytes", "unscannable_stays", "classify_as", "rules" },
+            required = { "detectors", "max_bytes", "unscannable_stays", "classify_as", "rules", "budget_ms" },
             type = "object",
         },
         ["local"] = {
