@@ -88,8 +88,29 @@ local function card_number(digits)
     return #digits >= 13 and #digits <= 19 and luhn(digits)
 end
 
+-- Each run a built-in's regex finds, ending on the first error (PCRE gave up: its match limit):
+-- match or nil, and whether it gave up. A for loop over re_gmatch would end there silently, and
+-- read as nothing found.
+local function runs(blob, pattern)
+    local iterator = re_gmatch(blob, pattern, "jo")
+    return function()
+        if not iterator then
+            return nil, true
+        end
+        local m, err = iterator()
+        return m, err ~= nil
+    end
+end
+
 local function card(blob)
-    for m in re_gmatch(blob, CARD_RUN, "jo") do
+    local next_run = runs(blob, CARD_RUN)
+    while true do
+        local m, gave_up = next_run()
+        if gave_up then
+            return nil
+        elseif not m then
+            return false
+        end
         local text = m[0]
         local digits = gsub(text, "[^0-9]", "")
         if card_number(digits) then
@@ -103,7 +124,6 @@ local function card(blob)
             end
         end
     end
-    return false
 end
 
 local function mod97(iban)
@@ -149,7 +169,14 @@ local function iban_from(tokens, start)
 end
 
 local function iban(blob)
-    for m in re_gmatch(blob, IBAN_RUN, "jo") do
+    local next_run = runs(blob, IBAN_RUN)
+    while true do
+        local m, gave_up = next_run()
+        if gave_up then
+            return nil
+        elseif not m then
+            return false
+        end
         local tokens = {}
         for token in upper(m[0]):gmatch("[^ ]+") do
             tokens[#tokens + 1] = token
@@ -160,7 +187,6 @@ local function iban(blob)
             end
         end
     end
-    return false
 end
 
 local CHECKS = { card = card, iban = iban }
@@ -172,6 +198,9 @@ local function finds(d, texts, blob, budget)
         local found, check = false, CHECKS[d.kind]
         if check then
             found = check(blob)
+            if found == nil then
+                return nil
+            end
         else
             local from, _, err = re_find(blob, d.pattern, "jo")
             if err then
