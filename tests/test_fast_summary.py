@@ -12,7 +12,7 @@ import pytest
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.fast_path.book import apply_outcomes
-from gateway_plugin.fast_path.summary import FastOutcomes
+from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.routing import outcomes
 from gateway_plugin.routing.policy import BreakerState
 from gateway_plugin.routing.tenants import tenant_key
@@ -90,3 +90,28 @@ def test_bytes_that_are_not_utf8_cost_only_the_part_that_carries_them(
         status, breaker = asyncio.run(go())
     assert status == 204 and breaker is BreakerState.OPEN
     assert any("/v2/models/m\\ufffd/infer" in r.message for r in caplog.records)
+
+
+def test_tenant_names_past_their_bound_cost_no_targets_answers() -> None:
+    """Clients choose tenant names: a summary whose tenant-keyed maps hold more than their bound
+    (1,000 each) loses only the entries past it, counted; aws's three failures in it still open
+    its breaker, and the tenants within the bound are counted."""
+    tenants = {"default": {"requests_per_minute": 1_000_000}}
+    state = gateway_state(config(breaker={"consecutive_failures": 3}, tenants=tenants))
+    names = [f"flood-{i}" for i in range(MAX_KEYS + 5)]
+    summary = FastOutcomes.parse(
+        json.dumps(
+            {
+                "tenants": {name: [1, 0.0] for name in names},
+                "usage": {f"local\t{name}\tadd_sub": [1, 0.0] for name in names},
+                "cloud": {"aws": [0, 3, 0.3]},
+            }
+        ).encode()
+    )
+    assert summary.invalid == 10
+    assert summary.cloud == {"aws": (0, 3, 0.3)}
+    assert list(summary.tenants) == names[:MAX_KEYS]
+    apply_outcomes(state, summary)
+    assert state.breakers["aws"].current(state.clock()) is BreakerState.OPEN
+    book = state.tenants.get(names[0])
+    assert book is not None and book.last_minute(state.wall()) == 1

@@ -6,6 +6,7 @@ name) costs at most the part that carries it.
 from __future__ import annotations
 
 import json
+from itertools import islice
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -45,6 +46,12 @@ _SHAPES: dict[str, tuple[tuple[TypeAdapter[Any], bool], ...]] = {
     "usage": ((_COUNT, False), (_AMOUNT, True)),
     "usage_other": ((_COUNT, False), (_AMOUNT, True)),
 }
+
+
+# The maps keyed by names clients choose (tenants): one past its bound costs only its entries past
+# it, so the maps keyed by the config's names (a target's answers, which its breaker reads; the
+# cluster's) are read whatever these hold. The plugin bounds them together (spillway/report.lua).
+_CHOSEN = frozenset({"tenants", "usage"})
 
 
 def _value(raw: object, shape: tuple[tuple[TypeAdapter[Any], bool], ...]) -> tuple[Any, int]:
@@ -131,8 +138,9 @@ class FastOutcomes(BaseModel):
     of a request kept home, an instance id, a cloud answer's seconds or a tenant's spend read as
     absent; an entry whose count is unreadable is dropped. Each lost part is counted in
     ``invalid``; the rest of the summary (breaker results, spend) counts. Tenant names are kept as
-    their keys (``routing.tenants``) whatever their length. Only a summary whose shape is wrong,
-    or whose maps are over their bounds, is refused whole.
+    their keys (``routing.tenants``) whatever their length, and a map keyed by them costs only its
+    entries past its bound. Only a summary whose shape is wrong, or whose other maps are over their
+    bounds, is refused whole.
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
@@ -172,6 +180,9 @@ class FastOutcomes(BaseModel):
         invalid = 0
         for name in (*_SHAPES, "instances"):
             entries = data.get(name)
+            if name in _CHOSEN and isinstance(entries, dict) and len(entries) > MAX_KEYS:
+                invalid += len(entries) - MAX_KEYS
+                entries = dict(islice(entries.items(), MAX_KEYS))
             if isinstance(entries, dict) and len(entries) <= MAX_KEYS:
                 kept[name], lost = _entries(name, entries)
                 invalid += lost

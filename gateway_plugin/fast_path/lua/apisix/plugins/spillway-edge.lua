@@ -2,8 +2,8 @@
 --
 -- rewrite (priority above ext-plugin-pre-req's 12000, so before the runner is asked): the one
 -- reading of the request (spillway/edge.lua): at most 100 header fields, no client spelling of
--- X-Spillway-*, a path already in normal form. The runner then settles the headers it reads and
--- sets X-Spillway-Target (and X-Spillway-Worker) in its rewrite.
+-- X-Spillway-*, a path already in normal form; then the body, read whole. The runner then settles
+-- the headers it reads and sets X-Spillway-Target (and X-Spillway-Worker) in its rewrite.
 -- access (before traffic-split, aws-lambda and the loggers): the runner's decision moves from its
 -- header into the request's context (spillway_upstream, spillway_worker, spillway_decision_tenant),
 -- which traffic-split matches and the logger reports, and which no client can write; the header itself never leaves.
@@ -60,6 +60,7 @@ function _M.rewrite(conf, ctx)
         ctx.spillway_refused, ctx.spillway_via = status, "ext_plugin"
         return status, { error = why }
     end
+    edge.read_body()  -- before the runner decides and counts it: a slow client holds nothing meanwhile
     -- Authenticated before the runner (the route raises its authentication plugin's priority):
     -- the runner reads the consumer from here, never from a header the client could have sent.
     if ctx.consumer_name then

@@ -287,6 +287,7 @@ function _M.access(conf, ctx)
         ctx.spillway_refused, ctx.spillway_via = path, "fast_path"
         return path, { error = odd }
     end
+    edge.read_body()  -- before anything is counted: a slow client holds nothing meanwhile
     local now = ngx_now()
     local tbl = current(now)
     local policy

@@ -200,6 +200,16 @@ function _M.admit(ctx)
     return raw, path, odd
 end
 
+-- The body, read whole before anything is counted for the request (a cloud slot, a tenant's
+-- concurrency slot, the cluster's in-flight count, the runner's decision): a client that sends
+-- it a byte at a time holds none of them meanwhile, and one that leaves before the end leaves
+-- nothing to release. nginx bounds the read (client_body_timeout between two reads,
+-- client_max_body_size) and ends the request itself past either; it reads the body whole before
+-- proxying it anyway (proxy_request_buffering), so what goes upstream is unchanged.
+function _M.read_body()
+    ngx_req.read_body()
+end
+
 local function spellings_of(raw, key)
     local names = {}
     for name in pairs(raw) do

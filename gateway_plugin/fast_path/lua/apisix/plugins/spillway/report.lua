@@ -8,6 +8,10 @@
 -- kept home (for the runner's residency log), and requests and spend per target, tenant and model
 -- (the runner's cost series). Every map is bounded; what does not fit is counted as dropped, but
 -- for requests and spend, which go to their target's "other" entry so the totals stay whole.
+-- Clients choose tenant names, so the maps keyed by them (tenants, usage) share one bound, and
+-- every map keyed by the table's names (a target's or the cluster's answers, which breakers and
+-- the load estimate read) has a bound of its own: no flood of names can push those out. The
+-- runner reads each map to the same bound (fast_path/summary.py MAX_KEYS).
 
 local array_mt = require("cjson.safe").array_mt
 local tonumber, pairs, setmetatable, type = tonumber, pairs, setmetatable, type
@@ -30,7 +34,9 @@ function _M.new()
     for i = 1, N_BOUNDS + 1 do
         ages[i] = 0
     end
+    -- keys: the tenant-keyed maps' entries; sizes: each of the others'.
     return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, on_prem = {}, local_s = {},
+             sizes = { sent_local = 0, on_prem = 0, local_s = 0, local_answers = 0, cloud = 0 },
              local_answers = {}, cloud = {}, instances = {}, usage = {}, usage_by = {}, usage_other = {},
              tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
 end
@@ -65,14 +71,17 @@ local function bucket(age)
 end
 _M.bucket = bucket
 
-local function bounded(agg, map, key, fresh)
+-- An entry of a map keyed by the table's names (name: the map's), within the map's own bound.
+local function bounded(agg, name, key, fresh)
+    local map = agg[name]
     local entry = map[key]
     if entry == nil then
-        if agg.keys >= MAX_KEYS then
+        local sizes = agg.sizes
+        if sizes[name] >= MAX_KEYS then
             agg.dropped = agg.dropped + 1
             return nil
         end
-        agg.keys = agg.keys + 1
+        sizes[name] = sizes[name] + 1
         entry = fresh()
         map[key] = entry
     end
@@ -95,7 +104,14 @@ function _M.add(agg, seen, var, status)
         agg.age_sum = agg.age_sum + age
     end
     if seen.tenant_counted then
-        local t = bounded(agg, agg.tenants, seen.tenant, pair)
+        local t = agg.tenants[seen.tenant]
+        if t == nil and agg.keys < MAX_KEYS then
+            agg.keys = agg.keys + 1
+            t = { 0, 0 }
+            agg.tenants[seen.tenant] = t
+        elseif t == nil then
+            agg.dropped = agg.dropped + 1
+        end
         if t then
             t[1], t[2] = t[1] + 1, t[2] + (seen.cost or 0)
         end
@@ -132,7 +148,7 @@ function _M.add(agg, seen, var, status)
     local upstream_status = last_number(var.upstream_status)
     if seen.cloud then
         upstream_status = upstream_status or status
-        local c = bounded(agg, agg.cloud, seen.target, triple)
+        local c = bounded(agg, "cloud", seen.target, triple)
         if c then
             if upstream_status > 0 and upstream_status < 500 then
                 c[1] = c[1] + 1
@@ -154,7 +170,7 @@ function _M.add(agg, seen, var, status)
             end
         end
     elseif seen.target == "local" and upstream_status then
-        local a = bounded(agg, agg.local_answers, seen.model or "", pair)
+        local a = bounded(agg, "local_answers", seen.model or "", pair)
         if a then
             if upstream_status > 0 and upstream_status < 500 then
                 a[1] = a[1] + 1
@@ -164,7 +180,7 @@ function _M.add(agg, seen, var, status)
         end
         local seconds = last_number(var.upstream_response_time)
         if seconds then
-            local l = bounded(agg, agg.local_s, seen.model or "", pair)
+            local l = bounded(agg, "local_s", seen.model or "", pair)
             if l then
                 l[1], l[2] = l[1] + 1, l[2] + seconds
             end
@@ -172,25 +188,27 @@ function _M.add(agg, seen, var, status)
     end
 end
 
-local function count(agg, map, model)
-    if map[model] == nil and agg.keys >= MAX_KEYS then
-        agg.dropped = agg.dropped + 1
-        return
-    end
+local function count(agg, name, model)
+    local map = agg[name]
+    local sizes = agg.sizes
     if map[model] == nil then
-        agg.keys = agg.keys + 1
+        if sizes[name] >= MAX_KEYS then
+            agg.dropped = agg.dropped + 1
+            return
+        end
+        sizes[name] = sizes[name] + 1
     end
     map[model] = (map[model] or 0) + 1
 end
 
 -- Requests sent local, per model: the runner adds them to the cluster's backlog estimate.
 function _M.sent_local(agg, model)
-    count(agg, agg.sent_local, model)
+    count(agg, "sent_local", model)
 end
 
 -- Requests that may not leave, per model: the runner measures the headroom they need from them.
 function _M.on_prem(agg, model)
-    count(agg, agg.on_prem, model)
+    count(agg, "on_prem", model)
 end
 
 local function clipped(text)
