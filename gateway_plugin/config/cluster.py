@@ -63,7 +63,20 @@ class LocalCluster(Model):
     model_latency_targets_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="per-model targets"
     )
-    parallelism: int = Field(default=1, ge=1, description="requests the cluster runs at once per model")
+    parallelism: int = Field(
+        default=1,
+        ge=1,
+        description="requests the cluster runs at once per model, all its endpoints answering",
+    )
+    member_parallelism: float | None = Field(
+        default=None,
+        gt=0,
+        description="requests one member runs at once per model (instances x what one runs at once): "
+        "capacity is this times the members that answer; unset: parallelism times their share",
+    )
+    drop_member_after_s: float = Field(
+        default=1.0, gt=0, description="a member whose metrics fail this long stops counting as capacity"
+    )
     scrape_period_s: float = Field(default=0.25, gt=0, le=10, description="metrics scrape period")
     stale_after_s: float = Field(default=2.0, gt=0, description="signals older than this are missing")
     max_queue_ms: float = Field(

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.members import Counters
 from gateway_plugin.routing.policy import LOCAL, SHED, RequestFeatures
-from gateway_plugin.routing.signals import Counters
 from gateway_plugin.simulation.billing import Bill
 from gateway_plugin.simulation.cloud import CloudTarget, Served, lognormal
 from gateway_plugin.simulation.cluster import Batch, Cluster, Job

@@ -12,8 +12,8 @@ from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.config.thresholds import GPU_UTILIZATION
 from gateway_plugin.routing.gauges import compiled
+from gateway_plugin.routing.members import Counters
 from gateway_plugin.routing.policy import LOCAL, Reason, RequestFeatures, decide
-from gateway_plugin.routing.signals import Counters
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_states import Counts
 from gateway_plugin.simulation.cluster import Job
