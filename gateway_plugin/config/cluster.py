@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import ipaddress
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway_plugin.config.model import Model
 from gateway_plugin.config.thresholds import Thresholds
@@ -13,6 +14,52 @@ from gateway_plugin.config.thresholds import Thresholds
 class LocalEndpoint(Model):
     url: str = Field(description="Triton's HTTP endpoint, http://host:port")
     metrics_url: str = Field(description="Triton's Prometheus endpoint, http://host:8002/metrics")
+
+
+class DnsDiscovery(Model):
+    """Members from the DNS records Kubernetes publishes for a headless Service, re-resolved every
+    period: each address (A or AAAA) is a member at ``metrics_port``, or each SRV record's target at
+    the record's port."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="the DNS name: triton.<namespace>.svc.cluster.local (A/AAAA), "
+        "or _metrics._tcp.triton.<namespace>.svc.cluster.local (SRV)",
+    )
+    record: Literal["A", "AAAA", "SRV"] = Field(default="A", description="which records name the members")
+    port: int = Field(default=8000, ge=1, le=65535, description="each member's inference (HTTP) port")
+    metrics_port: int = Field(
+        default=8002, ge=1, le=65535, description="each member's metrics port (SRV records give theirs)"
+    )
+    resolver: str | None = Field(
+        default=None, description="host:port of the DNS server to ask; unset: the system's (/etc/resolv.conf)"
+    )
+    period_s: float = Field(default=5.0, gt=0, le=300, description="how often the name is resolved again")
+    timeout_s: float = Field(default=1.0, gt=0, le=30, description="how long one resolution may take")
+
+    @field_validator("resolver")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, _, port = value.rpartition(":")
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+            if not 0 < int(port) < 65536:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not an IP address and port (10.96.0.10:53, [fd00::a]:53): "
+                "the resolver is asked by address"
+            ) from None
+        return value
+
+
+class Discovery(Model):
+    """Where the members are found besides ``endpoints`` (Kubernetes' rolling updates and autoscaling)."""
+
+    dns: DnsDiscovery | None = Field(default=None, description="a headless Service's DNS records")
 
 
 class LocalCost(Model):
@@ -59,6 +106,9 @@ class LocalCluster(Model):
     """The on-prem Triton cluster: where requests go while it meets its latency target."""
 
     endpoints: list[LocalEndpoint] = Field(default_factory=list, description="every on-prem Triton to scrape")
+    discovery: Discovery = Field(
+        default_factory=Discovery, description="members found where Kubernetes publishes them, with endpoints"
+    )
     latency_target_ms: float = Field(default=200.0, gt=0, description="default p50 latency target")
     model_latency_targets_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="per-model targets"
