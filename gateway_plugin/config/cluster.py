@@ -32,6 +32,12 @@ class DnsDiscovery(Model):
     metrics_port: int = Field(
         default=8002, ge=1, le=65535, description="each member's metrics port (SRV records give theirs)"
     )
+    upstream_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="the name APISIX's DNS discovery resolves for the route's on-prem upstream: "
+        "unset, name:port with A/AAAA records; with SRV, the inference port's (_http._tcp.triton...)",
+    )
     resolver: str | None = Field(
         default=None, description="host:port of the DNS server to ask; unset: the system's (/etc/resolv.conf)"
     )
