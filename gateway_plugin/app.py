@@ -24,6 +24,7 @@ from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins import runner_plugins
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
+from gateway_plugin.routing.prometheus_load import PrometheusScraper
 from gateway_plugin.routing.shared_state import SharedView
 from gateway_plugin.routing.shared_sync import SharedSync, Store
 from gateway_plugin.routing.signals import Fetch, Scraper
@@ -135,9 +136,20 @@ class RunnerApp:
         if config.metrics.listen:
             self.state.metrics.serve(self._metrics_listen(config.metrics.listen))
         urls = [e.metrics_url for e in config.local.endpoints]
-        dns = config.local.discovery.dns
-        if urls or dns is not None:
-            state = self.state
+        dns, prometheus = config.local.discovery.dns, config.local.discovery.prometheus
+        state = self.state
+        if prometheus is not None:
+            self._scraper = PrometheusScraper(
+                state.load,
+                http_fetcher(prometheus.timeout_s),
+                prometheus,
+                config.local.scrape_period_s,
+                time.time,
+                state.scrape_failed,
+                lambda: state.gauge_specs,
+            )
+            self._tasks.append(asyncio.ensure_future(self._scraper.run()))
+        elif urls or dns is not None:
             scraper = self._scraper = Scraper(
                 state.load,
                 http_fetcher(),

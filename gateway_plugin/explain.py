@@ -22,6 +22,13 @@ def _members(config: SpillwayConfig) -> list[str]:
             f"  and every member {dns.name} names ({dns.record} records, {where}), resolved every "
             f"{dns.period_s:g} s by {dns.resolver or 'the system resolver'}"
         )
+    prometheus = local.discovery.prometheus
+    if prometheus is not None:
+        lines.append(
+            f"  members and their load from Prometheus at {masked_url(prometheus.url)}: the series "
+            f"{{{prometheus.selector}}}, a member per {prometheus.member_label}, failing when up is 0 or "
+            f"its samples are over {prometheus.max_age_s:g} s old (instead of scraping each member)"
+        )
     capacity = (
         f"{local.member_parallelism:g} per member answering"
         if local.member_parallelism is not None

@@ -62,10 +62,35 @@ class DnsDiscovery(Model):
         return value
 
 
+class PrometheusDiscovery(Model):
+    """The members and their load from the Prometheus that already scrapes them: one PromQL query a
+    scrape period, each value of ``member_label`` a member, a member whose ``up`` is 0 or whose
+    samples are older than ``max_age_s`` failing."""
+
+    url: str = Field(pattern=r"^https?://", description="Prometheus' base URL, http://prometheus:9090")
+    selector: str = Field(
+        default='job="triton"',
+        max_length=1000,
+        pattern=r"^[^{}]*$",
+        description='label matchers of the Tritons\' series, without braces: job="triton",namespace="ml"',
+    )
+    member_label: str = Field(
+        default="instance", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", description="the label that names a member"
+    )
+    max_age_s: float = Field(
+        default=60.0, gt=0, description="a member whose newest sample is older than this is failing"
+    )
+    timeout_s: float = Field(default=1.0, gt=0, le=30, description="how long one query may take")
+
+
 class Discovery(Model):
     """Where the members are found besides ``endpoints`` (Kubernetes' rolling updates and autoscaling)."""
 
     dns: DnsDiscovery | None = Field(default=None, description="a headless Service's DNS records")
+    prometheus: PrometheusDiscovery | None = Field(
+        default=None,
+        description="the members' load read from Prometheus instead of scraping each one",
+    )
 
 
 class LocalCost(Model):

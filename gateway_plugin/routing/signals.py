@@ -289,6 +289,8 @@ class LoadTracker:
 
 
 Fetch = Callable[[str], Awaitable[str]]
+# A round: each member's counters per model, or why it could not be read.
+Answers = dict[str, dict[str, Counters] | BaseException]
 
 
 def refused(exc: BaseException) -> bool:
@@ -332,9 +334,20 @@ class Scraper:
         """One round over every member; False when none answered. The tracker is told the cluster
         refuses only when every member does (one node down is the route's health checks'
         business, and a member the round drops, not a sign the cluster is)."""
+        answers, samples = await self.collect()
+        failures = [a for a in answers.values() if isinstance(a, BaseException)]
+        every = bool(failures) and len(failures) == len(answers)
+        self.tracker.refused = every and all(map(refused, failures))
+        if not self.tracker.round(answers, read_gauges(samples, self._gauges())):
+            self._on_failure()
+            return False
+        return True
+
+    async def collect(self) -> tuple[Answers, list[list[Sample]]]:
+        """Each member's counters (or why its page could not be read), and every page's samples."""
         urls = list(self.urls)
         results = await asyncio.gather(*(self._fetch(url) for url in urls), return_exceptions=True)
-        answers: dict[str, dict[str, Counters] | BaseException] = {}
+        answers: Answers = {}
         samples = []
         for url, result in zip(urls, results, strict=True):
             if isinstance(result, BaseException):
@@ -345,12 +358,7 @@ class Scraper:
             sample = samples_of(str(result))
             samples.append(sample)
             answers[url] = counters_of(sample)
-        failures = [a for a in answers.values() if isinstance(a, BaseException)]
-        self.tracker.refused = bool(failures) and len(failures) == len(urls) and all(map(refused, failures))
-        if not self.tracker.round(answers, read_gauges(samples, self._gauges())):
-            self._on_failure()
-            return False
-        return True
+        return answers, samples
 
     async def run(self) -> None:
         while True:
