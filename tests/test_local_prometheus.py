@@ -126,7 +126,8 @@ def test_an_answer_that_is_not_a_vector_is_refused_and_old_or_down_members_fail(
             },
         }
     )
-    answers, samples = read_answer(body, spec, 100.0)
+    answers, samples, newest = read_answer(body, spec, 100.0)
+    assert newest == {"a:8002": 99, "b:8002": 99, "c:8002": 50}
     assert not isinstance(answers["a:8002"], BaseException) and answers["a:8002"]["m"].success == 7
     assert isinstance(answers["b:8002"], MemberDown) and "up is 0" in str(answers["b:8002"])
     assert isinstance(answers["c:8002"], MemberDown) and "50 s old" in str(answers["c:8002"])

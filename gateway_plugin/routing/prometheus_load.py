@@ -11,15 +11,19 @@ often as Prometheus scrapes; the rounds between see no new work and keep the las
 from __future__ import annotations
 
 import json
+import logging
 import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from prometheus_client.samples import Sample
 
 from gateway_plugin.config.cluster import PrometheusDiscovery
 from gateway_plugin.routing.gauges import GaugeSpec
 from gateway_plugin.routing.signals import Answers, Fetch, LoadTracker, Scraper, counters_of
+
+log = logging.getLogger("spillway.signals")
 
 # Every Triton series (nv_*: counters, pending, GPU and CPU gauges) and whether its scrape answered.
 NAMES = "nv_.+|up"
@@ -40,7 +44,14 @@ def query_url(spec: PrometheusDiscovery) -> str:
     return f"{spec.url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
 
 
-def read_answer(body: str, spec: PrometheusDiscovery, now: float) -> tuple[Answers, list[list[Sample]]]:
+class Read(NamedTuple):
+    answers: Answers
+    samples: list[list[Sample]]
+    # Each member's newest sample time: unchanged, Prometheus has not scraped it again.
+    newest: dict[str, float]
+
+
+def read_answer(body: str, spec: PrometheusDiscovery, now: float) -> Read:
     """Each member's counters (or why it is failing) and samples, from a query's JSON answer."""
     try:
         answer = json.loads(body)
@@ -76,7 +87,8 @@ def read_answer(body: str, spec: PrometheusDiscovery, now: float) -> tuple[Answe
             answers[member] = MemberDown(f"{member}'s newest sample is {now - newest[member]:.0f} s old")
         else:
             answers[member] = counters_of(member_samples)
-    return answers, [s for m, s in samples.items() if not isinstance(answers[m], BaseException)]
+    kept = [s for m, s in samples.items() if not isinstance(answers[m], BaseException)]
+    return Read(answers, kept, dict(newest))
 
 
 class PrometheusScraper(Scraper):
@@ -96,11 +108,29 @@ class PrometheusScraper(Scraper):
         super().__init__(tracker, fetch, [query_url(spec)], period_s, on_failure, gauges)
         self.spec = spec
         self._wall = wall
+        self._newest: dict[str, float] = {}
+        self._said: str | None = None
 
-    async def collect(self) -> tuple[Answers, list[list[Sample]]]:
+    async def scrape_once(self) -> bool:
+        """A round; one whose samples are those of the last (Prometheus scrapes less often than the
+        runner asks) keeps the signals fresh and changes nothing else, so the gateway's count of
+        what it sent since the last new sample goes on."""
         try:
             body = await self._fetch(self.urls[0])
+            read: Read | None = read_answer(body, self.spec, self._wall())
         except (OSError, TimeoutError, ValueError) as exc:
-            # Prometheus unreachable: the members are unknown, not gone.
-            return {self.spec.url: exc}, []
-        return read_answer(body, self.spec, self._wall())
+            # The members are unknown then, not gone: the signals go stale and requests stay home.
+            if self._said is None:
+                log.warning("cannot read the on-prem load from Prometheus: %s", exc)
+            self._said, read = str(exc), None
+        if read is None:
+            self._on_failure()
+            return False
+        if self._said is not None:
+            log.warning("the on-prem load is read from Prometheus again")
+            self._said = None
+        if read.newest and read.newest == self._newest:
+            self.tracker.unchanged()
+            return True
+        self._newest = read.newest
+        return self.apply(read.answers, read.samples)

@@ -201,6 +201,10 @@ class LoadTracker:
         self.last_ok = now
         return True
 
+    def unchanged(self) -> None:
+        """A round whose source had nothing new (the same samples as the last): still fresh."""
+        self.last_ok = self.clock()
+
     @property
     def capacity(self) -> float:
         """Requests the members that count run at once."""
@@ -335,6 +339,10 @@ class Scraper:
         refuses only when every member does (one node down is the route's health checks'
         business, and a member the round drops, not a sign the cluster is)."""
         answers, samples = await self.collect()
+        return self.apply(answers, samples)
+
+    def apply(self, answers: Answers, samples: list[list[Sample]]) -> bool:
+        """Hand a round to the tracker; False (counted) when no member answered."""
         failures = [a for a in answers.values() if isinstance(a, BaseException)]
         every = bool(failures) and len(failures) == len(answers)
         self.tracker.refused = every and all(map(refused, failures))
