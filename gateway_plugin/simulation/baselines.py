@@ -63,6 +63,9 @@ class Unlearning:
     def returned(self, job: Job, now: float) -> None:
         pass
 
+    def members_changed(self, members: int, now: float) -> None:
+        pass
+
 
 class _Baseline(Unlearning):
     name = ""

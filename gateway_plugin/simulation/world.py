@@ -51,3 +51,6 @@ class Router(Protocol):
 
     def returned(self, job: Job, now: float) -> None:
         """A request's answer passed the gateway (no logger's delay: the gateway sees it go by)."""
+
+    def members_changed(self, members: int, now: float) -> None:
+        """The cluster has ``members`` pods from now on (what the runner's scrapes find next)."""
