@@ -137,13 +137,25 @@ async def _fetch(url: str) -> str:
 
 def test_the_config_takes_a_discovery_section() -> None:
     config = SpillwayConfig.model_validate(
-        {"local": {"discovery": {"dns": {"name": NAME, "record": "SRV", "resolver": "127.0.0.1:53"}}}}
+        {
+            "local": {
+                "discovery": {"dns": {"name": NAME, "record": "SRV", "resolver": "127.0.0.1:53"}},
+                "member_parallelism": 2,
+            }
+        }
     )
     assert config.local.discovery.dns is not None and config.local.discovery.dns.record == "SRV"
+    with pytest.raises(ValueError, match=r"set local\.member_parallelism"):
+        SpillwayConfig.model_validate({"local": {"discovery": {"dns": {"name": NAME}}}})
 
 
 def test_a_resolver_that_is_not_an_address_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"'dns\.internal:53' is not an IP address and port"):
         SpillwayConfig.model_validate(
-            {"local": {"discovery": {"dns": {"name": NAME, "resolver": "dns.internal:53"}}}}
+            {
+                "local": {
+                    "discovery": {"dns": {"name": NAME, "resolver": "dns.internal:53"}},
+                    "member_parallelism": 1,
+                }
+            }
         )

@@ -169,3 +169,14 @@ class LocalCluster(Model):
         description="gauges (GPU utilisation, GPU memory, any other) past whose limit the cluster overflows",
     )
     health: LocalHealth = Field(default_factory=LocalHealth, description="when the cluster counts as failing")
+
+    @model_validator(mode="after")
+    def _capacity_per_member(self) -> LocalCluster:
+        found = self.discovery.dns or self.discovery.prometheus
+        if found is not None and self.member_parallelism is None:
+            raise ValueError(
+                "local.discovery finds the members, so their number is not the config's: set "
+                "local.member_parallelism, what one member runs at once per model (its instance_group "
+                "count), for the capacity to follow them"
+            )
+        return self
