@@ -101,6 +101,8 @@ class ApisixSettings:
     etcd_prefix: str = "/apisix"
     admin_port: int | None = None
     admin_key_env: str = "APISIX_ADMIN_KEY"
+    # config.yaml's discovery section (fast_path.route.config_snippet's, with local.discovery).
+    discovery: dict[str, object] | None = None
 
 
 _MODULES = (
@@ -154,6 +156,8 @@ def config_yaml(s: ApisixSettings) -> str:
         lines.append(f"ext-plugin: {{cmd: {json.dumps(list(s.runner_cmd))}}}")
     if s.plugin_attr:
         lines.append(f"plugin_attr: {json.dumps(s.plugin_attr)}")
+    if s.discovery:
+        lines.append(f"discovery: {json.dumps(s.discovery)}")
     return "\n".join(lines) + "\n"
 
 

@@ -87,6 +87,13 @@ GATEWAY = Dashboard(
             description="Model * is every model together and the default target.",
         ),
         Panel(
+            "On-prem members",
+            "none",
+            (("sum by (state) (spillway_local_members)", "{{state}}"),),
+            description="Members whose metrics answer (up), failing within local.drop_member_after_s, "
+            "and dropped from the capacity (down), summed over runners.",
+        ),
+        Panel(
             "Breakers",
             "none",
             (

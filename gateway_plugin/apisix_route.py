@@ -178,18 +178,29 @@ def _aws_lambda(target: Target, value: str, uri: str) -> dict[str, Any]:
 
 
 def _local_upstream(config: SpillwayConfig) -> dict[str, Any]:
-    nodes = {_node(e.url)[1]: 1 for e in config.local.endpoints}
-    if not nodes:
-        raise RouteError("local.endpoints is empty: the route needs the on-prem Tritons as its upstream")
-    return {
-        "name": "onprem-triton",
-        "type": "least_conn",
-        "nodes": nodes,
-        "timeout": {"connect": 1, "send": 30, "read": 30},
-        # A request a dead node refuses goes to another; the checks take it out of the rotation.
-        "retries": len(nodes) - 1,
-        "checks": _LOCAL_CHECKS,
-    }
+    """The on-prem Tritons: the members ``local.discovery.dns`` names, through APISIX's own DNS
+    discovery (so the route and the runner's signals follow one membership), or the listed
+    endpoints."""
+    upstream: dict[str, Any] = {"name": "onprem-triton", "type": "least_conn"}
+    dns = config.local.discovery.dns
+    if dns is not None:
+        if dns.upstream_name is None and dns.record == "SRV":
+            raise RouteError(
+                f"local.discovery.dns names SRV records ({dns.name}): set its upstream_name to the SRV "
+                "name of the inference port (_http._tcp.<service>...) for APISIX's discovery"
+            )
+        # A request a dead node refuses goes to another (APISIX retries over the nodes it found).
+        upstream |= {"discovery_type": "dns", "service_name": dns.upstream_name or f"{dns.name}:{dns.port}"}
+    else:
+        nodes = {_node(e.url)[1]: 1 for e in config.local.endpoints}
+        if not nodes:
+            raise RouteError(
+                "local.endpoints is empty and local.discovery names no members: the route needs the "
+                "on-prem Tritons as its upstream"
+            )
+        upstream |= {"nodes": nodes, "retries": len(nodes) - 1}
+    # The checks take a failing node out of the rotation.
+    return upstream | {"timeout": {"connect": 1, "send": 30, "read": 30}, "checks": _LOCAL_CHECKS}
 
 
 # Triton's own readiness, asked every second while a node fails and every 2 s while it serves;

@@ -17,12 +17,14 @@ from typing import Any
 
 from gateway_plugin.config import ConfigError, SharedState, SpillwayConfig, load
 from gateway_plugin.config.secrets import GatewaySecrets
+from gateway_plugin.discovery import dns_members, follow
 from gateway_plugin.fast_path.book import FastPathBook, apply_outcomes
 from gateway_plugin.outcome_listener import OutcomeListener, open_outcome_listener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins import runner_plugins
 from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.routing import outcomes
+from gateway_plugin.routing.prometheus_load import PrometheusScraper
 from gateway_plugin.routing.shared_state import SharedView
 from gateway_plugin.routing.shared_sync import SharedSync, Store
 from gateway_plugin.routing.signals import Fetch, Scraper
@@ -134,9 +136,21 @@ class RunnerApp:
         if config.metrics.listen:
             self.state.metrics.serve(self._metrics_listen(config.metrics.listen))
         urls = [e.metrics_url for e in config.local.endpoints]
-        if urls:
-            state = self.state
-            self._scraper = Scraper(
+        dns, prometheus = config.local.discovery.dns, config.local.discovery.prometheus
+        state = self.state
+        if prometheus is not None:
+            self._scraper = PrometheusScraper(
+                state.load,
+                http_fetcher(prometheus.timeout_s),
+                prometheus,
+                config.local.scrape_period_s,
+                time.time,
+                state.scrape_failed,
+                lambda: state.gauge_specs,
+            )
+            self._tasks.append(asyncio.ensure_future(self._scraper.run()))
+        elif urls or dns is not None:
+            scraper = self._scraper = Scraper(
                 state.load,
                 http_fetcher(),
                 urls,
@@ -144,7 +158,11 @@ class RunnerApp:
                 state.scrape_failed,
                 lambda: state.gauge_specs,
             )
-            self._tasks.append(asyncio.ensure_future(self._scraper.run()))
+            self._tasks.append(asyncio.ensure_future(scraper.run()))
+            if dns is not None:
+                found = functools.partial(setattr, scraper, "urls")
+                following = follow(dns_members(dns), urls, found, dns.period_s, dns.name)
+                self._tasks.append(asyncio.ensure_future(following))
         self._tasks.append(asyncio.ensure_future(self._gauges()))
         if not self.worker:
             self._warn_of_empty_signing_keys(config)

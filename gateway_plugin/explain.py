@@ -13,12 +13,39 @@ from gateway_plugin.routing.gauges import compiled
 from gateway_plugin.targets.urls import masked_url
 
 
+def _members(config: SpillwayConfig) -> list[str]:
+    local, dns = config.local, config.local.discovery.dns
+    lines = []
+    if dns is not None:
+        where = "port from each SRV record" if dns.record == "SRV" else f"metrics port {dns.metrics_port}"
+        lines.append(
+            f"  and every member {dns.name} names ({dns.record} records, {where}), resolved every "
+            f"{dns.period_s:g} s by {dns.resolver or 'the system resolver'}"
+        )
+    prometheus = local.discovery.prometheus
+    if prometheus is not None:
+        lines.append(
+            f"  members and their load from Prometheus at {masked_url(prometheus.url)}: the series "
+            f"{{{prometheus.selector}}}, a member per {prometheus.member_label}, failing when up is 0 or "
+            f"its samples are over {prometheus.max_age_s:g} s old (instead of scraping each member)"
+        )
+    capacity = (
+        f"{local.member_parallelism:g} per member answering"
+        if local.member_parallelism is not None
+        else f"{local.parallelism} with every member answering, in their share otherwise"
+    )
+    grace = local.drop_member_after_s
+    lines.append(f"  capacity: {capacity}; a member failing {grace:g} s stops counting until it answers")
+    return lines
+
+
 def explain(config: SpillwayConfig) -> str:
     local = config.local
     lines = [
         f"local: {len(local.endpoints)} Triton endpoint(s), latency target {local.latency_target_ms:g} ms, "
         f"scraped every {local.scrape_period_s:g} s (stale after {local.stale_after_s:g} s)",
         *(f"  scrapes {masked_url(e.metrics_url)}" for e in local.endpoints),
+        *_members(config),
         *_thresholds(config),
         _health(config),
     ]

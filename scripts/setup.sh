@@ -44,6 +44,9 @@ apt_component redis-cli redis-tools "the Redis Cluster tests"
 # tests start their own on loopback.
 apt_component redis-sentinel redis-sentinel "the Sentinel failover tests"
 apt_component etcd etcd-server "the multi-node APISIX tests (tests/test_apisix_nodes.py)"
+# A real DNS server for the on-prem discovery tests (dnsmasq answers a headless Service's records on
+# loopback; only the binary is used).
+apt_component dnsmasq dnsmasq-base "the on-prem discovery tests (tests/test_local_discovery.py)"
 # A real Prometheus and promtool for the monitoring tests (rules, dashboards' queries, the bill) and
 # the demo. Only the binaries are used: the tests and the demo start their own on loopback.
 apt_component prometheus prometheus "the monitoring tests"

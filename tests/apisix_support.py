@@ -220,6 +220,7 @@ def apisix_settings(
         "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
         "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
         "plugin_attr": {"spillway": {**snippet["plugin_attr"]["spillway"], **settings.pop("attr", {})}},
+        "discovery": snippet.get("discovery"),
     }
     return apisix.ApisixSettings(**{**defaults, **settings})
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import ipaddress
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gateway_plugin.config.model import Model
 from gateway_plugin.config.thresholds import Thresholds
@@ -13,6 +14,83 @@ from gateway_plugin.config.thresholds import Thresholds
 class LocalEndpoint(Model):
     url: str = Field(description="Triton's HTTP endpoint, http://host:port")
     metrics_url: str = Field(description="Triton's Prometheus endpoint, http://host:8002/metrics")
+
+
+class DnsDiscovery(Model):
+    """Members from the DNS records Kubernetes publishes for a headless Service, re-resolved every
+    period: each address (A or AAAA) is a member at ``metrics_port``, or each SRV record's target at
+    the record's port."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="the DNS name: triton.<namespace>.svc.cluster.local (A/AAAA), "
+        "or _metrics._tcp.triton.<namespace>.svc.cluster.local (SRV)",
+    )
+    record: Literal["A", "AAAA", "SRV"] = Field(default="A", description="which records name the members")
+    port: int = Field(default=8000, ge=1, le=65535, description="each member's inference (HTTP) port")
+    metrics_port: int = Field(
+        default=8002, ge=1, le=65535, description="each member's metrics port (SRV records give theirs)"
+    )
+    upstream_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="the name APISIX's DNS discovery resolves for the route's on-prem upstream: "
+        "unset, name:port with A/AAAA records; with SRV, the inference port's (_http._tcp.triton...)",
+    )
+    resolver: str | None = Field(
+        default=None, description="host:port of the DNS server to ask; unset: the system's (/etc/resolv.conf)"
+    )
+    period_s: float = Field(default=5.0, gt=0, le=300, description="how often the name is resolved again")
+    timeout_s: float = Field(default=1.0, gt=0, le=30, description="how long one resolution may take")
+
+    @field_validator("resolver")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, _, port = value.rpartition(":")
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+            if not 0 < int(port) < 65536:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not an IP address and port (10.96.0.10:53, [fd00::a]:53): "
+                "the resolver is asked by address"
+            ) from None
+        return value
+
+
+class PrometheusDiscovery(Model):
+    """The members and their load from the Prometheus that already scrapes them: one PromQL query a
+    scrape period, each value of ``member_label`` a member, a member whose ``up`` is 0 or whose
+    samples are older than ``max_age_s`` failing."""
+
+    url: str = Field(pattern=r"^https?://", description="Prometheus' base URL, http://prometheus:9090")
+    selector: str = Field(
+        default='job="triton"',
+        max_length=1000,
+        pattern=r"^[^{}]*$",
+        description='label matchers of the Tritons\' series, without braces: job="triton",namespace="ml"',
+    )
+    member_label: str = Field(
+        default="instance", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", description="the label that names a member"
+    )
+    max_age_s: float = Field(
+        default=60.0, gt=0, description="a member whose newest sample is older than this is failing"
+    )
+    timeout_s: float = Field(default=1.0, gt=0, le=30, description="how long one query may take")
+
+
+class Discovery(Model):
+    """Where the members are found besides ``endpoints`` (Kubernetes' rolling updates and autoscaling)."""
+
+    dns: DnsDiscovery | None = Field(default=None, description="a headless Service's DNS records")
+    prometheus: PrometheusDiscovery | None = Field(
+        default=None,
+        description="the members' load read from Prometheus instead of scraping each one",
+    )
 
 
 class LocalCost(Model):
@@ -59,11 +137,27 @@ class LocalCluster(Model):
     """The on-prem Triton cluster: where requests go while it meets its latency target."""
 
     endpoints: list[LocalEndpoint] = Field(default_factory=list, description="every on-prem Triton to scrape")
+    discovery: Discovery = Field(
+        default_factory=Discovery, description="members found where Kubernetes publishes them, with endpoints"
+    )
     latency_target_ms: float = Field(default=200.0, gt=0, description="default p50 latency target")
     model_latency_targets_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="per-model targets"
     )
-    parallelism: int = Field(default=1, ge=1, description="requests the cluster runs at once per model")
+    parallelism: int = Field(
+        default=1,
+        ge=1,
+        description="requests the cluster runs at once per model, all its endpoints answering",
+    )
+    member_parallelism: float | None = Field(
+        default=None,
+        gt=0,
+        description="requests one member runs at once per model (instances x what one runs at once): "
+        "capacity is this times the members that answer; unset: parallelism times their share",
+    )
+    drop_member_after_s: float = Field(
+        default=1.0, gt=0, description="a member whose metrics fail this long stops counting as capacity"
+    )
     scrape_period_s: float = Field(default=0.25, gt=0, le=10, description="metrics scrape period")
     stale_after_s: float = Field(default=2.0, gt=0, description="signals older than this are missing")
     max_queue_ms: float = Field(
@@ -75,3 +169,14 @@ class LocalCluster(Model):
         description="gauges (GPU utilisation, GPU memory, any other) past whose limit the cluster overflows",
     )
     health: LocalHealth = Field(default_factory=LocalHealth, description="when the cluster counts as failing")
+
+    @model_validator(mode="after")
+    def _capacity_per_member(self) -> LocalCluster:
+        found = self.discovery.dns or self.discovery.prometheus
+        if found is not None and self.member_parallelism is None:
+            raise ValueError(
+                "local.discovery finds the members, so their number is not the config's: set "
+                "local.member_parallelism, what one member runs at once per model (its instance_group "
+                "count), for the capacity to follow them"
+            )
+        return self

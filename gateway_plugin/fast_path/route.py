@@ -68,8 +68,8 @@ def invoke_targets(config: SpillwayConfig) -> list[str]:
 def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
     """What APISIX's config.yaml needs for Spillway's routes (either kind): the plugins' path, their
     shared dict, where the runner serves its table (``outcomes.listen``), the variables nginx must
-    pass through (the route token's and every target's signing key's; names only), and verified TLS
-    to the functions."""
+    pass through (the route token's and every target's signing key's; names only), verified TLS
+    to the functions, and the DNS discovery of the on-prem members where the config has one."""
     if not config.outcomes.listen:
         raise RouteError("outcomes.listen is null: the fast path fetches its table from that endpoint")
     exporter = f"{APISIX_EXPORTER['ip']}:{APISIX_EXPORTER['port']}"
@@ -83,7 +83,13 @@ def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
                 "export_addr): one of them would not start; give the runner another port"
             )
     keys = [t.signing_key_env for t in config.targets if t.signing_key_env]
-    return {
+    dns = config.local.discovery.dns
+    discovery: dict[str, Any] = {}
+    if dns is not None:
+        asked = {"servers": [dns.resolver]} if dns.resolver else {"resolv_conf": "/etc/resolv.conf"}
+        # The route's on-prem upstream resolves the members the runner scrapes, from the same server.
+        discovery = {"discovery": {"dns": asked}}
+    return discovery | {
         "apisix": {
             "extra_lua_path": f"{lua_path()}/?.lua",
             # The CAs a function's certificate must chain to ("system": the OS bundle; else a path).

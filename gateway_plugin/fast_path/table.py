@@ -34,7 +34,7 @@ from gateway_plugin.fast_path.table_model import (
 )
 from gateway_plugin.routing.content import ContentPolicy
 from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
-from gateway_plugin.routing.overflow import backlog_ms, scraped_latency_ms
+from gateway_plugin.routing.overflow import backlog_ms, capacity, scraped_latency_ms
 from gateway_plugin.routing.policy import (
     LocalLoad,
     Policy,
@@ -137,6 +137,7 @@ def _load(load: LocalLoad, policy: Policy) -> LoadRow:
         onprem_rps=load.onprem_rps,
         failing=load.failing,
         probe_allowed=load.probe_allowed,
+        capacity=capacity(load, policy),
     )
 
 

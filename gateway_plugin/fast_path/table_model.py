@@ -95,6 +95,8 @@ class LoadRow:
     onprem_rps: float
     failing: bool
     probe_allowed: bool
+    # Requests the members that answer run at once (routing.overflow.capacity).
+    capacity: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,7 +121,12 @@ class RunnerMetrics:
             registry=r,
         )
         self.scrape_errors = Counter(
-            "spillway_signal_scrape_errors", "Failed rounds of metrics scraping.", registry=r
+            "spillway_signal_scrape_errors",
+            "Rounds of metrics scraping in which no member answered.",
+            registry=r,
+        )
+        self.local_members = Gauge(
+            "spillway_local_members", "On-prem members by state (up, failing, down).", ["state"], registry=r
         )
         self.spend = Counter("spillway_cloud_spend_usd", "Estimated cloud spend.", ["target"], registry=r)
         self.breaker_open = Gauge(

@@ -11,7 +11,7 @@ requests that could have left makes every on-prem-only request behind them queue
 shed. So the latency at which requests that may leave spill is lowered by the queueing that the
 on-prem-only arrivals alone would cause (their utilisation rho of the cluster, measured from the
 arrivals the gateway sees): ``onprem_headroom`` x rho / (1 - rho) service times, spread over the
-cluster's parallelism. As that load nears the cluster's capacity, every request that may leave
+cluster's capacity. As that load nears the cluster's capacity, every request that may leave
 spills.
 """
 
@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 IDLE_QUEUE_SHARE = 0.1
 
 
+def capacity(load: LocalLoad, policy: Policy) -> float:
+    """Requests the cluster runs at once: the members that answer now (a rolling update, an
+    autoscaler), or the policy's ``parallelism`` where the load does not say."""
+    return load.capacity if load.capacity > 0 else policy.parallelism
+
+
 def scraped_latency_ms(load: LocalLoad, policy: Policy) -> float:
     """Wait behind the queue plus service time, from the scrape and what the gateway sent since.
 
@@ -41,7 +47,7 @@ def scraped_latency_ms(load: LocalLoad, policy: Policy) -> float:
     drained cluster busy.
     """
     backlog = _backlog(load, policy)
-    modelled = max(load.queue_ms, backlog * load.compute_ms / policy.parallelism) + load.compute_ms
+    modelled = max(load.queue_ms, backlog * load.compute_ms / capacity(load, policy)) + load.compute_ms
     drained = backlog == 0 and load.pending == 0 and load.queue_ms <= IDLE_QUEUE_SHARE * load.compute_ms
     return modelled if drained else max(modelled, load.observed_ms)
 
@@ -51,17 +57,17 @@ def _backlog(load: LocalLoad, policy: Policy) -> float:
     finished in the meantime at full speed."""
     backlog = float(load.pending + load.sent_since_scrape)
     if load.compute_ms > 0:
-        backlog = max(0.0, backlog - load.age_ms * policy.parallelism / load.compute_ms)
+        backlog = max(0.0, backlog - load.age_ms * capacity(load, policy) / load.compute_ms)
     return backlog
 
 
 def backlog_ms(load: LocalLoad, policy: Policy) -> float:
     """The scrape's backlog as a latency (no measured queue time, no observed floor): what a count
     of this gateway's own requests cannot see of other gateways'."""
-    return _backlog(load, policy) * load.compute_ms / policy.parallelism + load.compute_ms
+    return _backlog(load, policy) * load.compute_ms / capacity(load, policy) + load.compute_ms
 
 
-def own_latency_ms(in_flight: int, compute_ms: float, parallelism: int) -> float:
+def own_latency_ms(in_flight: int, compute_ms: float, parallelism: float) -> float:
     """What a request sent now would take by the gateway's own count of requests at the cluster:
     it waits for all but ``parallelism - 1`` of them to finish, one service time per
     ``parallelism``. The gateway counts exactly, between scrapes too."""
@@ -76,7 +82,9 @@ def estimated_latency_ms(load: LocalLoad, policy: Policy) -> float:
     exact between scrapes makes them only late."""
     if load.in_flight < 0 or load.compute_ms <= 0:
         return scraped_latency_ms(load, policy)
-    return max(own_latency_ms(load.in_flight, load.compute_ms, policy.parallelism), backlog_ms(load, policy))
+    return max(
+        own_latency_ms(load.in_flight, load.compute_ms, capacity(load, policy)), backlog_ms(load, policy)
+    )
 
 
 def onprem_reserve_ms(load: LocalLoad, policy: Policy) -> float:
@@ -84,10 +92,10 @@ def onprem_reserve_ms(load: LocalLoad, policy: Policy) -> float:
     reaches the cluster's capacity)."""
     if load.compute_ms <= 0 or load.onprem_rps <= 0 or policy.onprem_headroom <= 0:
         return 0.0
-    rho = load.onprem_rps * load.compute_ms / 1000 / policy.parallelism
+    rho = load.onprem_rps * load.compute_ms / 1000 / capacity(load, policy)
     if rho >= 1:
         return math.inf
-    return policy.onprem_headroom * load.compute_ms / policy.parallelism * rho / (1 - rho)
+    return policy.onprem_headroom * load.compute_ms / capacity(load, policy) * rho / (1 - rho)
 
 
 def gauges_hot(gauges: Sequence[float | None], thresholds: Sequence[Threshold], was: bool) -> bool:

@@ -44,7 +44,8 @@ class LocalLoad(NamedTuple):
     ``overflowing``: the latency's hysteresis state; ``gauges_hot``: the thresholds' own (a gauge
     of ``local.thresholds`` past its limit and none yet below its exit), applied at each scrape;
     ``failing``: the cluster's own breaker is not closed (its answers fail), ``probe_allowed``:
-    half-open, a request may go local to probe it.
+    half-open, a request may go local to probe it; ``capacity``: requests the members that answer
+    run at once (0: the policy's ``parallelism``).
     """
 
     fresh: bool = False
@@ -60,6 +61,7 @@ class LocalLoad(NamedTuple):
     gauges_hot: bool = False
     failing: bool = False
     probe_allowed: bool = False
+    capacity: float = 0.0
 
 
 class Threshold(NamedTuple):

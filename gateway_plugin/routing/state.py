@@ -114,6 +114,9 @@ class GatewayState(SummedOutcomes):
         self.retry_budget = RetryBudget(config.breaker.retry_budget_ratio)
         self.load.stale_after_s = config.local.stale_after_s
         self.load.health = config.local.health
+        self.load.parallelism = config.local.parallelism
+        self.load.member_parallelism = config.local.member_parallelism or 0.0
+        self.load.members.drop_after_s = config.local.drop_member_after_s
         self.load.declare(config.declared_models())
         self.tenants.max_tenants = config.tenants.max_tracked
         if self.shared is not None:
@@ -359,6 +362,8 @@ class GatewayState(SummedOutcomes):
         m = self.metrics
         m.cost.accrue(now, self.config.local.cost.usd_per_hour)
         m.signals_fresh.set(1 if self.load.fresh else 0)
+        for member_state, count in self.load.members.counts().items():
+            m.local_members.labels(member_state).set(count)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing or load.gauges_hot else 0)

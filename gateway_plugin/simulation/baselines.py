@@ -24,9 +24,9 @@ import functools
 from collections.abc import Callable
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.members import Counters
 from gateway_plugin.routing.policy import LOCAL, Policy, may_leave
 from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.signals import Counters
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.world import World
 
@@ -61,6 +61,9 @@ class Unlearning:
         pass
 
     def returned(self, job: Job, now: float) -> None:
+        pass
+
+    def members_changed(self, members: int, now: float) -> None:
         pass
 
 

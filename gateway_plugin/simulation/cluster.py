@@ -9,7 +9,7 @@ import itertools
 import math
 from collections import deque
 
-from gateway_plugin.routing.signals import Counters
+from gateway_plugin.routing.members import Counters
 from gateway_plugin.simulation.settings import SimulatedCluster
 
 HISTORY = 100
@@ -70,6 +70,17 @@ class Cluster:
         self.compute_us = HISTORY * settings.service_ms * 1000
         self.committed_s = 0.0
 
+    def resize(self, servers: int, now: float) -> list[tuple[float, Batch]]:
+        """The cluster now runs ``servers`` model instances (members came or went): the batches
+        that start at once on the new ones. Instances that leave finish what they run (a pod's
+        graceful termination) and take no more."""
+        self.free += servers - self.servers
+        self.servers = servers
+        started = []
+        while self.free > 0 and self.queue:
+            started.append(self._start(now))
+        return started
+
     @property
     def in_flight(self) -> int:
         return len(self.queue) + self.servers - self.free
@@ -89,7 +100,8 @@ class Cluster:
             self.success += 1
             self.queue_us += (job.started - job.arrived) * 1e6
             self.compute_us += compute_us
-        return self._start(now) if self.queue else None
+        # After members left, an instance that finishes may be one that is gone (free not above 0).
+        return self._start(now) if self.queue and self.free > 0 else None
 
     def _start(self, now: float) -> tuple[float, Batch]:
         queue = self.queue

@@ -17,16 +17,17 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.routing.members import Counters
 from gateway_plugin.routing.policy import LOCAL, SHED, RequestFeatures
-from gateway_plugin.routing.signals import Counters
 from gateway_plugin.simulation.billing import Bill
 from gateway_plugin.simulation.cloud import CloudTarget, Served, lognormal
 from gateway_plugin.simulation.cluster import Batch, Cluster, Job
 from gateway_plugin.simulation.results import CLOUD_KIND, FAILED_KIND, LOCAL_KIND, SHED_KIND, Measures
+from gateway_plugin.simulation.runner_policy import per_member
 from gateway_plugin.simulation.trace import Shaping, Trace, arrivals
 from gateway_plugin.simulation.world import Router, World
 
-LOCAL_DONE, CLOUD_DONE, SCRAPE, SCRAPED, FLUSH, WARMUP, PING_DONE, WARM_REPORT = range(8)
+LOCAL_DONE, CLOUD_DONE, SCRAPE, SCRAPED, FLUSH, WARMUP, PING_DONE, WARM_REPORT, MEMBERS = range(9)
 # The runner reads the warm-up report file every 2 s: on average a report is 1 s old when read.
 WARM_REPORT_DELAY_S = 1.0
 Progress = Callable[[float], None]
@@ -64,7 +65,9 @@ class Engine:
             )
             for t in config.targets
         }
-        self.cluster = Cluster(config.local.parallelism, sim.cluster)
+        self.per_member = per_member(config)
+        members = sim.members_at_start(len(config.local.endpoints))
+        self.cluster = Cluster(self._servers(members), sim.cluster)
         target_ms = config.local.model_latency_targets_ms.get(sim.model, config.local.latency_target_ms)
         self.world = World(self.cluster, self.clouds, target_ms, features=features(config))
         self.measures = Measures(target_ms, local_cost=config.local.cost)
@@ -77,6 +80,9 @@ class Engine:
         self.pending: list[tuple[int, Any]] = []
         self.busy_at_scrape = 0.0
 
+    def _servers(self, members: int) -> int:
+        return max(1, round(members * self.per_member))
+
     def push(self, at: float, kind: int, payload: Any) -> None:
         self.seq += 1
         heapq.heappush(self.events, (at, self.seq, kind, payload))
@@ -86,6 +92,8 @@ class Engine:
         # requests served before, so the first scrape in the trace gives their service time).
         self.router.scraped(Counters(), -self.config.local.scrape_period_s)
         self.push(0.0, SCRAPE, None)
+        for change in self.config.simulation.membership:
+            self.push(change.at_s, MEMBERS, change.members)
         warmup = self.config.warmup
         for name, spec in warmup.targets.items():
             self.router.warm_report(name, self.clouds[name].prewarm(spec.instances, 0.0), 0.0)
@@ -150,6 +158,10 @@ class Engine:
             self.clouds[payload[0]].release(payload[1].instance, now)
         elif kind == WARM_REPORT:
             self.router.warm_report(payload[0], payload[1], now)
+        elif kind == MEMBERS:
+            for end, batch in self.cluster.resize(self._servers(payload), now):
+                self.push(end, LOCAL_DONE, batch)
+            self.router.members_changed(payload, now)
 
     def _local_done(self, batch: Batch, now: float) -> None:
         net, record = self.local_net_s, self.measures.record

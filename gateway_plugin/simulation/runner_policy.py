@@ -12,8 +12,8 @@ from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.config.thresholds import GPU_UTILIZATION
 from gateway_plugin.routing.gauges import compiled
+from gateway_plugin.routing.members import Counters
 from gateway_plugin.routing.policy import LOCAL, Reason, RequestFeatures, decide
-from gateway_plugin.routing.signals import Counters
 from gateway_plugin.routing.state import GatewayState
 from gateway_plugin.routing.target_states import Counts
 from gateway_plugin.simulation.cluster import Job
@@ -43,6 +43,10 @@ class SpillwayRouter:
         self.in_flight = {LOCAL: 0, **{t.name: 0 for t in config.targets}}
         self.starting = {t.name: 0 for t in config.targets}
         self.counts = Counts(self.in_flight, self.starting) if config.simulation.gateway_counts else None
+        # The members the next scrape finds; the first reports the cluster's counters, the others
+        # none (so a member leaving or joining moves no counter, only the capacity).
+        self.members = config.simulation.members_at_start(len(config.local.endpoints))
+        self.state.load.member_parallelism = per_member(config)
 
     def _clock(self) -> float:
         return self.now
@@ -73,7 +77,11 @@ class SpillwayRouter:
 
     def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
         self.now = now
-        self.state.load.observe([{self.model: counters}], self._gauges(utilisation))
+        members = [{self.model: counters}, *({} for _ in range(self.members - 1))]
+        self.state.load.observe(members, self._gauges(utilisation))
+
+    def members_changed(self, members: int, now: float) -> None:
+        self.members = members
 
     def _gauges(self, utilisation: float) -> tuple[float | None, ...]:
         """GPU utilisation as the cluster's busy share of its parallelism over the scrape period;
@@ -103,6 +111,14 @@ class SpillwayRouter:
     def warm_report(self, target: str, instances: list[str], now: float) -> None:
         self.now = now
         self.state.warm_report(target, instances)
+
+
+def per_member(config: SpillwayConfig) -> float:
+    """What one member runs at once: ``local.member_parallelism``, or ``parallelism``'s share of the
+    members the simulation starts with."""
+    if config.local.member_parallelism is not None:
+        return config.local.member_parallelism
+    return config.local.parallelism / config.simulation.members_at_start(len(config.local.endpoints))
 
 
 def modelled(metric: str) -> bool:

@@ -63,6 +63,14 @@ class SimulatedTarget(_Model):
     )
 
 
+class MemberChange(_Model):
+    """From ``at_s`` on (seconds into the trace), the cluster has ``members`` pods: a rolling update
+    (one leaves, its replacement joins), a drain, an autoscaler's step."""
+
+    at_s: float = Field(ge=0, description="when, in seconds from the trace's start")
+    members: int = Field(ge=1, le=10_000, description="how many members serve from then on")
+
+
 class SimulationSettings(_Model):
     model: str = Field(default="model", description="the model every simulated request is for")
     cluster: SimulatedCluster = Field(default_factory=SimulatedCluster)
@@ -84,6 +92,21 @@ class SimulationSettings(_Model):
     )
     large_share: float = Field(default=0.0, ge=0, le=1, description="share of requests with large bodies")
     large_bytes: int = Field(default=8 * 1024 * 1024, ge=0, description="the size of those")
+    members: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="the cluster's members at the start (default: local.endpoints', at least 1); each "
+        "runs local.member_parallelism, or local.parallelism's share",
+    )
+    membership: list[MemberChange] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="members leaving and joining while the trace runs (a rolling update, autoscaling)",
+    )
+
+    def members_at_start(self, endpoints: int) -> int:
+        return self.members or max(1, endpoints)
 
     def target(self, name: str) -> SimulatedTarget:
         return self.targets.get(name) or SimulatedTarget()

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gateway_plugin.routing.members import Counters
 from gateway_plugin.routing.policy import RequestFeatures
-from gateway_plugin.routing.signals import Counters
 from gateway_plugin.simulation.cloud import CloudTarget
 from gateway_plugin.simulation.cluster import Cluster, Job
 
@@ -51,3 +51,6 @@ class Router(Protocol):
 
     def returned(self, job: Job, now: float) -> None:
         """A request's answer passed the gateway (no logger's delay: the gateway sees it go by)."""
+
+    def members_changed(self, members: int, now: float) -> None:
+        """The cluster has ``members`` pods from now on (what the runner's scrapes find next)."""

@@ -20,7 +20,8 @@ local _M = {}
 local LOCAL, SHED = "local", "shed"
 _M.LOCAL, _M.SHED = LOCAL, SHED
 local NO_LOAD = { fresh = false, latency_ms = 0, backlog_ms = 0, compute_ms = 0, overflowing = false,
-                  onprem_rps = 0, gauges_hot = false, failing = false, probe_allowed = false }
+                  onprem_rps = 0, gauges_hot = false, failing = false, probe_allowed = false,
+                  capacity = 1 }
 local NO_TARGET_STATE = { breaker = "closed", probe_allowed = false, warm = 0,
                           spent_hour_usd = 0, spent_day_usd = 0 }
 local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd = 0 }

@@ -6,12 +6,13 @@ local _M = {}
 
 -- routing/overflow.py's estimated_latency_ms: the table's estimate from the scrape, or, where
 -- this node counts what it has at the cluster, the larger of the count's (all but
--- parallelism - 1 of them finish first) and the scrape's backlog (other gateways' requests).
+-- capacity - 1 of them finish first) and the scrape's backlog (other gateways' requests). The
+-- capacity is the table's: what the cluster's members that answer run at once.
 local function latency_of(load, policy, in_flight)
     if in_flight == nil or in_flight < 0 or load.compute_ms <= 0 then
         return load.latency_ms
     end
-    local c = policy.parallelism
+    local c = load.capacity
     local own = math.max(0, in_flight - c + 1) * load.compute_ms / c + load.compute_ms
     return math.max(own, load.backlog_ms)
 end
@@ -19,7 +20,7 @@ _M.latency_of = latency_of
 
 -- routing/overflow.py's onprem_reserve_ms: the latency kept free for on-prem-only requests.
 local function reserve_of(load, policy)
-    local headroom, c = policy.onprem_headroom, policy.parallelism
+    local headroom, c = policy.onprem_headroom, load.capacity
     if load.compute_ms <= 0 or load.onprem_rps <= 0 or headroom <= 0 then
         return 0
     end
