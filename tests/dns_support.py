@@ -9,16 +9,17 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.apisix_support import MetricsFeed
+from tests.support import QuietHandler, http_server_thread
 
 
 def needs_dnsmasq() -> pytest.MarkDecorator:
@@ -122,15 +123,20 @@ def dnsmasq(tmp: Path) -> Iterator[Dns]:
         dns.stop()
 
 
-@contextmanager
-def serving_at(address: str, port: int, handler: type[Any]) -> Iterator[str]:
-    """An ``http.server`` on ``address:port`` (another loopback address than 127.0.0.1, as each pod
-    of a headless Service has its own address and the same ports)."""
-    server = ThreadingHTTPServer((address, port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://{address}:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+def serving_at(address: str, port: int, handler: type[Any]) -> AbstractContextManager[str]:
+    """An ``http.server`` on ``address:port`` (another loopback address than 127.0.0.1)."""
+    return http_server_thread(handler, bind=(address, port))
+
+
+def metrics_handler(feed: MetricsFeed) -> type[QuietHandler]:
+    """Serves ``feed``'s Triton metrics text, as a pod's metrics port does."""
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            body = feed.text().encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler

@@ -259,10 +259,14 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 @contextmanager
 def http_server_thread(
-    handler: type[Any], tls: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+    handler: type[Any],
+    tls: ssl.SSLContext | None = None,
+    host: str = "127.0.0.1",
+    bind: tuple[str, int] = ("127.0.0.1", 0),
 ) -> Iterator[str]:
     """A plain ``http.server`` on a loopback port, for upstreams and misbehaving targets; with
-    ``tls``, HTTPS (its URL names ``host``)."""
+    ``tls``, HTTPS (its URL names ``host``); ``bind``: another loopback address and a given port
+    (each pod of a headless Service has its own address and the same ports)."""
     import threading
     from http.server import ThreadingHTTPServer
 
@@ -272,12 +276,13 @@ def http_server_thread(
         request_queue_size = 128
         daemon_threads = True
 
-    server = Server(("127.0.0.1", 0), handler)
+    server = Server(bind, handler)
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"{'https' if tls else 'http'}://{host}:{server.server_address[1]}"
+        address = host if bind[0] == "127.0.0.1" else bind[0]
+        yield f"{'https' if tls else 'http'}://{address}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

@@ -29,7 +29,7 @@ from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from tests.apisix_support import MetricsFeed, fast_path_settings, needs_apisix, upstream
-from tests.dns_support import Dns, dnsmasq, needs_dnsmasq, serving_at
+from tests.dns_support import Dns, dnsmasq, metrics_handler, needs_dnsmasq, serving_at
 from tests.support import QuietHandler, http, wait_until
 
 pytestmark = [pytest.mark.integration, needs_apisix(), needs_dnsmasq()]
@@ -76,18 +76,6 @@ def _pod_handler(pods: Pods, address: str) -> type[QuietHandler]:
     return Handler
 
 
-def _feed_handler(feed: MetricsFeed) -> type[QuietHandler]:
-    class Handler(QuietHandler):
-        def do_GET(self) -> None:
-            body = feed.text().encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    return Handler
-
-
 @dataclass
 class Front:
     gateway: apisix.Apisix
@@ -123,7 +111,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         pods = Pods(dns, {a: MetricsFeed(compute_ms=10) for a in PODS})
         for address in PODS:
             stack.enter_context(serving_at(address, port, _pod_handler(pods, address)))
-            stack.enter_context(serving_at(address, metrics_port, _feed_handler(pods.feeds[address])))
+            stack.enter_context(serving_at(address, metrics_port, metrics_handler(pods.feeds[address])))
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         pods.scale(2, queue_ms=500)
         config = {

@@ -17,8 +17,7 @@ from gateway_plugin.config.cluster import DnsDiscovery
 from gateway_plugin.discovery import DiscoveryFailed, dns_members, follow
 from gateway_plugin.routing.signals import LoadTracker, Scraper
 from tests.apisix_support import MetricsFeed
-from tests.dns_support import Dns, dnsmasq, needs_dnsmasq, serving_at
-from tests.support import QuietHandler
+from tests.dns_support import Dns, dnsmasq, metrics_handler, needs_dnsmasq, serving_at
 
 pytestmark = [pytest.mark.integration, needs_dnsmasq()]
 
@@ -30,18 +29,6 @@ PODS = [f"127.0.0.{i}" for i in range(2, 6)]
 def dns(tmp_path: Path) -> Iterator[Dns]:
     with dnsmasq(tmp_path) as server:
         yield server
-
-
-def _feed_handler(feed: MetricsFeed) -> type[QuietHandler]:
-    class Handler(QuietHandler):
-        def do_GET(self) -> None:
-            body = feed.text().encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    return Handler
 
 
 def test_a_and_srv_records_resolve_to_the_members_metrics_urls(dns: Dns) -> None:
@@ -116,7 +103,7 @@ def test_an_autoscaler_adding_members_doubles_the_capacity_within_a_period(dns: 
 
     with ExitStack() as pods:
         for address, feed in zip(PODS, feeds, strict=True):
-            pods.enter_context(serving_at(address, port, _feed_handler(feed)))
+            pods.enter_context(serving_at(address, port, metrics_handler(feed)))
         assert asyncio.run(run(6)) == 4.0
         dns.set_hosts(NAME, PODS)
         assert asyncio.run(run(6)) == 8.0

@@ -88,42 +88,39 @@ local function card_number(digits)
     return #digits >= 13 and #digits <= 19 and luhn(digits)
 end
 
--- Each run a built-in's regex finds, ending on the first error (PCRE gave up: its match limit):
--- match or nil, and whether it gave up. A for loop over re_gmatch would end there silently, and
--- read as nothing found.
-local function runs(blob, pattern)
-    local iterator = re_gmatch(blob, pattern, "jo")
-    return function()
-        if not iterator then
-            return nil, true
-        end
-        local m, err = iterator()
-        return m, err ~= nil
+-- Whether holds(run) for any run of text the regex finds: true or false; nil when PCRE gave up
+-- (its match limit) before one held. A for loop over re_gmatch would end there silently, and read
+-- as nothing found.
+local function any_run(blob, pattern, holds)
+    local next_run = re_gmatch(blob, pattern, "jo")
+    if not next_run then
+        return nil
     end
-end
-
-local function card(blob)
-    local next_run = runs(blob, CARD_RUN)
     while true do
-        local m, gave_up = next_run()
-        if gave_up then
+        local m, err = next_run()
+        if err then
             return nil
         elseif not m then
             return false
-        end
-        local text = m[0]
-        local digits = gsub(text, "[^0-9]", "")
-        if card_number(digits) then
+        elseif holds(m[0]) then
             return true
         end
-        if #digits ~= #text then
-            for group in text:gmatch("[0-9]+") do
-                if card_number(group) then
-                    return true
-                end
+    end
+end
+
+local function card_run(text)
+    local digits = gsub(text, "[^0-9]", "")
+    if card_number(digits) then
+        return true
+    end
+    if #digits ~= #text then
+        for group in text:gmatch("[0-9]+") do
+            if card_number(group) then
+                return true
             end
         end
     end
+    return false
 end
 
 local function mod97(iban)
@@ -168,28 +165,23 @@ local function iban_from(tokens, start)
     return false
 end
 
-local function iban(blob)
-    local next_run = runs(blob, IBAN_RUN)
-    while true do
-        local m, gave_up = next_run()
-        if gave_up then
-            return nil
-        elseif not m then
-            return false
-        end
-        local tokens = {}
-        for token in upper(m[0]):gmatch("[^ ]+") do
-            tokens[#tokens + 1] = token
-        end
-        for i, token in ipairs(tokens) do
-            if token:find("^%u%u%d%d") and iban_from(tokens, i) then
-                return true
-            end
+local function iban_run(text)
+    local tokens = {}
+    for token in upper(text):gmatch("[^ ]+") do
+        tokens[#tokens + 1] = token
+    end
+    for i, token in ipairs(tokens) do
+        if token:find("^%u%u%d%d") and iban_from(tokens, i) then
+            return true
         end
     end
+    return false
 end
 
-local CHECKS = { card = card, iban = iban }
+local CHECKS = {
+    card = function(blob) return any_run(blob, CARD_RUN, card_run) end,
+    iban = function(blob) return any_run(blob, IBAN_RUN, iban_run) end,
+}
 
 -- Whether the detector finds anything: true or false; nil once the budget is spent, or when PCRE
 -- gave up on a built-in regex (its match limit): text that could not be read through stays home.
