@@ -19,7 +19,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_plugin.routing.signals import LoadTracker, Scraper, samples_of
+from gateway_plugin.routing.exposition import samples_of
+from gateway_plugin.routing.signals import LoadTracker, Scraper
 
 MODELS = ("add_sub", "resnet50", "bert", "llama")
 

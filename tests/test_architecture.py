@@ -154,3 +154,13 @@ def test_nothing_that_decides_or_keeps_books_reads_the_environment() -> None:
         if {"os", "os.environ", "os.getenv"} & _imports(path)
     ]
     assert not readers, readers
+
+
+def test_no_lua_module_of_the_plugins_is_over_400_lines() -> None:
+    lua = ROOT / "gateway_plugin" / "fast_path" / "lua"
+    long = {
+        str(p.relative_to(lua)): n
+        for p in sorted(lua.rglob("*.lua"))
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long

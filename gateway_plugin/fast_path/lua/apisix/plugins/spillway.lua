@@ -38,7 +38,7 @@ local tostring = tostring
 
 local plugin_name = "spillway"
 local DICT = contract.DICT
-local PREFIX, KEY = contract.PREFIX, contract.KEY
+local KEY = contract.KEY
 local FAIL_SAFE = contract.FAIL_SAFE
 local NO_CONSUMER = "no authenticated consumer: tenants.source is consumer, so the tenant comes from "
     .. "APISIX's authentication; put an authentication plugin on this route (apisix-route --auth)"
@@ -157,6 +157,7 @@ end
 -- What decide() reads of this node's counters, and the reservation of each decision's place.
 local reserving = reserve.new(dict, function() return worker.tbl end, function() return keys end)
 local live, slot, decide_and_reserve = reserving.live, reserving.slot, reserving.decide
+local release_tenant = reserving.release_tenant
 
 local function fail_safe(tbl, f, conf)
     counters.add(dict(), KEY.fail_safe, 1)
@@ -189,32 +190,6 @@ local function to_cloud(ctx, conf, name, spec, raw)
     end
     edge.forward_only(raw, spec.forward_set)
     sign.request(ctx, spec)
-end
-
--- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
--- cannot both see room for the last one; decide() then reads the count as it was before.
-local function reserve_tenant(f, policy)
-    local tenant = f.headers[policy.tenant_header]
-    if tenant == nil or tenant == "" then
-        return nil
-    end
-    local quota = policy.quotas[tenant] or policy.default_quota
-    if not quota.concurrency then
-        return nil
-    end
-    local count, err = counters.take_tenant(dict(), PREFIX.tenant_in_flight .. tenant)
-    if count == nil then
-        -- Clients choose tenant names: a full dict stops counting new tenants, nothing else.
-        log_sometimes("tenants", "spillway: shared dict ", DICT, " full: tenant in-flight ",
-                      "counts not kept for new tenants (", err, "); make it larger")
-        return nil
-    end
-    slot.tenant, slot.before = tenant, count - 1
-    return tenant
-end
-
-local function release_tenant(tenant)
-    counters.release_tenant(dict(), PREFIX.tenant_in_flight .. tenant)
 end
 
 -- Content checks before the decision that counts (content.lua), counted in the shared dict and
@@ -310,7 +285,7 @@ function _M.access(conf, ctx)
         policy = nil
     else
         keyed_tenant(f, policy.tenant_header)
-        local reserved = reserve_tenant(f, policy)
+        local reserved = reserving.tenant(f, policy, log_sometimes)
         kept_by = check_content(ctx, f, tbl, policy)
         if kept_by and kept_by.refusal then  -- Triton would read the body otherwise: a duplicate key
             slot.tenant = nil

@@ -1,17 +1,15 @@
 -- Residency by content on the fast path: gateway_plugin/routing/content.py in Lua.
 --
 -- On a route whose conf has content_checks, or for a request whose deciding rule has it, a request
--- the table would send out has its text inputs read first: the elements of every BYTES tensor's
--- data and the string values of the request's, each input's and each output's parameters, from
--- the JSON body or the JSON header of a binary-tensor body (Inference-Header-Content-Length bytes).
--- Every string at any depth in a BYTES tensor's data and in a parameters object (names too) is read.
--- When a detector (detect.lua) finds something, the request is decided as content.classify_as, a
--- class that may not leave: a match only ever keeps a request home. A body that cannot be read
--- (over max_bytes, of unknown size, not JSON, text in binary tensors, bytes other than the inputs'
--- binary_data_size declare) stays home unless the config says to decide it by its label; a scan
--- that ran past its CPU budget (budget_ms, from the read body on: nothing in it yields) stays home
--- whatever the config says. A body with a key twice in one object is refused (400): Triton reads
--- the first, cjson the last.
+-- the table would send out has its text inputs read first: every string at any depth in a BYTES
+-- tensor's data and in the request's, each input's and each output's parameters (names too), from
+-- the JSON body or a binary-tensor body's JSON header (Inference-Header-Content-Length bytes). When
+-- a detector (detect.lua) finds something, the request is decided as content.classify_as, a class
+-- that may not leave: a match only ever keeps a request home. A body that cannot be read (over
+-- max_bytes, of unknown size, not JSON, text in binary tensors, bytes other than the inputs'
+-- binary_data_size declare) stays home unless the config decides it by its label; a scan past its
+-- CPU budget (budget_ms) stays home whatever the config says. A body with a key twice in one
+-- object is refused (400): Triton reads the first, cjson the last.
 --
 -- The body is read exactly as the runner reads it: UTF-8 only (PCRE's validity check), no NUL
 -- byte, strict JSON (cjson with invalid numbers refused, plus the "1." and "-.5" forms cjson lets
@@ -140,14 +138,11 @@ local function document(text)
 end
 _M.document = document
 
--- The refusal's words, naming the key as the runner does (content.duplicate_key_message).
--- Printable ASCII as is, but for the quote and the backslash; every other byte as \\xhh.
+-- The refusal's words, naming the key as the runner does (content.duplicate_key_message):
+-- printable ASCII as is, but for the quote and the backslash; every other byte as \\xhh.
 local function shown(c)
     local b = byte(c)
-    if b >= 32 and b < 127 and b ~= 34 and b ~= 92 then
-        return c
-    end
-    return format("\\x%02x", b)
+    return (b >= 32 and b < 127 and b ~= 34 and b ~= 92) and c or format("\\x%02x", b)
 end
 
 function _M.duplicate_key_message(key)

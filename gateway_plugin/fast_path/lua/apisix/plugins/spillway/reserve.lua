@@ -1,7 +1,7 @@
 -- A decision and its place, taken together: the live counters decide() reads from the shared dict
 -- (what this node has in flight at each target and at the cluster, what it has spent, the probes
 -- it has taken), and the reservation of a target's cap, budget and half-open probe, or of the
--- half-open cluster's probe, atomically across workers.
+-- half-open cluster's probe, and of a tenant's concurrency slot, atomically across workers.
 
 local contract = require("apisix.plugins.spillway.contract")
 local counters = require("apisix.plugins.spillway.counters")
@@ -111,7 +111,34 @@ function _M.new(dict, tbl, keys)
         return decide.decide(f, tbl, policy, full)
     end
 
-    return { live = live, slot = slot, decide = decide_and_reserve }
+    -- Take the tenant's slot before deciding (as reserve() does for target caps), so two workers
+    -- cannot both see room for the last one; decide() then reads the count as it was before.
+    local function reserve_tenant(f, policy, log_sometimes)
+        local tenant = f.headers[policy.tenant_header]
+        if tenant == nil or tenant == "" then
+            return nil
+        end
+        local quota = policy.quotas[tenant] or policy.default_quota
+        if not quota.concurrency then
+            return nil
+        end
+        local count, err = counters.take_tenant(dict(), PREFIX.tenant_in_flight .. tenant)
+        if count == nil then
+            -- Clients choose tenant names: a full dict stops counting new tenants, nothing else.
+            log_sometimes("tenants", "spillway: shared dict ", contract.DICT, " full: tenant in-flight ",
+                          "counts not kept for new tenants (", err, "); make it larger")
+            return nil
+        end
+        slot.tenant, slot.before = tenant, count - 1
+        return tenant
+    end
+
+    local function release_tenant(tenant)
+        counters.release_tenant(dict(), PREFIX.tenant_in_flight .. tenant)
+    end
+
+    return { live = live, slot = slot, decide = decide_and_reserve, tenant = reserve_tenant,
+             release_tenant = release_tenant }
 end
 
 return _M
