@@ -93,6 +93,14 @@ class Front:
     def spilled(self, host: str | None, count: int = 10) -> float:
         return sum(self.send(host, "public").startswith("aws;") for _ in range(count)) / count
 
+    def pods_served(self, each: int) -> set[str]:
+        """The pods APISIX sent ``each`` on-prem-only requests per route to."""
+        self.pods.hits.clear()
+        for host in HOSTS.values():
+            for _ in range(each):
+                self.send(host, "confidential")
+        return set(self.pods.hits)
+
     def spill_is(self, share: float, host: str | None) -> bool:
         return self.spilled(host, 5) == share
 
@@ -145,10 +153,7 @@ def test_the_route_and_the_signals_follow_the_pods_the_name_resolves_to(front: F
     for host in HOSTS.values():
         wait_until(functools.partial(front.spill_is, 1.0, host), 30, f"{host} spilling on two pods")
     wait_until(lambda: front.members_up() == 2, 30, "two pods scraped")
-    for host in HOSTS.values():
-        for _ in range(10):
-            front.send(host, "confidential")
-    assert set(front.pods.hits) == set(PODS[:2]), front.pods.hits
+    assert front.pods_served(10) == set(PODS[:2]), front.pods.hits
 
     front.pods.scale(4, queue_ms=20)
     wait_until(lambda: front.members_up() == 4, 30, "four pods scraped")
@@ -156,11 +161,8 @@ def test_the_route_and_the_signals_follow_the_pods_the_name_resolves_to(front: F
         wait_until(functools.partial(front.spill_is, 0.0, host), 30, f"{host} home on four pods")
 
     def new_pods_served() -> bool:
-        front.pods.hits.clear()
-        for host in HOSTS.values():
-            for _ in range(20):
-                front.send(host, "confidential")
-        return bool(set(front.pods.hits) & set(PODS[2:])) and set(front.pods.hits) <= set(PODS)
+        served = front.pods_served(20)
+        return bool(served & set(PODS[2:])) and served <= set(PODS)
 
     wait_until(new_pods_served, 30, "APISIX sending to the new pods too")
 
@@ -170,11 +172,7 @@ def test_the_route_and_the_signals_follow_the_pods_the_name_resolves_to(front: F
         wait_until(functools.partial(front.spill_is, 1.0, host), 30, f"{host} spilling on one pod")
 
     def only_the_pod_left() -> bool:
-        front.pods.hits.clear()
-        for host in HOSTS.values():
-            for _ in range(10):
-                front.send(host, "confidential")
-        return set(front.pods.hits) == {PODS[0]}
+        return front.pods_served(10) == {PODS[0]}
 
     # APISIX's DNS client may answer from its cache for a few seconds after the records change.
     wait_until(only_the_pod_left, 30, "APISIX leaving the pods that went")
