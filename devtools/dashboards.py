@@ -89,9 +89,13 @@ GATEWAY = Dashboard(
         Panel(
             "On-prem members",
             "none",
-            (("sum by (state) (spillway_local_members)", "{{state}}"),),
+            (
+                ("sum by (state) (spillway_local_members)", "{{state}}"),
+                ("max(spillway_local_capacity)", "capacity (requests at once)"),
+            ),
             description="Members whose metrics answer (up), failing within local.drop_member_after_s, "
-            "and dropped from the capacity (down), summed over runners.",
+            "dropped from the capacity (down), and answering metrics while failing inference (wedged, "
+            "not counted), summed over runners; and the capacity the policy counts.",
         ),
         Panel(
             "Breakers",

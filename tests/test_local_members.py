@@ -33,6 +33,7 @@ class Pod:
     def __init__(self, queue_ms: float = 0.0, compute_ms: float = 10.0, pending: int = 0) -> None:
         self.queue_ms, self.compute_ms, self.pending = queue_ms, compute_ms, pending
         self.up = True
+        self.serving = True  # False: its inference fails, so its success counter stands still
         self.success = self.queue_us = self.compute_us = 0.0
 
     def restart(self) -> None:
@@ -41,6 +42,7 @@ class Pod:
     def page(self, per_round: int = 10) -> str:
         if not self.up:
             raise ConnectionRefusedError("connection refused")
+        per_round = per_round if self.serving else 0
         self.success += per_round
         self.queue_us += per_round * self.queue_ms * 1000
         self.compute_us += per_round * self.compute_ms * 1000
@@ -98,6 +100,7 @@ def test_a_member_that_goes_away_leaves_the_others_read_and_the_capacity_theirs(
         MemberState.UP: 1,
         MemberState.FAILING: 0,
         MemberState.DOWN: 1,
+        MemberState.WEDGED: 0,
     }
     said = [r.getMessage() for r in caplog.records if "http://b/metrics" in r.getMessage()]
     assert len(said) == 2 and "failed" in said[0] and "dropped" in said[1], said

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -169,6 +170,15 @@ class LocalCluster(Model):
         description="gauges (GPU utilisation, GPU memory, any other) past whose limit the cluster overflows",
     )
     health: LocalHealth = Field(default_factory=LocalHealth, description="when the cluster counts as failing")
+
+    def member_addresses(self) -> tuple[dict[str, str], int | None]:
+        """How APISIX names a member it sent a request to (``$upstream_addr``, ``host:port``): each
+        listed endpoint's metrics URL to its inference address; and the inference port of the
+        members DNS discovery finds by address (SRV targets and Prometheus' members are known by
+        their host alone)."""
+        listed = {e.metrics_url: urlsplit(e.url).netloc.lower() for e in self.endpoints}
+        dns = self.discovery.dns
+        return listed, dns.port if dns is not None and dns.record != "SRV" else None
 
     @model_validator(mode="after")
     def _capacity_per_member(self) -> LocalCluster:

@@ -126,7 +126,15 @@ class RunnerMetrics:
             registry=r,
         )
         self.local_members = Gauge(
-            "spillway_local_members", "On-prem members by state (up, failing, down).", ["state"], registry=r
+            "spillway_local_members",
+            "On-prem members by state (up, failing, down, wedged: metrics answer, inference fails).",
+            ["state"],
+            registry=r,
+        )
+        self.local_capacity = Gauge(
+            "spillway_local_capacity",
+            "Requests per model the on-prem members that count run at once (the policy's capacity).",
+            registry=r,
         )
         self.spend = Counter("spillway_cloud_spend_usd", "Estimated cloud spend.", ["target"], registry=r)
         self.breaker_open = Gauge(

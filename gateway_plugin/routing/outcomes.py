@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -29,6 +30,7 @@ FIELDS = (
     "target",
     "status",
     "upstream_status",
+    "upstream",
     "upstream_s",
     "request_s",
     "instance",
@@ -48,6 +50,7 @@ def log_format() -> dict[str, str]:
         "target": "$spillway_upstream",
         "status": "$status",
         "upstream_status": "$upstream_status",
+        "upstream": "$upstream_addr",
         "upstream_s": "$upstream_response_time",
         "request_s": "$request_time",
         "instance": "$sent_http_" + HEADER_INSTANCE.replace("-", "_"),
@@ -78,6 +81,7 @@ class Outcome(BaseModel):
     target: str | None = Field(default=None, max_length=200)
     status: int | None = Field(default=None, ge=0, le=999)
     upstream_status: str | None = Field(default=None, max_length=200)
+    upstream: str | None = Field(default=None, max_length=1000)
     upstream_s: str | None = Field(default=None, max_length=200)
     request_s: str | None = Field(default=None, max_length=200)
     instance: str | None = Field(default=None, max_length=200)
@@ -178,6 +182,29 @@ def _last_number(raw: str | None) -> float | None:
     return number if 0 <= number < math.inf else None
 
 
+# How many upstreams one request's answer names at most (APISIX's retries over the nodes).
+MAX_ATTEMPTS = 16
+
+
+def attempts(addresses: str | None, statuses: str | None) -> list[tuple[str, bool]]:
+    """Each upstream nginx tried for one request, and whether it answered (a status below 500):
+    ``$upstream_addr`` and ``$upstream_status`` list them in the same order, separated by ", "
+    (the next node tried) or " : " (an internal redirect)."""
+    if not addresses or not statuses:
+        return []
+    named = _ATTEMPT.split(addresses)[:MAX_ATTEMPTS]
+    said = _ATTEMPT.split(statuses)[:MAX_ATTEMPTS]
+    tried = []
+    for address, status in zip(named, said, strict=False):
+        code = status.strip()
+        if address and not address.startswith("unix:") and code.isdigit():
+            tried.append((address.strip().lower(), 0 < int(code) < 500))
+    return tried
+
+
+_ATTEMPT = re.compile(r", | : ")
+
+
 def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
     """Close the books of each request that reached an upstream or a function.
 
@@ -197,7 +224,12 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
             continue
         seconds = _last_number(outcome.upstream_s)
         if target is None:
-            state.cluster_answered(model_of(outcome.uri or ""), 0 < upstream_status < 500, seconds)
+            state.cluster_answered(
+                model_of(outcome.uri or ""),
+                0 < upstream_status < 500,
+                seconds,
+                attempts(outcome.upstream, outcome.upstream_status),
+            )
         state.answered(
             target,
             outcome.tenant or None,

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target
@@ -117,6 +117,8 @@ class GatewayState(SummedOutcomes):
         self.load.parallelism = config.local.parallelism
         self.load.member_parallelism = config.local.member_parallelism or 0.0
         self.load.members.drop_after_s = config.local.drop_member_after_s
+        self.load.members.failures_to_wedge = config.local.health.failures_to_open
+        self.load.members.addressed(*config.local.member_addresses())
         self.load.declare(config.declared_models())
         self.tenants.max_tenants = config.tenants.max_tracked
         if self.shared is not None:
@@ -295,9 +297,14 @@ class GatewayState(SummedOutcomes):
             if cold:
                 self.metrics.cold_hits.labels(target).inc()
 
-    def cluster_answered(self, model: str | None, ok: bool, seconds: float | None) -> None:
-        """The cluster's answer to a request the route sent there: its health, its latency."""
+    def cluster_answered(
+        self, model: str | None, ok: bool, seconds: float | None, members: Iterable[tuple[str, bool]] = ()
+    ) -> None:
+        """The cluster's answer to a request the route sent there: its health, its latency, and
+        each member's that APISIX tried (address, whether it answered)."""
         self.load.local_answer(model, ok=ok)
+        for address, answered in members:
+            self.member_answers(address, int(answered), int(not answered))
         if seconds is not None:
             self.answered_local(model, seconds * 1000)
 
@@ -364,6 +371,7 @@ class GatewayState(SummedOutcomes):
         m.signals_fresh.set(1 if self.load.fresh else 0)
         for member_state, count in self.load.members.counts().items():
             m.local_members.labels(member_state).set(count)
+        m.local_capacity.set(self.load.capacity)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing or load.gauges_hot else 0)

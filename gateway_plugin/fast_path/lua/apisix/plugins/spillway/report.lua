@@ -2,7 +2,8 @@
 --
 -- One entry per request would cost more than the decision itself (encoding here, parsing in the
 -- runner), so each worker keeps sums: decisions per label, local answer times per model and how
--- many of those answers were ok and failed (the cluster's health), cloud
+-- many of those answers were ok and failed (the cluster's health) and per member (the node APISIX
+-- sent each to: a wedged member stops counting as capacity), cloud
 -- answers ok and failed per target with the instances that answered, quota'd tenants' arrivals
 -- and spend, the table's age at each decision (histogram buckets), the few requests residency
 -- kept home (for the runner's residency log), and requests and spend per target, tenant and model
@@ -14,8 +15,8 @@
 -- runner reads each map to the same bound (fast_path/summary.py MAX_KEYS).
 
 local array_mt = require("cjson.safe").array_mt
-local tonumber, pairs, setmetatable, type = tonumber, pairs, setmetatable, type
-local find = string.find
+local tonumber, tostring, pairs, setmetatable, type = tonumber, tostring, pairs, setmetatable, type
+local find, gmatch, gsub, sub = string.find, string.gmatch, string.gsub, string.sub
 
 local _M = {}
 
@@ -25,6 +26,8 @@ local AGE_BOUNDS, N_BOUNDS = _M.AGE_BOUNDS, #_M.AGE_BOUNDS
 local MAX_KEYS = 1000
 local MAX_INSTANCES = 64
 local MAX_RESIDENCY = 100
+-- Upstreams one request's answer names at most (APISIX's retries over the nodes).
+local MAX_ATTEMPTS = 16
 -- Longest text reported for a request kept home (nginx takes URIs of several KB; the runner
 -- refuses an entry over 4,096 characters).
 local MAX_TEXT = 1024
@@ -36,8 +39,8 @@ function _M.new()
     end
     -- keys: the tenant-keyed maps' entries; sizes: each of the others'.
     return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, on_prem = {}, local_s = {},
-             sizes = { sent_local = 0, on_prem = 0, local_s = 0, local_answers = 0, cloud = 0 },
-             local_answers = {}, cloud = {}, instances = {}, usage = {}, usage_by = {}, usage_other = {},
+             sizes = { sent_local = 0, on_prem = 0, local_s = 0, local_answers = 0, cloud = 0, members = 0 },
+             local_answers = {}, members = {}, cloud = {}, instances = {}, usage = {}, usage_by = {}, usage_other = {},
              tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
 end
 
@@ -90,6 +93,46 @@ end
 
 local function pair() return { 0, 0 } end
 local function triple() return { 0, 0, 0 } end
+
+local function answered(counts, code)
+    if code > 0 and code < 500 then
+        counts[1] = counts[1] + 1
+    else
+        counts[2] = counts[2] + 1
+    end
+end
+
+local function member(agg, address, code)
+    if code and sub(address, 1, 5) ~= "unix:" then
+        local m = bounded(agg, "members", address, pair)
+        if m then
+            answered(m, code)
+        end
+    end
+end
+
+-- Each member tried for a request and its answer, as $upstream_addr and $upstream_status list
+-- them in order (", ": the next node tried; " : ": an internal redirect).
+local function tried(agg, addresses, statuses)
+    if type(addresses) ~= "string" or statuses == nil then
+        return
+    end
+    if not find(addresses, " ", 1, true) then
+        return member(agg, addresses, tonumber(statuses))  -- one node tried: no pattern to run
+    end
+    local codes = {}
+    for code in gmatch(gsub(tostring(statuses), " : ", ", "), "[^, ]+") do
+        codes[#codes + 1] = tonumber(code)
+    end
+    local i = 0
+    for address in gmatch(gsub(addresses, " : ", ", "), "[^, ]+") do
+        i = i + 1
+        if i > MAX_ATTEMPTS then
+            return
+        end
+        member(agg, address, codes[i])
+    end
+end
 
 -- seen: what the access phase decided; var: nginx's variables (the function's headers read from
 -- them only for cloud answers).
@@ -150,11 +193,7 @@ function _M.add(agg, seen, var, status)
         upstream_status = upstream_status or status
         local c = bounded(agg, "cloud", seen.target, triple)
         if c then
-            if upstream_status > 0 and upstream_status < 500 then
-                c[1] = c[1] + 1
-            else
-                c[2] = c[2] + 1
-            end
+            answered(c, upstream_status)
             c[3] = c[3] + (last_number(var.upstream_response_time) or 0)
         end
         local instance = var.upstream_http_x_spillway_instance
@@ -172,12 +211,9 @@ function _M.add(agg, seen, var, status)
     elseif seen.target == "local" and upstream_status then
         local a = bounded(agg, "local_answers", seen.model or "", pair)
         if a then
-            if upstream_status > 0 and upstream_status < 500 then
-                a[1] = a[1] + 1
-            else
-                a[2] = a[2] + 1
-            end
+            answered(a, upstream_status)
         end
+        tried(agg, var.upstream_addr, var.upstream_status)
         local seconds = last_number(var.upstream_response_time)
         if seconds then
             local l = bounded(agg, "local_s", seen.model or "", pair)
@@ -258,7 +294,7 @@ function _M.body(agg)
     end
     return {
         decisions = agg.decisions, sent_local = agg.sent_local, on_prem = agg.on_prem, local_s = agg.local_s,
-        local_answers = agg.local_answers, cloud = agg.cloud, instances = instances,
+        local_answers = agg.local_answers, members = agg.members, cloud = agg.cloud, instances = instances,
         tenants = agg.tenants, residency = agg.residency, table_ages = agg.ages,
         usage = agg.usage, usage_other = agg.usage_other,
         table_age_sum = agg.age_sum, dropped = agg.dropped,
