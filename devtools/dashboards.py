@@ -91,7 +91,7 @@ GATEWAY = Dashboard(
             "none",
             (
                 ("sum by (state) (spillway_local_members)", "{{state}}"),
-                ("max(spillway_local_capacity)", "capacity (requests at once)"),
+                ('max(spillway_local_capacity{model="*"})', "capacity (requests at once)"),
             ),
             description="Members whose metrics answer (up), failing within local.drop_member_after_s, "
             "dropped from the capacity (down), and answering metrics while failing inference (wedged, "

@@ -29,11 +29,13 @@ def _members(config: SpillwayConfig) -> list[str]:
             f"{{{prometheus.selector}}}, a member per {prometheus.member_label}, failing when up is 0 or "
             f"its samples are over {prometheus.max_age_s:g} s old (instead of scraping each member)"
         )
-    capacity = (
-        f"{local.member_parallelism:g} per member answering"
-        if local.member_parallelism is not None
-        else f"{local.parallelism} with every member answering, in their share otherwise"
-    )
+    per_member = local.member_parallelism
+    if per_member == "model_config":
+        capacity = "each member's instances of each model, read from its model configuration"
+    elif per_member is not None:
+        capacity = f"{per_member:g} per member answering"
+    else:
+        capacity = f"{local.parallelism} with every member answering, in their share otherwise"
     grace = local.drop_member_after_s
     lines.append(f"  capacity: {capacity}; a member failing {grace:g} s stops counting until it answers")
     return lines

@@ -126,7 +126,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wedged]:
 def test_a_member_that_fails_every_request_is_not_counted_as_capacity(
     cluster: Wedged, host: str | None
 ) -> None:
-    capacity = "spillway_local_capacity"
+    capacity = 'spillway_local_capacity{model="*"}'
     wedged = 'spillway_local_members{state="wedged"}'
     wait_until(lambda: cluster.metric(capacity) == 3.0, 30, "three members counted")
     traffic = Traffic(cluster.gateway.url + PATH, host)

@@ -194,4 +194,4 @@ def test_both_routes_outcomes_name_the_member_that_failed(route: str) -> None:
     assert state.load.members.counts()[MemberState.WEDGED] == 1
     assert state.load.capacity == 2.0
     state.refresh_gauges()
-    assert state.metrics.local_capacity._value.get() == 2.0  # type: ignore[attr-defined]
+    assert state.metrics.registry.get_sample_value("spillway_local_capacity", {"model": "*"}) == 2.0

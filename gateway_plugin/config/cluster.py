@@ -150,11 +150,12 @@ class LocalCluster(Model):
         ge=1,
         description="requests the cluster runs at once per model, all its endpoints answering",
     )
-    member_parallelism: float | None = Field(
+    member_parallelism: Annotated[float, Field(gt=0)] | Literal["model_config"] | None = Field(
         default=None,
-        gt=0,
         description="requests one member runs at once per model (instances x what one runs at once): "
-        "capacity is this times the members that answer; unset: parallelism times their share",
+        "capacity is this times the members that answer; model_config: each member's instances of "
+        "each model, read from its own configuration (GET /v2/models/<model>/config: instance_group "
+        "counts x GPUs); unset: parallelism times their share",
     )
     drop_member_after_s: float = Field(
         default=1.0, gt=0, description="a member whose metrics fail this long stops counting as capacity"
@@ -182,7 +183,15 @@ class LocalCluster(Model):
 
     @model_validator(mode="after")
     def _capacity_per_member(self) -> LocalCluster:
-        found = self.discovery.dns or self.discovery.prometheus
+        dns, prometheus = self.discovery.dns, self.discovery.prometheus
+        if self.member_parallelism == "model_config" and (prometheus or (dns and dns.record == "SRV")):
+            raise ValueError(
+                "local.member_parallelism: model_config reads each member's model configuration from "
+                "its inference port, which local.discovery's "
+                f"{'Prometheus members' if prometheus else 'SRV records'} do not give: set a number "
+                "(what one member runs at once per model), or discover the members by A/AAAA records"
+            )
+        found = dns or prometheus
         if found is not None and self.member_parallelism is None:
             raise ValueError(
                 "local.discovery finds the members, so their number is not the config's: set "

@@ -67,6 +67,8 @@ class _Member:
     fresh: bool = False
     failed_in_row: int = 0
     wedged: bool = False
+    # Instances per model from its own model configuration (``routing.model_config``), as read.
+    instances: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class Members:
         self._members: dict[str, _Member] = {}
         self._by_address: dict[str, _Member] = {}
         self._by_host: dict[str, _Member | None] = {}
+        self._addresses: dict[str, str] = {}
+        self._serving: list[_Member] = []
 
     def round(self, answers: Mapping[str, dict[str, Counters] | BaseException], now: float) -> RoundSums:
         """One round's answers (a member's counters, or why its scrape failed), as sums."""
@@ -119,12 +123,14 @@ class Members:
             for model, change in _changes(member.counters, answer) if member.fresh else ():
                 delta[model] = delta.get(model, Counters()) + change
                 served = served or change.success > 0
+            if _restarted(member.counters, answer):
+                member.instances = {}  # a new process: its models may be configured anew
             member.counters, member.fresh = answer, True
             self._set(url, member, MemberState.UP, "answers again")
             if served and member.wedged:
                 self._unwedge(member, "serves inference again (its counters moved)")
         counted = [m for m in self._members.values() if m.state is not MemberState.DOWN]
-        serving = [m for m in counted if not m.wedged] or counted
+        serving = self._serving = [m for m in counted if not m.wedged] or counted
         pending: dict[str, float] = {}
         for member in serving:
             for model, counters in member.counters.items():
@@ -164,8 +170,37 @@ class Members:
         member.wedged, member.failed_in_row = False, 0
         log.warning("on-prem member %s %s", member.url, why)
 
+    def instances(self, model: str) -> float:
+        """Instances of ``model`` (every model's with ``""``) over the members counting, each as its
+        own configuration says; one per model on its page where that was not read yet."""
+        total = 0.0
+        for member in self._serving:
+            models = member.counters if model == "" else (model,) if model in member.counters else ()
+            total += sum(member.instances.get(m, 1.0) for m in models)
+        return total
+
+    def unread(self) -> list[tuple[str, str, list[str]]]:
+        """Members answering with models whose configuration is not read: (metrics URL, inference
+        base URL, those models); only members whose inference address is known."""
+        wanted = []
+        for url, member in self._members.items():
+            base = self._addresses.get(url)
+            models = [m for m in member.counters if m not in member.instances]
+            if base is not None and models and member.state is MemberState.UP:
+                wanted.append((url, f"http://{base}", models))
+        return wanted
+
+    def read(self, found: Mapping[str, Mapping[str, float]]) -> None:
+        """Instances per model read from members' configurations (``unread``'s answers)."""
+        for url, counts in found.items():
+            member = self._members.get(url)
+            if member is not None:
+                if member.instances != {**member.instances, **counts}:
+                    log.info("on-prem member %s runs %s", url, dict(counts))
+                member.instances.update(counts)
+
     def _index(self) -> None:
-        self._by_address, self._by_host = {}, {}
+        self._by_address, self._by_host, self._addresses = {}, {}, {}
         for url, member in self._members.items():
             host = _host(urlsplit(url).hostname or "")
             address = self._inference.get(url)
@@ -173,6 +208,7 @@ class Members:
                 address = f"{_bracketed(host)}:{self._inference_port}"
             if address is not None:
                 self._by_address[address] = member
+                self._addresses[url] = address
             self._by_host[host] = None if host in self._by_host else member
 
     def _failed(self, url: str, member: _Member, why: BaseException, now: float) -> None:
@@ -219,6 +255,10 @@ def _host(host: str) -> str:
 
 def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def _restarted(before: dict[str, Counters], now: dict[str, Counters]) -> bool:
+    return any(model in before and c.success < before[model].success for model, c in now.items())
 
 
 def _changes(before: dict[str, Counters], now: dict[str, Counters]) -> Iterable[tuple[str, Counters]]:

@@ -133,7 +133,9 @@ class RunnerMetrics:
         )
         self.local_capacity = Gauge(
             "spillway_local_capacity",
-            "Requests per model the on-prem members that count run at once (the policy's capacity).",
+            "Requests of a model the on-prem members that count run at once (the policy's capacity; "
+            "model * is every model's).",
+            ["model"],
             registry=r,
         )
         self.spend = Counter("spillway_cloud_spend_usd", "Estimated cloud spend.", ["target"], registry=r)

@@ -24,6 +24,7 @@ from gateway_plugin.routing.exposition import samples_of
 from gateway_plugin.routing.gauges import Gauges, GaugeSpec, read_gauges
 from gateway_plugin.routing.local_health import CLOSED, LocalBreaker
 from gateway_plugin.routing.members import Counters, Members
+from gateway_plugin.routing.model_config import read_instances
 from gateway_plugin.routing.overflow import gauges_hot
 from gateway_plugin.routing.policy import LocalLoad, Threshold
 
@@ -105,7 +106,9 @@ class _ModelLoad:
         self.pending = int(pending)
         self.sent = 0
 
-    def view(self, fresh: bool, age_ms: float, now: float, tracker: LoadTracker, in_flight: int) -> LocalLoad:
+    def view(
+        self, fresh: bool, age_ms: float, now: float, tracker: LoadTracker, in_flight: int, capacity: float
+    ) -> LocalLoad:
         observed = self.observed_ms if now - self.observed_at <= tracker.stale_after_s else 0.0
         settings, refused = tracker.health, tracker.refused
         return LocalLoad(
@@ -122,7 +125,7 @@ class _ModelLoad:
             tracker.gauges_hot,
             self.health.current(settings, now, refused) is not CLOSED,
             self.health.probe_allowed(settings, now, refused),
-            tracker.capacity,
+            capacity,
         )
 
 
@@ -157,9 +160,11 @@ class LoadTracker:
     # Whether the last scrape found a metrics endpoint refusing connections (the host is down).
     refused: bool = False
     # What the cluster runs at once with every member answering, what one member does (0: an
-    # even share of the former), how many members count now, and their books.
+    # even share of the former; or each member's own model configuration says), how many members
+    # count now, and their books.
     parallelism: float = 1.0
     member_parallelism: float = 0.0
+    from_model_config: bool = False
     live: int = 0
     members: Members = field(default_factory=lambda: Members(DROP_AFTER_S))
     _models: dict[str, _ModelLoad] = field(default_factory=lambda: {ALL_MODELS: _ModelLoad()})
@@ -202,7 +207,13 @@ class LoadTracker:
 
     @property
     def capacity(self) -> float:
-        """Requests the members that count run at once."""
+        """Requests the members that count run at once (every model's)."""
+        return self.capacity_of(ALL_MODELS)
+
+    def capacity_of(self, model: str) -> float:
+        """Requests of ``model`` the members that count run at once."""
+        if self.from_model_config:
+            return self.members.instances(model)
         if self.member_parallelism:
             return self.live * self.member_parallelism
         known = self.members.known
@@ -281,7 +292,7 @@ class LoadTracker:
         age_ms = age_s * 1000 if fresh else 0.0
         names = list(self._models) if model is None else [model, ALL_MODELS]
         return {
-            name: self._models[name].view(fresh, age_ms, now, self, in_flight)
+            name: self._models[name].view(fresh, age_ms, now, self, in_flight, self.capacity_of(name))
             for name in names
             if name in self._models
         }
@@ -334,7 +345,10 @@ class Scraper:
         refuses only when every member does (one node down is the route's health checks'
         business, and a member the round drops, not a sign the cluster is)."""
         answers, samples = await self.collect()
-        return self.apply(answers, samples)
+        applied = self.apply(answers, samples)
+        if self.tracker.from_model_config and (wanted := self.tracker.members.unread()):
+            self.tracker.members.read(await read_instances(self._fetch, wanted))
+        return applied
 
     def apply(self, answers: Answers, samples: list[list[Sample]]) -> bool:
         """Hand a round to the tracker; False (counted) when no member answered."""

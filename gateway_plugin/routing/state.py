@@ -115,7 +115,9 @@ class GatewayState(SummedOutcomes):
         self.load.stale_after_s = config.local.stale_after_s
         self.load.health = config.local.health
         self.load.parallelism = config.local.parallelism
-        self.load.member_parallelism = config.local.member_parallelism or 0.0
+        per_member = config.local.member_parallelism
+        self.load.from_model_config = per_member == "model_config"
+        self.load.member_parallelism = per_member if isinstance(per_member, float) else 0.0
         self.load.members.drop_after_s = config.local.drop_member_after_s
         self.load.members.failures_to_wedge = config.local.health.failures_to_open
         self.load.members.addressed(*config.local.member_addresses())
@@ -371,12 +373,12 @@ class GatewayState(SummedOutcomes):
         m.signals_fresh.set(1 if self.load.fresh else 0)
         for member_state, count in self.load.members.counts().items():
             m.local_members.labels(member_state).set(count)
-        m.local_capacity.set(self.load.capacity)
         for model, load in self.load.snapshot(None).items():
             label = model or "*"
             m.overflowing.labels(label).set(1 if load.overflowing or load.gauges_hot else 0)
             m.local_failing.labels(label).set(1 if load.failing else 0)
             m.local_wait.labels(label).set(max(load.queue_ms, 0) / 1000)
+            m.local_capacity.labels(label).set(load.capacity)
         for threshold, value in itertools.zip_longest(self.policy.thresholds, self.load.gauges):
             if threshold is not None:
                 m.threshold_limit.labels(threshold.name).set(threshold.enter)

@@ -115,8 +115,9 @@ class SpillwayRouter:
 
 def per_member(config: SpillwayConfig) -> float:
     """What one member runs at once: ``local.member_parallelism``, or ``parallelism``'s share of the
-    members the simulation starts with."""
-    if config.local.member_parallelism is not None:
+    members the simulation starts with (also where each member's model configuration would say:
+    the simulation reads no Triton)."""
+    if isinstance(config.local.member_parallelism, float):
         return config.local.member_parallelism
     return config.local.parallelism / config.simulation.members_at_start(len(config.local.endpoints))
 
