@@ -13,9 +13,11 @@ on-prem-only (no classification header), the others ``x-data-classification: pub
 One run per route, three phases under the same load:
 
     before   three members steady, ``--phase-s`` seconds
-    during   each member in turn stopped (its ports close), ``--away-s`` later started again on
-             the same ports (as a Deployment with maxSurge 0 replaces a pod behind its Service),
-             and ``--settle-s`` after it is ready the next one goes
+    during   each member in turn stopped (SIGTERM: Triton drains its open connections for up to
+             its exit timeout, 5 s, then its ports close), started again on the same ports
+             once ``--away-s`` have passed since the stop began (as a Deployment with maxSurge 0
+             replaces a pod behind its Service), and ``--settle-s`` after it is ready the next
+             one goes
     after    three members steady again, ``--phase-s`` seconds
 
 Per phase: requests, the share of public ones that left for the cloud target (their
@@ -167,8 +169,9 @@ def roll(members: list[Member], args: argparse.Namespace) -> list[Window]:
     steps = []
     for index, member in enumerate(members):
         gone = time.monotonic()
-        say(f"  member {index} stopped")
+        say(f"  member {index} stopping")
         member.stop()
+        say(f"  member {index} stopped ({time.monotonic() - gone:.1f} s: Triton's drain)")
         time.sleep(max(0.0, gone + args.away_s - time.monotonic()))
         member.start()
         ready = time.monotonic()
@@ -247,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         "--clients", type=int, default=8, help="closed-loop clients, a quarter on-prem-only (default 8)"
     )
     parser.add_argument(
-        "--away-s", type=seconds, default=4.0, help="from a member's stop to its start (default 4)"
+        "--away-s",
+        type=seconds,
+        default=4.0,
+        help="from a member's stop to its start, its drain included (default 4)",
     )
     parser.add_argument(
         "--settle-s", type=seconds, default=3.0, help="from a member's ready to the next stop (default 3)"
