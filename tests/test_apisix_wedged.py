@@ -30,8 +30,8 @@ from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from tests.apisix_support import fast_path_settings, needs_apisix, upstream
+from tests.rolling_support import Member
 from tests.support import TEST_MODELS, http, wait_until
-from tests.test_apisix_rolling_update import Member
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
