@@ -65,6 +65,16 @@ class SidecarOptions:
     # The address Triton's HTTP and metrics ports listen on (gRPC is off): loopback in a function.
     host: str = "127.0.0.1"
 
+    def __post_init__(self) -> None:
+        import ipaddress  # here, not at the top: off the path to Triton's launch
+
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            raise ValueError(
+                f"sidecar host {self.host!r} is not an IP address: Triton listens on one"
+            ) from None
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -88,25 +98,9 @@ _ADMIN_HEADER = "spillway-admin"
 # What Triton and model code may see of the handler's environment: never the signing key, cloud
 # credentials or anything else the operator did not name.
 _TRITON_ENV = frozenset(
-    (
-        "PATH",
-        "LD_LIBRARY_PATH",
-        "LD_PRELOAD",
-        "HOME",
-        "TMPDIR",
-        "TMP",
-        "TEMP",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONDONTWRITEBYTECODE",
-        "PYTHONUNBUFFERED",
-        "OMP_NUM_THREADS",
-        "SPILLWAY_SHM_DIR",
-        "SPILLWAY_SHM_DIR_FORCE",
-    )
+    {"PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "TMPDIR", "TMP", "TEMP", "LANG", "LANGUAGE", "TZ"}
+    | {"PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "OMP_NUM_THREADS"}
+    | {"SPILLWAY_SHM_DIR", "SPILLWAY_SHM_DIR_FORCE"}
 )
 _TRITON_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_")
 
