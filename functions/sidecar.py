@@ -62,6 +62,18 @@ class SidecarOptions:
     # Triton's GPU gauges (nv_gpu_utilization, nv_gpu_memory_*) on its metrics port: only where
     # there is a GPU (the FC GPU image); elsewhere Triton would only log that it found none.
     gpu_metrics: bool = False
+    # The address Triton's HTTP and metrics ports listen on (gRPC is off): loopback in a function.
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        import ipaddress  # here, not at the top: off the path to Triton's launch
+
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            raise ValueError(
+                f"sidecar host {self.host!r} is not an IP address: Triton listens on one"
+            ) from None
 
 
 def free_port() -> int:
@@ -86,25 +98,9 @@ _ADMIN_HEADER = "spillway-admin"
 # What Triton and model code may see of the handler's environment: never the signing key, cloud
 # credentials or anything else the operator did not name.
 _TRITON_ENV = frozenset(
-    (
-        "PATH",
-        "LD_LIBRARY_PATH",
-        "LD_PRELOAD",
-        "HOME",
-        "TMPDIR",
-        "TMP",
-        "TEMP",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONDONTWRITEBYTECODE",
-        "PYTHONUNBUFFERED",
-        "OMP_NUM_THREADS",
-        "SPILLWAY_SHM_DIR",
-        "SPILLWAY_SHM_DIR_FORCE",
-    )
+    {"PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "TMPDIR", "TMP", "TEMP", "LANG", "LANGUAGE", "TZ"}
+    | {"PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "OMP_NUM_THREADS"}
+    | {"SPILLWAY_SHM_DIR", "SPILLWAY_SHM_DIR_FORCE"}
 )
 _TRITON_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TRITON_")
 
@@ -134,7 +130,7 @@ def _reap_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Sidecar:
-    """One supervised ``tritonserver`` bound to localhost."""
+    """One supervised ``tritonserver`` bound to its options' host (localhost unless told)."""
 
     def __init__(
         self,
@@ -223,7 +219,7 @@ class Sidecar:
             f"--model-repository={self._repository()}",
             "--model-control-mode=none",
             f"--http-restricted-api={','.join(self._restricted())}:{_ADMIN_HEADER}={self._admin_key}",
-            "--http-address=127.0.0.1",
+            f"--http-address={opts.host}",
             f"--http-port={self.http_port}",
             "--allow-grpc=false",
             "--exit-timeout-secs=5",
@@ -235,7 +231,7 @@ class Sidecar:
                 "--allow-metrics=true",
                 f"--allow-gpu-metrics={'true' if opts.gpu_metrics else 'false'}",
                 f"--metrics-port={opts.metrics_port}",
-                "--metrics-address=127.0.0.1",
+                f"--metrics-address={opts.host}",
                 "--metrics-interval-ms=100",
             ]
         args.extend(opts.extra_args)
@@ -388,7 +384,7 @@ class Sidecar:
     def _get_ok(self, path: str) -> bool:
         import http.client  # here, not at the top: off the path to Triton's launch
 
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=1.0)
+        conn = http.client.HTTPConnection(self.options.host, self.http_port, timeout=1.0)
         try:
             conn.request("GET", path)
             return conn.getresponse().status == 200

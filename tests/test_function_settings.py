@@ -83,3 +83,21 @@ def test_triton_gets_only_what_it_needs_and_what_the_operator_names() -> None:
         "HF_HOME": "/models/hf",
         "LD_LIBRARY_PATH": "/triton/lib",
     }
+
+
+def test_triton_listens_on_the_sidecars_host_and_a_host_that_is_no_address_is_refused() -> None:
+    """Loopback by default (a function's Triton is reached only through its handler); another
+    address where tests run several tritonservers with the same ports, as a Service's pods do."""
+    from functions.sidecar import Sidecar, SidecarOptions
+    from functions.triton_install import TritonInstall
+
+    def listens(**options: str) -> list[str]:
+        sidecar = Sidecar(
+            SidecarOptions(EXAMPLE_MODELS, metrics_port=8002, **options), TritonInstall(Path("t"))
+        )
+        return [a for a in sidecar._command()[0] if a.startswith(("--http-address", "--metrics-address"))]
+
+    assert listens() == ["--http-address=127.0.0.1", "--metrics-address=127.0.0.1"]
+    assert listens(host="127.0.0.3") == ["--http-address=127.0.0.3", "--metrics-address=127.0.0.3"]
+    with pytest.raises(ValueError, match=r"sidecar host 'triton\.local' is not an IP address"):
+        SidecarOptions(EXAMPLE_MODELS, host="triton.local")
