@@ -107,7 +107,7 @@ from harness import (
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import config_snippet, fast_route
-from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.policy.build import build_policy
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
 from devtools import apisix

@@ -71,10 +71,10 @@ from harness import LOOPBACK, ROOT, cpu_seconds, free_port, machine_note, median
 
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.content import checks as content
+from gateway_plugin.content.checks import body_verdict, content_policy
+from gateway_plugin.content.program import program
 from gateway_plugin.fast_path.route import config_snippet, fast_route
-from gateway_plugin.routing import content
-from gateway_plugin.routing.content import body_verdict, content_policy
-from gateway_plugin.routing.content_program import program
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
 from devtools import apisix

@@ -11,8 +11,9 @@ import re
 import sys
 
 from gateway_plugin.cli import main
-from gateway_plugin.routing import content, content_detectors
-from gateway_plugin.routing.content_program import program
+from gateway_plugin.content import checks as content
+from gateway_plugin.content import detectors as content_detectors
+from gateway_plugin.content.program import program
 
 
 def pattern_detector(name: str, pattern: str) -> content_detectors.Detector:

@@ -24,13 +24,13 @@ import time
 import tracemalloc
 from typing import Any
 
+from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.fast_path.book import FastPathBook, FastPathReport
 from gateway_plugin.plugin import HttpRequest, RequestAction
 from gateway_plugin.protocol import encode, messages
-from gateway_plugin.routing.spillway import RouteOverrides, SpillwayPlugin
-from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.request.spillway import RouteOverrides, SpillwayPlugin
 
 # The route token only MACs target values here; none leaves this process.
 os.environ.setdefault("SPILLWAY_ROUTE_TOKEN", secrets.token_hex(16))

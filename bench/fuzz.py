@@ -83,10 +83,10 @@ from functions.cli import serve_command
 from functions.contract import PathError, gateway_path
 from functions.http_types import Request, Response
 from functions.settings import HttpLimits
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.protocol import encode, messages, schema
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
-from gateway_plugin.routing.header_names import FRAMING
-from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.request.header_names import FRAMING
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "examples" / "model_repository"

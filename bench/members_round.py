@@ -19,8 +19,9 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_plugin.routing.exposition import samples_of
-from gateway_plugin.routing.signals import LoadTracker, Scraper
+from gateway_plugin.signals.exposition import samples_of
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.scraper import Scraper
 
 MODELS = ("add_sub", "resnet50", "bert", "llama")
 

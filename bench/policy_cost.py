@@ -16,15 +16,9 @@ import sys
 import time
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.policy import (
-    LocalLoad,
-    RequestFeatures,
-    Snapshot,
-    TargetState,
-    TenantState,
-    decide,
-)
-from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.snapshot import LocalLoad, RequestFeatures, Snapshot, TargetState, TenantState
 
 CONFIG = SpillwayConfig.model_validate(
     {

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from harness import ROOT, free_port, http_call, launch, poll, running
 
-from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.books.target_header import target_value
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf

@@ -36,14 +36,15 @@ from harness import ROOT
 from shared_restart import restart_trials, summary
 from shared_restart_runners import runner_trials
 
+from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.routing.policy import RequestFeatures, decide
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.shared_state import SharedView
-from gateway_plugin.routing.shared_sync import SharedSync
-from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.snapshot import RequestFeatures
+from gateway_plugin.shared.view import SharedView
 from gateway_plugin.shared_store import RedisStore
+from gateway_plugin.shared_sync import SharedSync
 
 sys.path.insert(1, str(ROOT))  # devtools is source-only: importable from the checkout, not installed
 from devtools.redis import redis_server

@@ -21,11 +21,11 @@ import sys
 
 from harness import ROOT, free_port
 
+from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import load
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.fast_path.book import FastPathBook
 from gateway_plugin.fast_path.table import encode
-from gateway_plugin.routing.state import GatewayState
 
 sys.path.insert(1, str(ROOT))  # devtools and tests are source-only: importable from the checkout
 from devtools import apisix

@@ -139,9 +139,9 @@ def _devgateway_command(path: Path) -> int:
 
 def _outcomes(config: SpillwayConfig) -> OutcomeLogger | None:
     """The runner's outcome endpoint, as the route's http-logger would post to it."""
+    from gateway_plugin.books.outcomes import auth_header
     from gateway_plugin.config.secrets import GatewaySecrets
     from gateway_plugin.outcome_listener import PATH
-    from gateway_plugin.routing.outcomes import auth_header
 
     token = GatewaySecrets.read(config).route_token
     if not config.outcomes.listen or token is None:
@@ -156,9 +156,9 @@ async def _devgateway(
     from devtools.apisix_peer import ApisixPeer
     from devtools.devgateway import DevGateway
     from functions import http_server
+    from gateway_plugin.books.state import GatewayState
     from gateway_plugin.cli import until_signalled
     from gateway_plugin.config.secrets import GatewaySecrets
-    from gateway_plugin.routing.state import GatewayState
 
     log = logging.getLogger("spillway.devgateway")
     for _ in range(200):

@@ -23,7 +23,7 @@ from functions.contract import HEADER_COLD, HEADER_INSTANCE, HEADER_TARGET, Path
 from functions.http_types import HOP_BY_HOP, Request, Response, error_response
 from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 from gateway_plugin.protocol import messages
-from gateway_plugin.routing.header_names import HEADER_WORKER, OWN_PREFIX, fold
+from gateway_plugin.request.header_names import HEADER_WORKER, OWN_PREFIX, fold
 
 log = logging.getLogger("spillway.devgateway")
 

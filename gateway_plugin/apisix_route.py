@@ -17,10 +17,11 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway_plugin.books import outcomes
+from gateway_plugin.books.target_header import target_values
 from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.outcome_listener import PATH as OUTCOME_PATH
-from gateway_plugin.routing import audit, outcomes
-from gateway_plugin.routing.target_header import target_values
+from gateway_plugin.request import audit
 
 # The variable the edge (or the fast path's plugin) sets to the decision's target value.
 TARGET_VAR = "spillway_upstream"
@@ -48,7 +49,7 @@ def route(
     ``auth`` the APISIX plugin that authenticates consumers (``key-auth``, ``jwt-auth``, ...): on
     this route it runs before the edge and the runner, which decide in the rewrite phase, so the
     runner is told the consumer (``tenants.source: consumer`` needs one); ``overrides`` the route's
-    conf for the runner (``routing.spillway.RouteOverrides``: ``content_checks``, ``on_prem_only``, ...);
+    conf for the runner (``request.spillway.RouteOverrides``: ``content_checks``, ``on_prem_only``, ...);
     ``prometheus`` adds APISIX's own prometheus plugin (its per-route metrics, exported on
     ``plugin_attr.prometheus.export_addr``)."""
     upstream_targets = [t for t in config.targets if t.mode == "upstream"]

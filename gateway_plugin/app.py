@@ -15,23 +15,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gateway_plugin.books import outcomes
+from gateway_plugin.books.state import GatewayState
+from gateway_plugin.books.warm_instances import read_warm_counts, read_warm_report
 from gateway_plugin.config import ConfigError, SharedState, SpillwayConfig, load
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.discovery import dns_members, follow
 from gateway_plugin.fast_path.book import FastPathBook, apply_outcomes
 from gateway_plugin.outcome_listener import OutcomeListener, open_outcome_listener
 from gateway_plugin.plugin import Plugin
 from gateway_plugin.plugins import runner_plugins
 from gateway_plugin.plugins.headers import HeadersPlugin
-from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.prometheus_load import PrometheusScraper
-from gateway_plugin.routing.shared_state import SharedView
-from gateway_plugin.routing.shared_sync import SharedSync, Store
-from gateway_plugin.routing.signals import Fetch, Scraper
-from gateway_plugin.routing.spillway import SpillwayPlugin
-from gateway_plugin.routing.state import GatewayState
-from gateway_plugin.routing.warm_instances import read_warm_counts, read_warm_report
+from gateway_plugin.request.spillway import SpillwayPlugin
 from gateway_plugin.runner.workers import HEARTBEAT, HEARTBEAT_S
+from gateway_plugin.shared.view import SharedView
+from gateway_plugin.shared_sync import SharedSync, Store
+from gateway_plugin.signals.discovery import dns_members, follow
+from gateway_plugin.signals.prometheus_load import PrometheusScraper
+from gateway_plugin.signals.scraper import Fetch, Scraper
 from gateway_plugin.targets.base import Invoker
 from gateway_plugin.targets.invoke import InvokePool, make_invoker
 from gateway_plugin.targets.urls import masked_url
@@ -109,7 +109,7 @@ class RunnerApp:
         while the store is away (default ``nodes_expected``)."""
         if config.shared_state is None:
             return None
-        from gateway_plugin.routing.policy_build import build_policy
+        from gateway_plugin.policy.build import build_policy
 
         node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         return SharedView(config.shared_state, config, build_policy(config), node, share)

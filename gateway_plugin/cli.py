@@ -16,7 +16,7 @@ from gateway_plugin.config import ConfigError, SpillwayConfig, load
 from gateway_plugin.simulation import command as simulation
 
 if TYPE_CHECKING:
-    from gateway_plugin.workers import WorkerLink
+    from gateway_plugin.worker_group import WorkerLink
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.file}: valid")
         print(explain(config))
         return 0
-    from gateway_plugin.workers import WorkerLink
+    from gateway_plugin.worker_group import WorkerLink
 
     link = WorkerLink.from_env()
     if link is None and config.runner.workers > 1:
@@ -269,7 +269,7 @@ async def until_signalled() -> None:
 def _supervise(config: SpillwayConfig, config_path: Path | None) -> int:
     from gateway_plugin.config.secrets import GatewaySecrets
     from gateway_plugin.runner import socket_path
-    from gateway_plugin.workers import supervise
+    from gateway_plugin.worker_group import supervise
 
     try:
         path = socket_path(os.environ.get("APISIX_LISTEN_ADDRESS") or config.runner.socket)

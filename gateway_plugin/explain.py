@@ -9,7 +9,7 @@ from gateway_plugin.config.thresholds import (
     GPU_MEMORY_USED,
     GPU_UTILIZATION,
 )
-from gateway_plugin.routing.gauges import compiled
+from gateway_plugin.policy.gauges import compiled
 from gateway_plugin.targets.urls import masked_url
 
 

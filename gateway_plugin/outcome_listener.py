@@ -25,13 +25,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gateway_plugin.books.metrics import Sometimes
+from gateway_plugin.books.outcomes import Batch, Outcome, auth_header, parse_batch
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.fast_path import contract
 from gateway_plugin.fast_path.book import FastPathReport
 from gateway_plugin.fast_path.summary import FastOutcomes
-from gateway_plugin.routing.metrics import Sometimes
-from gateway_plugin.routing.outcomes import Batch, Outcome, auth_header, parse_batch
 
 log = logging.getLogger("spillway.outcomes")
 

@@ -240,7 +240,7 @@ class NotReplicated(RuntimeError):
 
 
 class RedisStore:
-    """``routing.shared_sync.Store`` on Redis: one script call per round."""
+    """``shared_sync.Store`` on Redis: one script call per round."""
 
     def __init__(self, settings: SharedState, environ: Mapping[str, str] = os.environ) -> None:
         self._secrets = [

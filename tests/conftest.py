@@ -2,7 +2,7 @@
 
 Hypothesis runs without per-example deadlines: a shared 2-core machine makes timing flaky, not
 code. Runners started by the tests get a route token, as every deployment with upstream-mode
-targets must (``gateway_plugin.routing.target_header``).
+targets must (``gateway_plugin.books.target_header``).
 
 In CI (``CI=true``) a test skipped because something ``scripts/setup.sh`` installs is missing
 fails instead: a set-up that installed less than it should would otherwise turn the tests of real

@@ -12,8 +12,8 @@ import random
 import string
 from typing import Any
 
-from gateway_plugin.routing.content import MAX_DEPTH
-from gateway_plugin.routing.content_syntax import NotPortable, check
+from gateway_plugin.content.checks import MAX_DEPTH
+from gateway_plugin.content.syntax import NotPortable, check
 
 # Operator patterns (content_syntax) touching each construct the syntax allows, and the readings
 # where engines part: $ before a final newline, \s and \v, ^ after a final newline, nesting.

@@ -4,8 +4,8 @@ followed through its positions. Quadratic at worst, which tests do not mind."""
 
 from __future__ import annotations
 
-from gateway_plugin.routing.content_program import ASSERT, BYTE, MATCH, SPLIT, Program
-from gateway_plugin.routing.content_syntax import ASSERTIONS, WORD
+from gateway_plugin.content.program import ASSERT, BYTE, MATCH, SPLIT, Program
+from gateway_plugin.content.syntax import ASSERTIONS, WORD
 
 
 def _holds(kind: str, text: bytes, at: int) -> bool:

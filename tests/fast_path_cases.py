@@ -11,8 +11,7 @@ from typing import Any
 
 from functions.contract import PathError, gateway_path
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path import table as decision_table
-from gateway_plugin.routing.content import (
+from gateway_plugin.content.checks import (
     HEADER_JSON_LENGTH,
     ContentPolicy,
     Verdict,
@@ -22,22 +21,22 @@ from gateway_plugin.routing.content import (
     size_verdict,
     tightened,
 )
-from gateway_plugin.routing.policy import (
+from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.model import Decision, Policy
+from gateway_plugin.policy.snapshot import (
     BreakerState,
-    Decision,
     LocalLoad,
-    Policy,
     RequestFeatures,
     Snapshot,
     TargetState,
     TenantState,
-    decide,
 )
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.spillway import RouteOverrides, _route_policy, body_bytes
+from gateway_plugin.request.spillway import RouteOverrides, _route_policy, body_bytes
 from tests import content_cases
 
-_MODEL = re.compile(r"^/v2/models/([^/]+)")  # as routing/spillway.py reads the model
+_MODEL = re.compile(r"^/v2/models/([^/]+)")  # as request/spillway.py reads the model
 TARGETS = ("aws", "ali", "fc-b")
 MODELS = ("add_sub", "resnet")
 TENANTS = ("t1", "t2", "t3")

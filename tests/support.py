@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 from functions.cli import serve_command
 from functions.sidecar import free_port
+from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.routing.state import GatewayState
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS = Path(__file__).resolve().parent / "events"

@@ -14,7 +14,7 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.books.target_header import target_value
 from tests.apisix_support import (
     Stack,
     apisix_settings,

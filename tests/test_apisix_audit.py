@@ -17,10 +17,10 @@ import yaml
 from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from gateway_plugin.routing.audit import HEADER_AUDIT, LOG_FORMAT
-from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.request.audit import HEADER_AUDIT, LOG_FORMAT
 from tests.apisix_support import (
     Stack,
     apisix_settings,

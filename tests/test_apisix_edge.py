@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from devtools import apisix
 from functions.contract import PathError, request_path, resolved_path
 from functions.sidecar import free_port
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from gateway_plugin.routing.target_header import target_value
 from tests.apisix_support import (
     Stack,
     fast_path_settings,

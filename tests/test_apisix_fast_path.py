@@ -18,9 +18,9 @@ from devtools import apisix
 from devtools.legacy_fast_route import split_fast_route
 from functions.sidecar import free_port
 from functions.signature import Verifier
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from gateway_plugin.routing.target_header import target_value
 from tests.apisix_support import (
     Stack,
     fast_path_settings,

@@ -15,7 +15,7 @@ import pytest
 from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.fast_path.route import lua_path
-from gateway_plugin.routing.tenants import tenant_key
+from gateway_plugin.policy.tenants import tenant_key
 from tests.apisix_support import needs_apisix
 from tests.support import ROOT, http
 

@@ -14,7 +14,7 @@ from devtools import apisix
 from functions.sidecar import free_port
 from functions.signature import Verifier
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.policy.build import build_policy
 from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
 from tests.support import wait_until
 from tests.test_apisix_fast_path import routes_for

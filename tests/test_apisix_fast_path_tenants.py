@@ -21,9 +21,9 @@ import yaml
 from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
+from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path import table as decision_table
-from gateway_plugin.routing.outcomes import auth_header
 from tests.apisix_support import (
     Stack,
     example_plugins,

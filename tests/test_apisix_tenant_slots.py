@@ -116,7 +116,7 @@ def test_a_concurrency_of_one_serves_requests_in_turn_and_limits_those_in_parall
     """Three requests one after another (each answered and reported before the next) are all
     served; four at once are limited to one. The upstream takes half a second throughout: on the
     ext-plugin route a dispatch counts for about as long as answers have lately taken (their
-    reports arrive up to a second late, routing.ledger.Outstanding), so the first three teach it
+    reports arrive up to a second late, books.ledger.Outstanding), so the first three teach it
     that."""
     front.load(LOADS[load], host)
     front.local.delay_s = front.aws.delay_s = 0.5

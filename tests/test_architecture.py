@@ -43,16 +43,48 @@ def _within(name: str, *prefixes: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+# The rooms the routing lives in, the lowest first.
+ROOMS = ("policy", "content", "health", "signals", "shared", "books", "request")
+ROUTING = tuple(f"gateway_plugin.{room}" for room in ROOMS)
 # For each part: the modules of ours it may import (prefixes). Everything else of ours is refused.
 RULES: dict[str, tuple[str, ...]] = {
     "functions": ("functions",),
     "gateway_plugin.protocol": ("gateway_plugin.protocol",),
     "gateway_plugin.runner": ("gateway_plugin.runner", "gateway_plugin.protocol", "gateway_plugin.plugin"),
-    "gateway_plugin.routing": (
-        "gateway_plugin.routing",
+    # The rooms of the routing, each importing only those below it (ROOMS).
+    "gateway_plugin.policy": ("gateway_plugin.policy", "gateway_plugin.config", "gateway_plugin.costs"),
+    "gateway_plugin.content": ("gateway_plugin.content", "gateway_plugin.policy", "gateway_plugin.config"),
+    "gateway_plugin.health": ("gateway_plugin.health", "gateway_plugin.policy", "gateway_plugin.config"),
+    "gateway_plugin.signals": (
+        "gateway_plugin.signals",
+        "gateway_plugin.health",
+        "gateway_plugin.policy",
+        "gateway_plugin.config",
+    ),
+    "gateway_plugin.shared": (
+        "gateway_plugin.shared",
+        "gateway_plugin.health",
+        "gateway_plugin.policy",
+        "gateway_plugin.config",
+    ),
+    "gateway_plugin.books": (
+        "gateway_plugin.books",
+        "gateway_plugin.shared",
+        "gateway_plugin.signals",
+        "gateway_plugin.health",
+        "gateway_plugin.content",
+        "gateway_plugin.policy",
+        "gateway_plugin.config",
+        "gateway_plugin.targets",
+        "functions.contract",
+    ),
+    "gateway_plugin.request": (
+        "gateway_plugin.request",
+        "gateway_plugin.books",
+        "gateway_plugin.content",
+        "gateway_plugin.policy",
         "gateway_plugin.plugin",
         "gateway_plugin.config",
-        "gateway_plugin.costs",
         "gateway_plugin.targets",
         "functions.contract",
         "functions.signature",
@@ -65,7 +97,7 @@ RULES: dict[str, tuple[str, ...]] = {
     ),
     "gateway_plugin.fast_path": (
         "gateway_plugin.fast_path",
-        "gateway_plugin.routing",
+        *ROUTING,
         "gateway_plugin.config",
         "gateway_plugin.targets",
         "gateway_plugin.apisix_route",
@@ -73,7 +105,7 @@ RULES: dict[str, tuple[str, ...]] = {
     ),
     "gateway_plugin.simulation": (
         "gateway_plugin.simulation",
-        "gateway_plugin.routing",
+        *ROUTING,
         "gateway_plugin.config",
         "gateway_plugin.costs",
     ),
@@ -108,8 +140,8 @@ def test_each_part_imports_only_what_its_boundary_allows(package: str) -> None:
 def test_runner_and_routing_meet_only_through_the_plugin_api() -> None:
     """Said twice on purpose: the one boundary the layout is for."""
     for path in _modules("gateway_plugin/runner"):
-        assert not any(_within(i, "gateway_plugin.routing") for i in _imports(path)), path
-    for path in _modules("gateway_plugin/routing"):
+        assert not any(_within(i, *ROUTING) for i in _imports(path)), path
+    for path in (p for room in ROOMS for p in _modules(f"gateway_plugin/{room}")):
         assert not any(
             _within(i, "gateway_plugin.runner", "gateway_plugin.protocol", "gateway_plugin.fast_path")
             for i in _imports(path)
@@ -137,6 +169,44 @@ def test_no_production_module_is_over_400_lines(package: str) -> None:
     assert not long, long
 
 
+def test_each_room_imports_only_the_rooms_below_it() -> None:
+    for upper, room in enumerate(ROOMS):
+        allowed = RULES[f"gateway_plugin.{room}"]
+        above = [r for r in ROUTING[upper + 1 :] if r in allowed]
+        assert not above, (room, above)
+
+
+def test_no_import_circle() -> None:
+    """A module that needs another's types needs them below it, not beside it (also for a lazy or
+    type-checking import: it is read either way)."""
+    modules = {_module_name(p): p for package in SHIPPED for p in _modules(package)}
+    edges = {
+        name: {i for i in _imports(path) if i in modules and i != name} for name, path in modules.items()
+    }
+    circles = []
+    for start in modules:
+        seen, stack = set(), [(start, (start,))]
+        while stack:
+            name, trail = stack.pop()
+            for nxt in edges[name]:
+                if nxt == start:
+                    circles.append(" -> ".join((*trail, start)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, (*trail, nxt)))
+    assert not circles, circles[:5]
+
+
+def test_no_two_modules_of_one_name() -> None:
+    """Within the gateway, one name, one module; ``config/`` is named after the file's sections, and
+    each package has its own ``cli``."""
+    named: dict[str, list[str]] = {}
+    for path in _modules("gateway_plugin"):
+        if path.stem not in ("__init__", "__main__", "cli") and "config" not in path.parts:
+            named.setdefault(path.stem, []).append(_module_name(path))
+    assert not {n: m for n, m in named.items() if len(m) > 1}
+
+
 def test_the_shipped_distribution_holds_no_dev_tool() -> None:
     import tomllib
 
@@ -150,7 +220,8 @@ def test_nothing_that_decides_or_keeps_books_reads_the_environment() -> None:
     a module here that imported ``os`` could read a key where no review looks for one."""
     readers = [
         _module_name(path)
-        for path in _modules("gateway_plugin/routing")
+        for room in ROOMS
+        for path in _modules(f"gateway_plugin/{room}")
         if {"os", "os.environ", "os.getenv"} & _imports(path)
     ]
     assert not readers, readers

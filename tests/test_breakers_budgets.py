@@ -5,23 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway_plugin.books.ledger import Ledger, Outstanding, TenantBooks
+from gateway_plugin.books.warm_instances import WarmPool
 from gateway_plugin.config import BreakerSettings, SpillwayConfig
-from gateway_plugin.routing.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, RetryBudget
-from gateway_plugin.routing.ledger import Ledger, Outstanding, TenantBooks
-from gateway_plugin.routing.policy import (
-    LOCAL,
-    SHED,
+from gateway_plugin.health.breakers import CLOSED, HALF_OPEN, OPEN, Breaker, RetryBudget
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.model import LOCAL, SHED, Policy
+from gateway_plugin.policy.snapshot import (
     BreakerState,
     LocalLoad,
-    Policy,
     RequestFeatures,
     Snapshot,
     TargetState,
     TenantState,
-    decide,
 )
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.warm_instances import WarmPool
 
 SETTINGS = BreakerSettings(
     consecutive_failures=3, failure_rate=0.5, window=4, cooldown_s=5, max_cooldown_s=18

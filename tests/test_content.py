@@ -17,10 +17,8 @@ from hypothesis import strategies as st
 from functions.contract import PathError
 from gateway_plugin.cli import main
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
-from gateway_plugin.explain import explain
-from gateway_plugin.fast_path import table as decision_table
-from gateway_plugin.routing.content import content_policy, tightened
-from gateway_plugin.routing.content_detectors import (
+from gateway_plugin.content.checks import content_policy, tightened
+from gateway_plugin.content.detectors import (
     BUILT_IN,
     CARD_RUN,
     CARD_SEPARATOR,
@@ -34,9 +32,12 @@ from gateway_plugin.routing.content_detectors import (
     luhn,
     phone,
 )
-from gateway_plugin.routing.content_program import program
-from gateway_plugin.routing.policy import RequestFeatures, decide
-from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.content.program import program
+from gateway_plugin.explain import explain
+from gateway_plugin.fast_path import table as decision_table
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.snapshot import RequestFeatures
 from tests import content_cases
 from tests.content_cases import CARD_SEPARATORS
 from tests.fast_path_cases import hot_snapshot, python_decision, random_group

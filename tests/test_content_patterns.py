@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
-from gateway_plugin.routing.content import Unscannable, Verdict, body_verdict, content_policy
-from gateway_plugin.routing.content_detectors import CHECK_BYTES, Budget, OverBudget, pattern_detector
-from gateway_plugin.routing.content_program import MAX_PROGRAM, program
-from gateway_plugin.routing.content_syntax import NotPortable, check
+from gateway_plugin.content.checks import Unscannable, Verdict, body_verdict, content_policy
+from gateway_plugin.content.detectors import CHECK_BYTES, Budget, OverBudget, pattern_detector
+from gateway_plugin.content.program import MAX_PROGRAM, program
+from gateway_plugin.content.syntax import NotPortable, check
 from tests import content_cases
 from tests.content_program_vm import prefilter_holds, search
 

@@ -13,15 +13,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_plugin import bill
 from gateway_plugin.apisix_route import RouteError
+from gateway_plugin.books.cost_series import OTHER, TopLabels, label_value
+from gateway_plugin.books.metrics import RunnerMetrics
+from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.runner import METRICS_LISTEN
 from gateway_plugin.fast_path.book import apply_outcomes
 from gateway_plugin.fast_path.route import APISIX_EXPORTER, config_snippet
 from gateway_plugin.fast_path.summary import FastOutcomes
-from gateway_plugin.routing.cost_series import OTHER, TopLabels, label_value
-from gateway_plugin.routing.metrics import RunnerMetrics
-from gateway_plugin.routing.policy import Decision, Reason
-from gateway_plugin.routing.state import GatewayState
+from gateway_plugin.policy.model import Decision, Reason
 from tests.support import gateway_state
 
 

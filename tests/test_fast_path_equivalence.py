@@ -23,11 +23,13 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
+from gateway_plugin.content.checks import HEADER_JSON_LENGTH, Unscannable
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.route import lua_path
-from gateway_plugin.routing.content import HEADER_JSON_LENGTH, Unscannable
-from gateway_plugin.routing.policy import LOCAL, SHED, Reason, RequestFeatures, may_leave
-from gateway_plugin.routing.spillway import RouteOverrides, _route_policy
+from gateway_plugin.policy.decide import may_leave
+from gateway_plugin.policy.model import LOCAL, SHED, Reason
+from gateway_plugin.policy.snapshot import RequestFeatures
+from gateway_plugin.request.spillway import RouteOverrides, _route_policy
 from tests.apisix_support import needs_apisix
 from tests.fast_path_cases import Group, bodies_group, expected, python_decision, random_group
 from tests.support import ROOT, http

@@ -19,14 +19,14 @@ from pydantic import ValidationError
 
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
+from gateway_plugin.books import outcomes
+from gateway_plugin.books.summed_outcomes import interleaved
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_outcomes
 from gateway_plugin.fast_path.summary import FastOutcomes
-from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.policy import BreakerState, TenantState
-from gateway_plugin.routing.summed_outcomes import interleaved
-from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.policy.snapshot import BreakerState, TenantState
 from tests.support import gateway_state, http
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()

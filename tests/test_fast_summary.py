@@ -11,11 +11,11 @@ import pytest
 
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
+from gateway_plugin.books import outcomes
 from gateway_plugin.fast_path.book import apply_outcomes
 from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
-from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.policy import BreakerState
-from gateway_plugin.routing.tenants import tenant_key
+from gateway_plugin.policy.snapshot import BreakerState
+from gateway_plugin.policy.tenants import tenant_key
 from tests.support import gateway_state
 from tests.test_fast_path_runner import TOKEN, _post, config
 

@@ -14,8 +14,9 @@ import pytest
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.cluster import DnsDiscovery
-from gateway_plugin.discovery import DiscoveryFailed, dns_members, follow
-from gateway_plugin.routing.signals import LoadTracker, Scraper
+from gateway_plugin.signals.discovery import DiscoveryFailed, dns_members, follow
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.scraper import Scraper
 from tests.apisix_support import MetricsFeed
 from tests.dns_support import Dns, dnsmasq, metrics_handler, needs_dnsmasq, serving_at
 

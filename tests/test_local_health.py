@@ -14,16 +14,19 @@ import requests
 
 from functions.sidecar import free_port
 from gateway_plugin.app import http_fetcher
+from gateway_plugin.books import outcomes
 from gateway_plugin.config import ConfigError, LocalHealth, SpillwayConfig
 from gateway_plugin.explain import explain
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.book import FastPathBook, apply_outcomes
 from gateway_plugin.fast_path.summary import FastOutcomes
-from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.local_health import CLOSED, HALF_OPEN, OPEN, LocalBreaker
-from gateway_plugin.routing.policy import LOCAL, SHED, Decision, Reason, Snapshot, decide
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.signals import LoadTracker, Scraper, refused
+from gateway_plugin.health.local_health import CLOSED, HALF_OPEN, OPEN, LocalBreaker
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.model import LOCAL, SHED, Decision, Reason
+from gateway_plugin.policy.snapshot import Snapshot
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.scraper import Scraper, refused
 from tests.apisix_support import metrics_feed
 from tests.support import gateway_state
 from tests.test_policy import req

@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.exposition import samples_of
-from gateway_plugin.routing.members import MemberState
-from gateway_plugin.routing.overflow import estimated_latency_ms
-from gateway_plugin.routing.policy import Policy
-from gateway_plugin.routing.signals import LoadTracker, Scraper
+from gateway_plugin.policy.model import Policy
+from gateway_plugin.policy.overflow import estimated_latency_ms
+from gateway_plugin.signals.exposition import samples_of
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.members import MemberState
+from gateway_plugin.signals.scraper import Scraper
 from tests.support import gateway_state
 
 

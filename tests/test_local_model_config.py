@@ -23,8 +23,9 @@ from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.app import http_fetcher
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.explain import explain
-from gateway_plugin.routing.model_config import instances
-from gateway_plugin.routing.signals import LoadTracker, Scraper
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.model_config import instances
+from gateway_plugin.signals.scraper import Scraper
 from tests.support import TEST_MODELS, gateway_state
 from tests.test_local_members import Pod
 

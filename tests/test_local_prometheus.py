@@ -18,14 +18,14 @@ from devtools import prometheus
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.app import http_fetcher
 from gateway_plugin.config.cluster import PrometheusDiscovery
-from gateway_plugin.routing.members import MemberState
-from gateway_plugin.routing.prometheus_load import (
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.members import MemberState
+from gateway_plugin.signals.prometheus_load import (
     MemberDown,
     PrometheusAnswerError,
     PrometheusScraper,
     read_answer,
 )
-from gateway_plugin.routing.signals import LoadTracker
 from tests.support import ADD_SUB_BODY, EXAMPLE_MODELS, http, wait_until
 
 pytestmark = [

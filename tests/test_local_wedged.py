@@ -14,12 +14,12 @@ import logging
 
 import pytest
 
+from gateway_plugin.books import outcomes
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.book import apply_outcomes
 from gateway_plugin.fast_path.summary import FastOutcomes
-from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.members import MemberState
-from gateway_plugin.routing.signals import LoadTracker
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.members import MemberState
 from tests.support import gateway_state
 from tests.test_local_members import Cluster, Pod
 

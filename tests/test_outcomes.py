@@ -18,11 +18,12 @@ from devtools.apisix_peer import ApisixPeer, PeerRequest
 from functions.sidecar import free_port
 from gateway_plugin import outcome_listener
 from gateway_plugin.app import RunnerApp
+from gateway_plugin.books import outcomes
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing import outcomes
-from gateway_plugin.routing.policy import BreakerState, Decision, Reason
-from gateway_plugin.routing.target_header import target_value
-from gateway_plugin.routing.tenants import tenant_key
+from gateway_plugin.policy.model import Decision, Reason
+from gateway_plugin.policy.snapshot import BreakerState
+from gateway_plugin.policy.tenants import tenant_key
 from tests.support import http, wait_until
 from tests.test_runner_hostile import SPILL, runner_process
 

@@ -10,24 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.policy import (
-    LOCAL,
-    SHED,
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide, may_leave
+from gateway_plugin.policy.model import LOCAL, SHED, Policy, RuleAction, RulePolicy
+from gateway_plugin.policy.overflow import estimated_latency_ms, overflowing
+from gateway_plugin.policy.snapshot import (
     BreakerState,
     LocalLoad,
-    Policy,
     RequestFeatures,
-    RuleAction,
-    RulePolicy,
     Snapshot,
     TargetState,
     TenantState,
-    decide,
-    estimated_latency_ms,
-    may_leave,
-    overflowing,
 )
-from gateway_plugin.routing.policy_build import build_policy
 
 CONFIG = SpillwayConfig.model_validate(
     {

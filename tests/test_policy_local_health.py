@@ -7,20 +7,18 @@ from __future__ import annotations
 import pytest
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.overflow import overflowing
-from gateway_plugin.routing.policy import (
-    LOCAL,
-    SHED,
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.model import LOCAL, SHED, Reason
+from gateway_plugin.policy.overflow import overflowing
+from gateway_plugin.policy.snapshot import (
     BreakerState,
     LocalLoad,
-    Reason,
     RequestFeatures,
     Snapshot,
     TargetState,
     TenantState,
-    decide,
 )
-from gateway_plugin.routing.policy_build import build_policy
 from tests.test_policy import BUSY, CALM, POLICY, WARM, req, snap
 
 DOWN = LocalLoad(failing=True)

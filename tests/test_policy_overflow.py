@@ -9,14 +9,16 @@ import math
 
 import pytest
 
+from gateway_plugin.books.target_states import Counts
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.routing.members import Counters
-from gateway_plugin.routing.overflow import estimated_latency_ms, onprem_reserve_ms, overflowing
-from gateway_plugin.routing.policy import LOCAL, LocalLoad, RequestFeatures, Snapshot, TargetState, decide
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.signals import RATE_S
-from gateway_plugin.routing.target_states import Counts
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.model import LOCAL
+from gateway_plugin.policy.overflow import estimated_latency_ms, onprem_reserve_ms, overflowing
+from gateway_plugin.policy.snapshot import LocalLoad, RequestFeatures, Snapshot, TargetState
+from gateway_plugin.signals.load import RATE_S
+from gateway_plugin.signals.members import Counters
 from gateway_plugin.simulation.runner_policy import _SimulatedState
 
 CONFIG = SpillwayConfig.model_validate(

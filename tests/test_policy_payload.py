@@ -13,17 +13,11 @@ from gateway_plugin.config import (
     SpillwayConfig,
     Target,
 )
-from gateway_plugin.routing.policy import (
-    LOCAL,
-    SHED,
-    LocalLoad,
-    RequestFeatures,
-    Snapshot,
-    TargetState,
-    decide,
-)
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.spillway import body_bytes
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.model import LOCAL, SHED
+from gateway_plugin.policy.snapshot import LocalLoad, RequestFeatures, Snapshot, TargetState
+from gateway_plugin.request.spillway import body_bytes
 
 CONFIG = SpillwayConfig.model_validate(
     {

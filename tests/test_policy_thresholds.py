@@ -17,12 +17,15 @@ from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.app import http_fetcher
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.routing.gauges import compiled
-from gateway_plugin.routing.members import Counters
-from gateway_plugin.routing.overflow import gauges_hot
-from gateway_plugin.routing.policy import LOCAL, LocalLoad, Reason, RequestFeatures, Snapshot, decide
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.signals import LoadTracker, Scraper
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.gauges import compiled
+from gateway_plugin.policy.model import LOCAL, Reason
+from gateway_plugin.policy.overflow import gauges_hot
+from gateway_plugin.policy.snapshot import LocalLoad, RequestFeatures, Snapshot
+from gateway_plugin.signals.load import LoadTracker
+from gateway_plugin.signals.members import Counters
+from gateway_plugin.signals.scraper import Scraper
 from gateway_plugin.simulation.runner_policy import _SimulatedState
 from tests.support import TEST_MODELS, QuietHandler, http_server_thread, wait_until
 

@@ -23,8 +23,8 @@ import tritonclient.http as httpclient
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.app import RunnerApp
+from gateway_plugin.books import outcomes
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing import outcomes
 from gateway_plugin.runner import Runner, serve
 from tests.support import TEST_MODELS
 

@@ -23,11 +23,11 @@ import yaml
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
+from gateway_plugin.books.outcomes import auth_header
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.protocol import encode
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
-from gateway_plugin.routing.outcomes import auth_header
-from gateway_plugin.routing.target_header import target_value
 from gateway_plugin.runner import ConnectionLimits, Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache, PreparedConf, default_ttl
 from tests import runner_support

@@ -25,10 +25,10 @@ import yaml
 
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import free_port
+from gateway_plugin.books.outcomes import Outcome, auth_header
+from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import ConfigError, parse
-from gateway_plugin.routing.outcomes import Outcome, auth_header
-from gateway_plugin.routing.target_header import target_value
-from gateway_plugin.workers import OutcomeFanOut
+from gateway_plugin.worker_group import OutcomeFanOut
 from tests.redis_support import needs_redis, redis_server
 from tests.support import ROOT, http, wait_until
 

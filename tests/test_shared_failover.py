@@ -34,7 +34,7 @@ from devtools.redis_ha import (
     sentinel_group,
 )
 from gateway_plugin.config import SharedState
-from gateway_plugin.routing.leases import Lease
+from gateway_plugin.shared.leases import Lease
 from gateway_plugin.shared_store import make_client
 from tests import test_shared_restart as restart
 from tests.redis_support import needs_redis, redis_server

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway_plugin.routing.leases import Comeback, Lease, SharedBreaker, Slots, usd_units
-from gateway_plugin.routing.policy import BreakerState
+from gateway_plugin.policy.snapshot import BreakerState
+from gateway_plugin.shared.leases import Comeback, Lease, SharedBreaker, Slots, usd_units
 
 WALL = 3600 * 100 + 10.0
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gateway_plugin.routing.leases import Lease
-from gateway_plugin.routing.shared_sync import SharedSync
+from gateway_plugin.shared.leases import Lease
+from gateway_plugin.shared_sync import SharedSync
 from tests.redis_support import RedisServer, needs_redis
 from tests.test_shared_state import Clock, Node, config, times
 

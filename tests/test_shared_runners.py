@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
 from functions.sidecar import free_port
-from gateway_plugin.routing.outcomes import auth_header
-from gateway_plugin.routing.target_header import target_value
+from gateway_plugin.books.outcomes import auth_header
+from gateway_plugin.books.target_header import target_value
 from tests.redis_support import RedisServer, needs_redis, redis_server
 from tests.support import ROOT, http, wait_until
 

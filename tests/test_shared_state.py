@@ -22,11 +22,13 @@ import redis
 
 from functions.sidecar import free_port
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
-from gateway_plugin.routing.policy import Decision, RequestFeatures, decide
-from gateway_plugin.routing.policy_build import build_policy
-from gateway_plugin.routing.shared_state import SharedView
-from gateway_plugin.routing.shared_sync import SharedSync
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.model import Decision
+from gateway_plugin.policy.snapshot import RequestFeatures
+from gateway_plugin.shared.view import SharedView
 from gateway_plugin.shared_store import RedisStore, make_client
+from gateway_plugin.shared_sync import SharedSync
 from tests.redis_support import RedisServer, needs_redis, redis_server
 from tests.support import gateway_state
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from gateway_plugin.config import SpillwayConfig, load, parse
-from gateway_plugin.routing.policy import SHED, may_leave
+from gateway_plugin.policy.decide import may_leave
+from gateway_plugin.policy.model import SHED
 from gateway_plugin.simulation.baselines import SWEEPS
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.engine import jobs, replay

@@ -1,5 +1,5 @@
 """Tenant names are the clients' choice: the runner keeps every book, quota and table row under a
-bounded key (``routing.tenants``), so the decision table stays small whatever names arrive; a
+bounded key (``policy.tenants``), so the decision table stays small whatever names arrive; a
 build reads a bounded number of books however many are tracked; and a table trimmed to the room
 the plugin's shared dict has leaves out the least recently seen tenants."""
 
@@ -14,17 +14,17 @@ import pytest
 
 from devtools.apisix_peer import ApisixPeer, PeerRequest
 from functions.sidecar import free_port
+from gateway_plugin.books.ledger import TenantBook
+from gateway_plugin.books.outcomes import auth_header
+from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.book import FastPathBook, FastPathReport
 from gateway_plugin.plugin import HttpRequest, RequestAction
+from gateway_plugin.policy.snapshot import Snapshot, TenantState
+from gateway_plugin.policy.tenants import MAX_TENANT_BYTES, tenant_key
 from gateway_plugin.protocol import encode, messages
-from gateway_plugin.routing.ledger import TenantBook
-from gateway_plugin.routing.outcomes import auth_header
-from gateway_plugin.routing.policy import Snapshot, TenantState
-from gateway_plugin.routing.spillway import RouteOverrides, SpillwayPlugin
-from gateway_plugin.routing.state import GatewayState
-from gateway_plugin.routing.tenants import MAX_TENANT_BYTES, tenant_key
+from gateway_plugin.request.spillway import RouteOverrides, SpillwayPlugin
 from tests.support import gateway_state, http, wait_until
 from tests.test_runner_hostile import SPILL, runner_process
 

@@ -1,5 +1,5 @@
 """How a real Triton reads the JSON bodies that content checks refuse or leave unread, so the
-gateway's rules (routing/content.py, spillway/content.lua) rest on what the model server does and
+gateway's rules (content/checks.py, spillway/content.lua) rest on what the model server does and
 a change in Triton shows here: of a key written twice in one object it reads the first (where
 Python's json and cjson read the last), and a binary-tensor body must end where its inputs'
 ``binary_data_size`` say (the sum content checks compare the body against)."""

@@ -19,9 +19,9 @@ import yaml
 
 from functions.contract import WarmupPing, WarmupReport
 from functions.events import parse_event
+from gateway_plugin.books.metrics import RunnerMetrics
+from gateway_plugin.books.warm_instances import read_warm_report
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
-from gateway_plugin.routing.metrics import RunnerMetrics
-from gateway_plugin.routing.warm_instances import read_warm_report
 from tests.support import (
     ROOT,
     QuietHandler,

@@ -21,7 +21,7 @@ _REQUIRED = {
 
 class AuditSettings(Model):
     """Which APISIX logger the routes carry for the audit trail, and its own settings; the log
-    format is Spillway's (``routing.audit.log_format``), the rest (where lines go, how they are
+    format is Spillway's (``request.audit.log_format``), the rest (where lines go, how they are
     batched, kept and rotated) is the logger's and the log system's."""
 
     logger: Literal["file-logger", "kafka-logger", "tcp-logger", "elasticsearch-logger"] | None = Field(

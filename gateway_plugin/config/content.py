@@ -1,5 +1,5 @@
 """``content:``: the detectors that keep a request home by what its text inputs hold, for the routes
-and rules that ask for them (``routing.content``)."""
+and rules that ask for them (``content.checks``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway_plugin.config.model import Model
-from gateway_plugin.routing.content_program import program
+from gateway_plugin.content.program import program
 
 BuiltIn = Literal["card", "iban", "email", "phone"]
 ALL_BUILT_IN: list[BuiltIn] = ["card", "iban", "email", "phone"]

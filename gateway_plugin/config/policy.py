@@ -1,5 +1,5 @@
 """``rules:``, ``residency:``, ``overflow:``, ``breaker:``, ``budgets:`` and ``tenants:``: what the
-routing policy is built from (``routing.policy_build``)."""
+routing policy is built from (``policy.build``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway_plugin.config.model import Model
-from gateway_plugin.routing.header_names import HeaderName
-from gateway_plugin.routing.policy import RuleAction
+from gateway_plugin.policy.model import RuleAction
+from gateway_plugin.request.header_names import HeaderName
 
 
 class Match(Model):

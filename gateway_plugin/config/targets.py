@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway_plugin.config.model import Model
-from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD, HeaderName
+from gateway_plugin.request.header_names import FORWARDED_TO_CLOUD, HeaderName
 from gateway_plugin.targets.urls import masked_url, not_an_origin
 
 # Platform payload limits. Lambda takes 6 MB per synchronous invocation; Function URL and Invoke

@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway_plugin.books.cost_series import UNNAMED
+from gateway_plugin.books.ledger import TenantBook
+from gateway_plugin.books.state import GatewayState
+from gateway_plugin.content.checks import Unscannable
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.contract import FAIL_SAFE
 from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
-from gateway_plugin.routing.content import Unscannable
-from gateway_plugin.routing.cost_series import UNNAMED
-from gateway_plugin.routing.ledger import TenantBook
-from gateway_plugin.routing.policy import LOCAL, SHED, Reason, Snapshot, TenantState
-from gateway_plugin.routing.state import GatewayState
-from gateway_plugin.routing.tenants import tenant_key
+from gateway_plugin.policy.model import LOCAL, SHED, Reason
+from gateway_plugin.policy.snapshot import Snapshot, TenantState
+from gateway_plugin.policy.tenants import tenant_key
 
 log = logging.getLogger("spillway.fast_path")
 MAX_NODES = 16

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from gateway_plugin.books.outcomes import AUTH_LABEL
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
-from gateway_plugin.routing.content import Unscannable
-from gateway_plugin.routing.outcomes import AUTH_LABEL
+from gateway_plugin.content.checks import Unscannable
 
 # The decision table's format: a plugin refuses a table of any other.
 FORMAT: Final = 7
@@ -56,7 +56,7 @@ KEYS: Final = {
 UNSCANNABLE: Final = {r.name.lower(): r.value for r in Unscannable}
 
 # The route token: the plugin refuses a shorter one, as the runner does (config.secrets), and
-# both sign the outcome endpoint's Authorization with it over AUTH_LABEL (routing.outcomes).
+# both sign the outcome endpoint's Authorization with it over AUTH_LABEL (books.outcomes).
 TOKEN_RULES: Final = {"min_len": MIN_TOKEN_LEN, "auth_label": AUTH_LABEL}
 
 

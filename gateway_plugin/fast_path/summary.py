@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from gateway_plugin.routing.tenants import tenant_key
+from gateway_plugin.policy.tenants import tenant_key
 
 MAX_KEYS = 1000
 _Count = Annotated[int, Field(ge=0, le=10_000_000)]
@@ -139,7 +139,7 @@ class FastOutcomes(BaseModel):
     of a request kept home, an instance id, a cloud answer's seconds or a tenant's spend read as
     absent; an entry whose count is unreadable is dropped. Each lost part is counted in
     ``invalid``; the rest of the summary (breaker results, spend) counts. Tenant names are kept as
-    their keys (``routing.tenants``) whatever their length, and a map keyed by them costs only its
+    their keys (``policy.tenants``) whatever their length, and a map keyed by them costs only its
     entries past its bound. Only a summary whose shape is wrong, or whose other maps are over their
     bounds, is refused whole.
     """

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, cast
 
+from gateway_plugin.content.checks import ContentPolicy
 from gateway_plugin.fast_path.contract import FORMAT
 from gateway_plugin.fast_path.table_model import (
     ContentRow,
@@ -32,25 +33,16 @@ from gateway_plugin.fast_path.table_model import (
     TenantRow,
     as_dict,
 )
-from gateway_plugin.routing.content import ContentPolicy
-from gateway_plugin.routing.header_names import FORWARDED_TO_CLOUD
-from gateway_plugin.routing.overflow import backlog_ms, capacity, scraped_latency_ms
-from gateway_plugin.routing.policy import (
-    LocalLoad,
-    Policy,
-    Quota,
-    RulePolicy,
-    Snapshot,
-    TargetPolicy,
-    TargetState,
-    TenantState,
-)
-from gateway_plugin.routing.tenants import tenant_key
+from gateway_plugin.policy.model import Policy, Quota, RulePolicy, TargetPolicy
+from gateway_plugin.policy.overflow import backlog_ms, capacity, scraped_latency_ms
+from gateway_plugin.policy.snapshot import LocalLoad, Snapshot, TargetState, TenantState
+from gateway_plugin.policy.tenants import tenant_key
+from gateway_plugin.request.header_names import FORWARDED_TO_CLOUD
 
 # Most tenants a table carries; past it the most recently seen of those at a limit are kept.
 MAX_TENANTS = 1000
 # The most one tenant row takes in the encoded table: its key (at most 256 printable ASCII
-# characters, ``routing.tenants``: 514 bytes quoted if every one is escaped), three numbers (a
+# characters, ``policy.tenants``: 514 bytes quoted if every one is escaped), three numbers (a
 # float is at most 24 characters as Python writes it) and the names around them. So the tenants
 # make at most MAX_TENANTS x MAX_TENANT_ROW_BYTES (650 KB) of any table, whatever clients send;
 # the rest is the config's (rules, targets, models the cluster reports).
@@ -125,8 +117,8 @@ def _content(content: ContentPolicy) -> ContentRow:
 
 def _load(load: LocalLoad, policy: Policy) -> LoadRow:
     """The scrape's estimates: ``latency_ms`` where the plugin counts nothing, ``backlog_ms`` to
-    take the larger of with its own in-flight count's (``routing.overflow.estimated_latency_ms``);
-    the thresholds' verdict (``routing.overflow.gauges_hot``)."""
+    take the larger of with its own in-flight count's (``policy.overflow.estimated_latency_ms``);
+    the thresholds' verdict (``policy.overflow.gauges_hot``)."""
     return LoadRow(
         gauges_hot=load.gauges_hot,
         fresh=load.fresh,
@@ -183,7 +175,7 @@ def build_table(
     snapshot includes; the plugin adds what it spent past the mark. ``caps``: per target, the
     concurrency cap this node may fill (its slots of a cap shared by several nodes); the
     configured cap where absent. ``content``: the detectors and the rules that ask for them
-    (``routing.content``); none where absent.
+    (``content.checks``); none where absent.
     """
     marks, node_caps = spent_marks or {}, caps or {}
     table = DecisionTable(

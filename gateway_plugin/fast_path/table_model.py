@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
-from gateway_plugin.routing.policy import BreakerState, RuleAction
+from gateway_plugin.policy.model import RuleAction
+from gateway_plugin.policy.snapshot import BreakerState
 
 DetectorKind = Literal["card", "iban", "search", "pattern"]
 
@@ -69,7 +70,7 @@ class DetectorRow:
     kind: DetectorKind
     # A search's PCRE regex; an operator's pattern as written (the plugin runs its program).
     pattern: str | None = None
-    # An operator's pattern compiled for the plugin's automaton (routing.content_program).
+    # An operator's pattern compiled for the plugin's automaton (content.program).
     program: str | None = None
 
 
@@ -95,7 +96,7 @@ class LoadRow:
     onprem_rps: float
     failing: bool
     probe_allowed: bool
-    # Requests the members that answer run at once (routing.overflow.capacity).
+    # Requests the members that answer run at once (policy.overflow.capacity).
     capacity: float
 
 

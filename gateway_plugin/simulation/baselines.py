@@ -24,9 +24,10 @@ import functools
 from collections.abc import Callable
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.members import Counters
-from gateway_plugin.routing.policy import LOCAL, Policy, may_leave
-from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import may_leave
+from gateway_plugin.policy.model import LOCAL, Policy
+from gateway_plugin.signals.members import Counters
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.world import World
 

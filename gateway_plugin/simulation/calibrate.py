@@ -15,8 +15,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway_plugin.routing.members import Counters
-from gateway_plugin.routing.signals import parse_triton_metrics
+from gateway_plugin.signals.load import parse_triton_metrics
+from gateway_plugin.signals.members import Counters
 
 MAX_BODY = 64 * 1024 * 1024
 WARMUP_REQUESTS = 5

@@ -9,7 +9,7 @@ import itertools
 import math
 from collections import deque
 
-from gateway_plugin.routing.members import Counters
+from gateway_plugin.signals.members import Counters
 from gateway_plugin.simulation.settings import SimulatedCluster
 
 HISTORY = 100

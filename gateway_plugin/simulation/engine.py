@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.members import Counters
-from gateway_plugin.routing.policy import LOCAL, SHED, RequestFeatures
+from gateway_plugin.policy.model import LOCAL, SHED
+from gateway_plugin.policy.snapshot import RequestFeatures
+from gateway_plugin.signals.members import Counters
 from gateway_plugin.simulation.billing import Bill
 from gateway_plugin.simulation.cloud import CloudTarget, Served, lognormal
 from gateway_plugin.simulation.cluster import Batch, Cluster, Job

@@ -40,8 +40,9 @@ from collections import deque
 from collections.abc import Sequence
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.routing.policy import LOCAL, SHED, may_leave
-from gateway_plugin.routing.policy_build import build_policy
+from gateway_plugin.policy.build import build_policy
+from gateway_plugin.policy.decide import may_leave
+from gateway_plugin.policy.model import LOCAL, SHED
 from gateway_plugin.simulation.baselines import Unlearning
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.world import World

@@ -8,14 +8,16 @@ logger reports them."""
 
 from __future__ import annotations
 
+from gateway_plugin.books.state import GatewayState
+from gateway_plugin.books.target_states import Counts
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.config.thresholds import GPU_UTILIZATION
-from gateway_plugin.routing.gauges import compiled
-from gateway_plugin.routing.members import Counters
-from gateway_plugin.routing.policy import LOCAL, Reason, RequestFeatures, decide
-from gateway_plugin.routing.state import GatewayState
-from gateway_plugin.routing.target_states import Counts
+from gateway_plugin.policy.decide import decide
+from gateway_plugin.policy.gauges import compiled
+from gateway_plugin.policy.model import LOCAL, Reason
+from gateway_plugin.policy.snapshot import RequestFeatures
+from gateway_plugin.signals.members import Counters
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.world import World
 

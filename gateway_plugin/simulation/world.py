@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway_plugin.routing.members import Counters
-from gateway_plugin.routing.policy import RequestFeatures
+from gateway_plugin.policy.snapshot import RequestFeatures
+from gateway_plugin.signals.members import Counters
 from gateway_plugin.simulation.cloud import CloudTarget
 from gateway_plugin.simulation.cluster import Cluster, Job
 

@@ -1,4 +1,4 @@
--- Residency by content on the fast path: gateway_plugin/routing/content.py in Lua.
+-- Residency by content on the fast path: gateway_plugin/content/checks.py in Lua.
 --
 -- On a route whose conf has content_checks, or for a request whose deciding rule has it, a request
 -- the table would send out has its text inputs read first: every string at any depth in a BYTES

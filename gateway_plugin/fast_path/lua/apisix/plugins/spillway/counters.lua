@@ -13,7 +13,7 @@ local KEY, PREFIX = contract.KEY, contract.PREFIX
 
 local _M = {}
 
--- Longest tenant name kept as sent (routing/tenants.py MAX_TENANT_BYTES on the runner's side).
+-- Longest tenant name kept as sent (policy/tenants.py MAX_TENANT_BYTES on the runner's side).
 local MAX_TENANT = 256
 
 -- How long a tenant's in-flight count outlives the start of its last request, and how long one
@@ -25,7 +25,7 @@ local TENANT_IDLE_S = 10
 -- keyed by the hash of its bytes, so every report, dict key and table entry stays short and goes
 -- through JSON both ways unchanged (bytes that are not UTF-8 would make a summary unreadable for
 -- the runner), while the tenant keeps one consistent key. The runner keys names and its quotas'
--- names the same way (gateway_plugin/routing/tenants.py).
+-- names the same way (gateway_plugin/policy/tenants.py).
 function _M.tenant_key(name)
     if name == nil or (#name <= MAX_TENANT and not name:find("[^\32-\126]")) then
         return name

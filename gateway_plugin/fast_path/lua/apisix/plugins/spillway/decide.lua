@@ -1,4 +1,4 @@
--- Where each request goes, decided inside APISIX: gateway_plugin/routing/policy.py's decide(), in Lua.
+-- Where each request goes, decided inside APISIX: gateway_plugin/policy/decide.py's decide(), in Lua.
 --
 -- A pure function of the request's features, the runner's decision table, the route's policy
 -- and the live counters (in-flight requests and spend since the table was made). It reads no
@@ -142,7 +142,7 @@ local function tenant_budget_allows(tenant, cost, tbl, policy)
         and within(state.spent_day_usd + cost, quota.daily_usd)
 end
 
--- The body's declared size, as routing/spillway.py's body_bytes reads it: Content-Length, 0
+-- The body's declared size, as request/spillway.py's body_bytes reads it: Content-Length, 0
 -- without a body, nil (unknown) when chunked or malformed.
 local function body_bytes(headers)
     local declared = headers["content-length"]
@@ -220,7 +220,7 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, g
     return nil
 end
 
--- routing/policy.py's _local_failing: the cluster fails its requests, so one that may leave goes
+-- policy/decide.py's _local_failing: the cluster fails its requests, so one that may leave goes
 -- to the chain's first eligible target, warm or cold (local would never answer), and one that may
 -- not, or that no target takes, gets 503 at once. A rule that keeps it local keeps it off the cloud.
 local function local_failing(f, policy, action, chain, tbl, tenant, live)

@@ -1,4 +1,4 @@
--- What counts as sensitive text: gateway_plugin/routing/content_detectors.py in Lua.
+-- What counts as sensitive text: gateway_plugin/content/detectors.py in Lua.
 --
 -- The detectors come in the decision table, in the order they are tried: card and iban (a run of
 -- digits or words found by a regex, then a checksum: Luhn, ISO 13616 mod 97), search (a built-in

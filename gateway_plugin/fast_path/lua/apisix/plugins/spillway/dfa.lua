@@ -1,4 +1,4 @@
--- An operator's content pattern on the fast path: the program gateway_plugin/routing/content_program.py
+-- An operator's content pattern on the fast path: the program gateway_plugin/content/program.py
 -- compiles (a Thompson NFA over bytes), run as a DFA built lazily, state by state, as texts need it.
 --
 -- PCRE backtracks: its match limit stops a search only after work that grows with the text, and

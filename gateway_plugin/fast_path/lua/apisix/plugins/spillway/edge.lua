@@ -1,5 +1,5 @@
 -- One reading of each request, settled before anything reads it, and what of it may leave: the
--- Lua half of gateway_plugin/routing/request_reading.py and functions/contract.py's gateway_path.
+-- Lua half of gateway_plugin/request/reading.py and functions/contract.py's gateway_path.
 --
 -- nginx, APISIX's plugins, the runner and the function would each read a request their own way
 -- (nginx's $http_x_tenant takes the first of X-Tenant and X_Tenant, the runner joined them, the
@@ -39,7 +39,7 @@ core.ctx.register_var("spillway_upstream", function(ctx) return ctx.spillway_ups
 core.ctx.register_var("spillway_worker", function(ctx) return ctx.spillway_worker end)
 core.ctx.register_var("spillway_decision_tenant", function(ctx) return ctx.spillway_decision_tenant end)
 
--- The audit trail (gateway_plugin/routing/audit.py): the decision as a logger's log_format reads
+-- The audit trail (gateway_plugin/request/audit.py): the decision as a logger's log_format reads
 -- it, built only when a logger asks. The fast path's plugin leaves its decision in ctx.spillway;
 -- on the ext-plugin route the runner's X-Spillway-Audit (taken in the header filter, below) holds
 -- the fields percent-encoded, joined by ";"; a request refused at the edge has ctx.spillway_refused.
@@ -294,7 +294,7 @@ function _M.forget(raw, key)
     end
 end
 
--- Who the request is from (routing/request_reading.py's as_decided): with tenant_from_consumer the
+-- Who the request is from (request/reading.py's as_decided): with tenant_from_consumer the
 -- tenant is the APISIX consumer that authenticated it and the client's header is removed; a
 -- consumer whose data may not leave keeps the request home whatever its label. False when the
 -- tenant must come from a consumer and no authentication named one.

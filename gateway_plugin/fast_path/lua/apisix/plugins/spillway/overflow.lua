@@ -1,10 +1,10 @@
--- When a request that may leave should: routing/overflow.py in Lua, for decide.lua. Pure
+-- When a request that may leave should: policy/overflow.py in Lua, for decide.lua. Pure
 -- functions of a load from the decision table, the route's policy and this node's own count of
 -- the requests it has at the cluster.
 
 local _M = {}
 
--- routing/overflow.py's estimated_latency_ms: the table's estimate from the scrape, or, where
+-- policy/overflow.py's estimated_latency_ms: the table's estimate from the scrape, or, where
 -- this node counts what it has at the cluster, the larger of the count's (all but
 -- capacity - 1 of them finish first) and the scrape's backlog (other gateways' requests). The
 -- capacity is the table's: what the cluster's members that answer run at once.
@@ -18,7 +18,7 @@ local function latency_of(load, policy, in_flight)
 end
 _M.latency_of = latency_of
 
--- routing/overflow.py's onprem_reserve_ms: the latency kept free for on-prem-only requests.
+-- policy/overflow.py's onprem_reserve_ms: the latency kept free for on-prem-only requests.
 local function reserve_of(load, policy)
     local headroom, c = policy.onprem_headroom, load.capacity
     if load.compute_ms <= 0 or load.onprem_rps <= 0 or headroom <= 0 then

@@ -6,7 +6,7 @@ local str_sub, str_find = string.sub, string.find
 
 local _M = {}
 
--- The route's overrides over the table's policy, as routing/spillway.py's _route_policy.
+-- The route's overrides over the table's policy, as request/spillway.py's _route_policy.
 function _M.route_policy(tbl, conf)
     local base = tbl.policy
     local p = setmetatable({}, { __index = base })
@@ -51,7 +51,7 @@ function _M.route_policy(tbl, conf)
     return p
 end
 
--- A request's features as the runner builds them (routing/spillway.py): the checked path,
+-- A request's features as the runner builds them (request/spillway.py): the checked path,
 -- the model from it, headers with repeated ones joined by ", ", arguments (the last value of a
 -- repeated one; none without "=" reads "").
 local RAW, LOAD, SOURCE = {}, {}, {}  -- keys no header or argument name can be

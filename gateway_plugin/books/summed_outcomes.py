@@ -1,0 +1,192 @@
+"""``GatewayState``'s writes of outcomes other processes report, most of them summed: what the
+fast path's plugin says (a worker's summary of its answers, a node's cumulative counters) rather
+than one answer at a time, and what the warm-up's rounds reached. Part of ``GatewayState`` (its
+base class), in a module of its own for length: the books stay written only by the state,
+whichever path decided.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from gateway_plugin.books.ledger import Ledger, TenantBooks
+from gateway_plugin.books.metrics import RunnerMetrics
+from gateway_plugin.books.warm_instances import WarmPool
+from gateway_plugin.config import SpillwayConfig, Target
+from gateway_plugin.health.breakers import Breaker
+from gateway_plugin.policy.model import Policy, Reason
+from gateway_plugin.policy.snapshot import BreakerState
+from gateway_plugin.shared.view import SharedView
+from gateway_plugin.signals.load import LoadTracker
+
+residency_log = logging.getLogger("spillway.residency")
+# The most instances one summary may say a target's answers came from.
+MAX_INSTANCES = 64
+
+
+def interleaved(ok: int, failed: int, records: int) -> Iterator[bool]:
+    """``records`` answers with ok and failed spread evenly in their proportion (a worker's sums
+    say how many, not in what order): scattered failures never become a run of them."""
+    total = ok + failed
+    if total == 0:
+        return
+    failures = round(failed * records / total)
+    if failed and not failures:
+        failures = 1
+    for i in range(records):
+        yield (i + 1) * failures // records == i * failures // records
+
+
+class SummedOutcomes:
+    """The books a summary feeds; every method takes counts already checked against the config."""
+
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    metrics: RunnerMetrics
+    load: LoadTracker
+    ledger: Ledger
+    tenants: TenantBooks
+    targets: dict[str, Target]
+    breakers: dict[str, Breaker]
+    pools: dict[str, WarmPool]
+    shared: SharedView | None
+    policy: Policy
+    config: SpillwayConfig
+
+    def warm_counts(self, counts: dict[str, dict[str, float]], ended: float | None) -> None:
+        """The warm-up's last round as it reported it: verified warm and wanted, per known target."""
+        m = self.metrics
+        for family, gauge in (
+            ("spillway_warmup_warm_instances", m.warmup_warm),
+            ("spillway_warmup_wanted_instances", m.warmup_wanted),
+        ):
+            for target, value in counts.get(family, {}).items():
+                if target in self.targets:
+                    gauge.labels(target).set(value)
+        if ended is not None:
+            m.warmup_round.set(ended)
+
+    def warm_report(self, target: str, instances: list[str]) -> None:
+        """Instances a warm-up ping reached count as warm from now."""
+        now = self.clock()
+        pool = self.pools.get(target)
+        if pool is not None:
+            for instance in instances:
+                pool.seen(instance, now)
+                if self.shared is not None:
+                    self.shared.instance_seen(target, instance, self.wall())
+
+    def answered_local(self, model: str | None, ms: float) -> None:
+        """The cluster answered a request in ``ms``, as the gateway saw it."""
+        self.load.answered_local(model, ms)
+
+    def decided_elsewhere(self, target: str, label: str, count: int) -> None:
+        """``count`` decisions another process made (its metrics, residency's kept count)."""
+        self.metrics.decided(target, label, count)
+        if label.startswith(Reason.RESIDENCY):
+            self.metrics.residency_kept.inc(count)
+
+    def used(self, tenant: str | None, model: str | None, target: str, count: int, usd: float) -> None:
+        self.metrics.cost.counted(tenant, model, target, count, usd)
+
+    def kept_home(self, seen: dict[str, object]) -> None:
+        """A request residency kept home, as the residency log says it."""
+        residency_log.info(json.dumps(seen))
+
+    def sent_local(self, model: str | None, sent: int) -> None:
+        """Requests another process sent to the cluster."""
+        self.load.sent_local_many(model, sent)
+
+    def arrived_onprem(self, model: str | None, arrived: int) -> None:
+        """Requests that may not leave, arrived at another process."""
+        self.load.arrived_onprem(model, arrived)
+
+    def local_answers(self, model: str | None, ok: int, failed: int) -> None:
+        """The cluster's answers, ok and failed, feeding its own health as the last ``window``."""
+        health = self.config.local.health
+        records = min(ok + failed, max(health.window, health.failures_to_open) + 1)
+        for result in interleaved(ok, failed, records):
+            self.load.local_answer(model, result)
+
+    def member_answers(self, address: str, ok: int, failed: int) -> None:
+        """One member's answers (APISIX's ``host:port`` of the node): a wedged member's failures."""
+        self.load.members.answered(address, ok, failed)
+
+    def cloud_answers(self, name: str, ok: int, failed: int) -> None:
+        """A target's answers, ok and failed; only the last ``window`` (and a run of
+        ``consecutive_failures``) move its breaker."""
+        breaker = self.breakers.get(name)
+        if breaker is None:
+            return
+        now = self.clock()
+        if breaker.current(now) is BreakerState.HALF_OPEN and ok + failed:
+            # Which answer was the probe is not known: it closes only a batch without failures.
+            breaker.record(failed == 0, now)
+            ok, failed = (ok - 1, failed) if failed == 0 else (ok, failed - 1)
+        settings = self.config.breaker
+        records = min(ok + failed, max(settings.window, settings.consecutive_failures) + 1)
+        for result in interleaved(ok, failed, records):
+            breaker.record(result, now)
+
+    def instances_answered(self, name: str, instances: Mapping[str, bool]) -> None:
+        """The instances a target's answers came from, each cold or not."""
+        pool = self.pools.get(name)
+        if pool is None:
+            return
+        now = self.clock()
+        for instance, cold in list(instances.items())[:MAX_INSTANCES]:
+            pool.seen(instance, now, cold)
+            if cold:
+                self.metrics.cold_hits.labels(name).inc()
+
+    def tenant_counts(self, tenant: str, arrivals: int, spend: float) -> None:
+        """A quota'd tenant's arrivals and spend elsewhere; a tenant without limits keeps no book."""
+        quota = self.policy.quota_of(tenant)
+        if not quota.limits_anything:
+            return
+        wall = self.wall()
+        book = self.tenants.book(tenant)
+        if quota.requests_per_minute is not None:
+            book.arrivals.extend([wall] * min(arrivals, quota.requests_per_minute))
+        book.add_spend(spend, wall)
+        if self.shared is not None:
+            self.shared.tenant_reported(tenant, arrivals, spend, wall)
+
+    def spent_elsewhere(self, target: str, usd: float) -> None:
+        """What another node's plugin spent at ``target`` since it last said."""
+        wall = self.wall()
+        self.ledger.spend(f"target:{target}", usd, wall)
+        if self.shared is not None:
+            self.shared.spent_elsewhere(target, usd, wall)
+        self.metrics.spend.labels(target).inc(usd)
+
+    def overflow_decided(self, model: str | None, hot: bool) -> None:
+        """The overflow flag a node last decided for ``model``."""
+        self.load.set_overflowing(model, hot)
+
+    def content_matched(self, detector: str, count: float) -> None:
+        """Requests another process's content checks kept home, by the detector that matched."""
+        self.metrics.content_matches.labels(detector).inc(count)
+
+    def content_unscannable(self, reason: str, count: float) -> None:
+        """Requests another process's content checks could not read, by why."""
+        self.metrics.content_unscannable.labels(reason).inc(count)
+
+    def fast_path_counted(
+        self,
+        fail_safe: float = 0.0,
+        dropped: float = 0.0,
+        store_failed: float = 0.0,
+        table_ages: Sequence[int] | None = None,
+        table_age_sum: float = 0.0,
+    ) -> None:
+        """The fast path's own counters: fail-safe decisions, outcomes it dropped, tables it could
+        not store, and the table's age at each decision."""
+        m = self.metrics
+        m.fast_path_fail_safe.inc(fail_safe)
+        m.fast_path_dropped.inc(dropped)
+        m.fast_path_store_failed.inc(store_failed)
+        if table_ages is not None:
+            m.fast_path_table_age.add(table_ages, table_age_sum)
