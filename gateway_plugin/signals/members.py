@@ -87,10 +87,10 @@ class Members:
     """The members' books, keyed by their metrics URL. ``urls`` may change each round (discovery);
     a member no longer named is forgotten at once.
 
-    A request's answer names the member by its inference address (``host:port``): ``inference``
-    maps a metrics URL to it where the config says it (the listed endpoints), ``inference_port``
-    makes it of the metrics URL's host (DNS discovery's A/AAAA records); otherwise the host alone
-    names the member, where only one member has it."""
+    A request's answer names the member by its inference address (``host:port``, ``addressed``):
+    where the config says it (the listed endpoints), or the metrics URL's host at the inference
+    port (DNS discovery's A/AAAA records); otherwise the host alone names the member, where only
+    one member has it."""
 
     def __init__(self, drop_after_s: float, failures_to_wedge: int = 3) -> None:
         self.drop_after_s = drop_after_s
