@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from gateway_plugin.books.families import FAMILIES_AFTER_COST, FAMILIES_BEFORE_COST
 from gateway_plugin.books.metrics import RunnerMetrics
 
 EXPECTED = Path(__file__).with_name("runner_metrics.jsonl")
@@ -64,6 +66,21 @@ def test_the_families_are_as_dashboards_and_alerts_read_them() -> None:
 
 def test_every_family_is_reached_by_an_attribute() -> None:
     assert all(f["attr"] is not None for f in families())
+
+
+def test_each_attribute_is_of_the_type_the_class_declares() -> None:
+    """The tables build the attributes; the class's annotations are what the type checker reads:
+    the two name the same attributes, of the same kinds."""
+    declared = typing.get_type_hints(RunnerMetrics)
+    metrics = RunnerMetrics()
+    built = {f.attr for f in (*FAMILIES_BEFORE_COST, *FAMILIES_AFTER_COST)} | {"cost"}
+    assert set(declared) == built
+    wrong = {
+        a: type(getattr(metrics, a))
+        for a, kind in declared.items()
+        if not isinstance(getattr(metrics, a), kind)
+    }
+    assert not wrong, wrong
 
 
 if __name__ == "__main__":
