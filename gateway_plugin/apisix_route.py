@@ -52,17 +52,7 @@ def route(
     conf for the runner (``request.spillway.RouteOverrides``: ``content_checks``, ``on_prem_only``, ...);
     ``prometheus`` adds APISIX's own prometheus plugin (its per-route metrics, exported on
     ``plugin_attr.prometheus.export_addr``)."""
-    upstream_targets = [t for t in config.targets if t.mode == "upstream"]
-    values = target_values([t.name for t in upstream_targets], token)
-    plugins: dict[str, Any] = {}
-    if auth is not None:
-        plugins[auth] = {"_meta": {"priority": AUTH_FIRST}}
-    elif config.tenants.source == "consumer":
-        raise RouteError(
-            "tenants.source is consumer: name the APISIX plugin that authenticates consumers on this "
-            "route with --auth (key-auth, jwt-auth, basic-auth, ...); without one no tenant is known"
-        )
-    plugins |= {
+    plugins = _authentication(config, auth) | {
         EDGE_PLUGIN: {},
         # Every target the runner may decide has a way out on this route: traffic-split or
         # aws-lambda for upstream mode, the runner's own Stop for invoke mode.
@@ -71,24 +61,9 @@ def route(
             "allow_degradation": False,
         },
     }
-    split = [t for t in upstream_targets if t.name != lambda_iam]
-    if split:
-        plugins["traffic-split"] = {"rules": [_split_rule(t, values[t.name]) for t in split]}
-    if lambda_iam is not None:
-        plugins["aws-lambda"] = _aws_lambda(_target(config, lambda_iam), values[lambda_iam], uri)
+    plugins |= _ways_out(config, token, lambda_iam, uri)
     if config.outcomes.listen:
-        plugins["http-logger"] = {
-            "uri": f"http://{config.outcomes.listen}{OUTCOME_PATH}",
-            "auth_header": outcomes.auth_header(token),
-            "log_format": outcomes.log_format(),
-            # A batch goes out when it is full, after inactive_timeout without a new entry, or
-            # buffer_duration after its first: under steady traffic only the last one holds.
-            "batch_max_size": 1000,
-            "inactive_timeout": config.outcomes.batch_s,
-            "buffer_duration": config.outcomes.batch_s,
-            "timeout": 3,
-            "concat_method": "json",
-        }
+        plugins["http-logger"] = _outcome_logger(config, token)
     plugins |= observers(config, prometheus)
     return {
         "id": route_id,
@@ -96,6 +71,49 @@ def route(
         "name": "triton-with-spillway",
         "plugins": plugins,
         "upstream": _local_upstream(config),
+    }
+
+
+def _authentication(config: SpillwayConfig, auth: str | None) -> dict[str, Any]:
+    """The plugin that authenticates consumers, run first; none is refused where the tenant is to
+    come from one."""
+    if auth is not None:
+        return {auth: {"_meta": {"priority": AUTH_FIRST}}}
+    if config.tenants.source == "consumer":
+        raise RouteError(
+            "tenants.source is consumer: name the APISIX plugin that authenticates consumers on this "
+            "route with --auth (key-auth, jwt-auth, basic-auth, ...); without one no tenant is known"
+        )
+    return {}
+
+
+def _ways_out(config: SpillwayConfig, token: bytes, lambda_iam: str | None, uri: str) -> dict[str, Any]:
+    """Where an upstream-mode decision goes: traffic-split's rule for its target value, or
+    aws-lambda for the target ``lambda_iam`` names."""
+    upstream_targets = [t for t in config.targets if t.mode == "upstream"]
+    values = target_values([t.name for t in upstream_targets], token)
+    plugins: dict[str, Any] = {}
+    split = [t for t in upstream_targets if t.name != lambda_iam]
+    if split:
+        plugins["traffic-split"] = {"rules": [_split_rule(t, values[t.name]) for t in split]}
+    if lambda_iam is not None:
+        plugins["aws-lambda"] = _aws_lambda(_target(config, lambda_iam), values[lambda_iam], uri)
+    return plugins
+
+
+def _outcome_logger(config: SpillwayConfig, token: bytes) -> dict[str, Any]:
+    """http-logger's conf: each outcome posted to the runner's outcome endpoint, in batches."""
+    return {
+        "uri": f"http://{config.outcomes.listen}{OUTCOME_PATH}",
+        "auth_header": outcomes.auth_header(token),
+        "log_format": outcomes.log_format(),
+        # A batch goes out when it is full, after inactive_timeout without a new entry, or
+        # buffer_duration after its first: under steady traffic only the last one holds.
+        "batch_max_size": 1000,
+        "inactive_timeout": config.outcomes.batch_s,
+        "buffer_duration": config.outcomes.batch_s,
+        "timeout": 3,
+        "concat_method": "json",
     }
 
 

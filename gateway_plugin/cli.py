@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from gateway_plugin import bill
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from gateway_plugin.worker_group import WorkerLink
 
 
+# What a command's parser is added to.
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gateway_plugin",
@@ -26,6 +30,14 @@ def _parser() -> argparse.ArgumentParser:
         "cluster or a cloud function, keeping sensitive data at home.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Each command adds its own parser, in the order --help lists them.
+    commands = (_add_run, _add_check_config, _add_apisix_route, _add_apisix_lua_path, _add_import_targets)
+    for add in (*commands, simulation.add_parser, bill.add_parser):
+        add(sub)
+    return parser
+
+
+def _add_run(sub: Commands) -> None:
     run = sub.add_parser(
         "run",
         help="serve APISIX's ext-plugin protocol (what ext-plugin.cmd starts)",
@@ -35,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         "process binds the socket and keeps that many worker processes accepting on it.",
     )
     run.add_argument("--config", type=Path, help="spillway.yaml (default: built-in defaults)")
+
+
+def _add_check_config(sub: Commands) -> None:
     check = sub.add_parser(
         "check-config",
         help="validate a spillway.yaml and explain it",
@@ -42,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
         "summarised: targets, rules in the order they apply, and what may leave the premises.",
     )
     check.add_argument("file", type=Path)
+
+
+def _add_apisix_route(sub: Commands) -> None:
     route = sub.add_parser(
         "apisix-route",
         help="print the APISIX route that puts Spillway in front of the cluster",
@@ -57,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     route.add_argument("--format", choices=("json", "yaml"), default="json", help="default: json")
     route.add_argument("--id", default="spillway", help="the route's id (default: spillway)")
     route.add_argument("--uri", default="/v2/*", help="the route's uri (default: /v2/*)")
+    _add_route_plugins(route)
+    _add_route_push(route)
+
+
+def _add_route_plugins(route: argparse.ArgumentParser) -> None:
+    """What the route holds beyond the runner: the fast path, an IAM function URL, authentication,
+    APISIX's exporter, content checks, and which node it matches."""
     route.add_argument(
         "--fast-path",
         action="store_true",
@@ -97,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
         help="match only requests to the APISIX node listening on PORT: several nodes on one host, "
         "each runner with its own outcome port, need a route each (on hosts of their own, one serves all)",
     )
+
+
+def _add_route_push(route: argparse.ArgumentParser) -> None:
+    """Where the route goes instead of standard output: APISIX's Admin API."""
     route.add_argument(
         "--push",
         metavar="ADMIN_URL",
@@ -109,6 +138,9 @@ def _parser() -> argparse.ArgumentParser:
         default="APISIX_ADMIN_KEY",
         help="the variable holding the Admin API key (default: APISIX_ADMIN_KEY; never APISIX's default key)",
     )
+
+
+def _add_apisix_lua_path(sub: Commands) -> None:
     lua = sub.add_parser(
         "apisix-lua-path",
         help="print the directory to name in APISIX's extra_lua_path (Spillway's Lua plugins)",
@@ -121,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
         "outcomes.listen. --config prints that whole config.yaml excerpt instead.",
     )
     lua.add_argument("--config", type=Path, help="spillway.yaml: print the config.yaml excerpt for it")
+
+
+def _add_import_targets(sub: Commands) -> None:
     imp = sub.add_parser(
         "import-targets",
         help="turn Terraform's spillway_targets output into the targets section",
@@ -128,9 +163,6 @@ def _parser() -> argparse.ArgumentParser:
         "validated `targets:` section of spillway.yaml.",
     )
     imp.add_argument("file", type=Path, nargs="?", help="JSON file (default: standard input)")
-    simulation.add_parser(sub)
-    bill.add_parser(sub)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,8 @@ class OutcomeListener:
         fast: FastSink | None = None,
     ) -> None:
         host, _, port = listen.rpartition(":")
-        handler = _handler(auth, loop, deliver, table, fast)
+        endpoint = _Endpoint(auth, loop, deliver, table, fast)
+        handler = functools.partial(_Handler, endpoint=endpoint)
         self._server = _BoundedServer((host or "127.0.0.1", int(port)), handler)
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="outcomes", daemon=True)
@@ -112,7 +113,7 @@ class _BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, address: tuple[str, int], handler: Callable[..., BaseHTTPRequestHandler]) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
@@ -175,122 +176,136 @@ def _said(batch: Batch, refused: Sometimes, malformed: Sometimes) -> None:
         )
 
 
-def _handler(
-    auth: str,
-    loop: asyncio.AbstractEventLoop | None,
-    deliver: Callable[[list[Outcome]], None],
-    table: TableSource | None,
-    fast: FastSink | None,
-) -> type[BaseHTTPRequestHandler]:
-    owned = loop is not None  # a workers' parent holds no state: it serves outcomes only
-    refused, malformed = Sometimes(), Sometimes()
-    served = {
-        PATH: True,
-        TABLE_PATH: owned and table is not None,
-        FAST_OUTCOMES_PATH: owned and fast is not None,
-    }
+class _Endpoint:
+    """What one listener serves, and the little it keeps across requests; shared by the handlers
+    of all its connections. Without a loop (a workers' parent holds no state) it serves outcomes
+    only, delivered on the request's own thread."""
 
-    me = identity()
-    watched = threading.Event()
+    def __init__(
+        self,
+        auth: str,
+        loop: asyncio.AbstractEventLoop | None,
+        deliver: Callable[[list[Outcome]], None],
+        table: TableSource | None,
+        fast: FastSink | None,
+    ) -> None:
+        self.auth, self.loop, self.deliver, self.table, self.fast = auth, loop, deliver, table, fast
+        owned = loop is not None
+        self.served = {
+            PATH: True,
+            TABLE_PATH: owned and table is not None,
+            FAST_OUTCOMES_PATH: owned and fast is not None,
+        }
+        self.me = identity()
+        self.refused, self.malformed = Sometimes(), Sometimes()
+        self.watched = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = READ_TIMEOUT_S
-        protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:
-            if self.path.partition("?")[0] != ALIVE_PATH:
-                self._answer(404, f"no such path; GET serves only {ALIVE_PATH}")
-                return
-            if not self._authorised():
-                return
-            try:
-                self._send(200, me if loop is None else _on_loop(loop, lambda: me, ALIVE_TIMEOUT_S))
-            except concurrent.futures.TimeoutError:
-                self._answer(503, f"the runner's event loop has not answered within {ALIVE_TIMEOUT_S} s")
-                return
-            if not watched.is_set():
-                watched.set()
-                log.info("APISIX's side watches whether this runner answers (GET %s)", ALIVE_PATH)
+class _Handler(BaseHTTPRequestHandler):
+    """One connection to the endpoint, with the listener's ``_Endpoint`` given to it at creation
+    (as ``http.server``'s own handlers take their directory)."""
 
-        def _authorised(self) -> bool:
-            given = self.headers.get("authorization", "")
-            if hmac.compare_digest(given.encode("latin-1", "replace"), auth.encode()):
-                return True
-            self._answer(401, "wrong or missing Authorization (the route's http-logger auth_header)")
-            return False
+    timeout = READ_TIMEOUT_S
+    protocol_version = "HTTP/1.1"
 
-        def do_POST(self) -> None:
-            path = self.path.partition("?")[0]  # http-logger may add an empty query
-            if not served.get(path):
-                self._answer(
-                    404, f"no such path; outcomes are posted to {PATH}, tables fetched at {TABLE_PATH}"
-                )
-                return
-            if not self._authorised():
-                return
-            limit = MAX_BODY_BYTES if path == PATH else MAX_REPORT_BYTES
-            length = self.headers.get("content-length", "")
-            if not length.isdigit() or int(length) > limit:
-                self._answer(413 if length.isdigit() else 411, f"a Content-Length up to {limit} bytes")
-                return
-            body = self.rfile.read(int(length))
-            if path == TABLE_PATH and table is not None and loop is not None:
-                self._table(loop, table, body)
-                return
-            if path == FAST_OUTCOMES_PATH and fast is not None and loop is not None:
-                self._fast(loop, fast, body)
-                return
-            try:
-                batch = parse_batch(body)
-            except (ValidationError, ValueError) as exc:
-                self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
-                return
-            _said(batch, refused, malformed)
-            if loop is None:
-                deliver(batch.entries)
-            else:
-                loop.call_soon_threadsafe(deliver, batch.entries)
-            self._answer(204, "")
+    def __init__(self, *args: Any, endpoint: _Endpoint) -> None:
+        self.endpoint = endpoint  # before the base class's __init__, which handles the request
+        super().__init__(*args)
 
-        def _table(self, owner: asyncio.AbstractEventLoop, build: TableSource, body: bytes) -> None:
-            try:
-                report = FastPathReport.model_validate_json(body)
-            except ValidationError as exc:
-                self._answer(400, f"not a fast-path report: {str(exc)[:300]}")
-                return
-            try:
-                answer = _on_loop(owner, functools.partial(build, report), TABLE_TIMEOUT_S)
-            except Exception as exc:
-                log.error("decision table not built: %s", exc)
-                self._answer(500, "the decision table could not be built; see the runner's log")
-                return
-            self._send(200, answer)
+    def do_GET(self) -> None:
+        if self.path.partition("?")[0] != ALIVE_PATH:
+            self._answer(404, f"no such path; GET serves only {ALIVE_PATH}")
+            return
+        if not self._authorised():
+            return
+        me, loop = self.endpoint.me, self.endpoint.loop
+        try:
+            self._send(200, me if loop is None else _on_loop(loop, lambda: me, ALIVE_TIMEOUT_S))
+        except concurrent.futures.TimeoutError:
+            self._answer(503, f"the runner's event loop has not answered within {ALIVE_TIMEOUT_S} s")
+            return
+        if not self.endpoint.watched.is_set():
+            self.endpoint.watched.set()
+            log.info("APISIX's side watches whether this runner answers (GET %s)", ALIVE_PATH)
 
-        def _fast(self, owner: asyncio.AbstractEventLoop, sink: FastSink, body: bytes) -> None:
-            try:
-                summary = FastOutcomes.parse(body)
-            except (ValidationError, ValueError) as exc:
-                self._answer(400, f"not a summary of fast-path outcomes: {str(exc)[:300]}")
-                return
-            owner.call_soon_threadsafe(sink, summary)
-            self._answer(204, "")
+    def _authorised(self) -> bool:
+        given = self.headers.get("authorization", "")
+        if hmac.compare_digest(given.encode("latin-1", "replace"), self.endpoint.auth.encode()):
+            return True
+        self._answer(401, "wrong or missing Authorization (the route's http-logger auth_header)")
+        return False
 
-        def _answer(self, status: int, message: str) -> None:
-            self._send(status, json.dumps({"error": message}).encode() if message else b"")
+    def do_POST(self) -> None:
+        path = self.path.partition("?")[0]  # http-logger may add an empty query
+        if not self.endpoint.served.get(path):
+            self._answer(404, f"no such path; outcomes are posted to {PATH}, tables fetched at {TABLE_PATH}")
+            return
+        if not self._authorised():
+            return
+        limit = MAX_BODY_BYTES if path == PATH else MAX_REPORT_BYTES
+        length = self.headers.get("content-length", "")
+        if not length.isdigit() or int(length) > limit:
+            self._answer(413 if length.isdigit() else 411, f"a Content-Length up to {limit} bytes")
+            return
+        body = self.rfile.read(int(length))
+        loop, table, fast = self.endpoint.loop, self.endpoint.table, self.endpoint.fast
+        if path == TABLE_PATH and table is not None and loop is not None:
+            self._table(loop, table, body)
+        elif path == FAST_OUTCOMES_PATH and fast is not None and loop is not None:
+            self._fast(loop, fast, body)
+        else:
+            self._outcomes(loop, body)
 
-        def _send(self, status: int, body: bytes) -> None:
-            self.send_response(status)
-            if status >= 400:
-                # A refusal may leave the request's body unread: the connection carries nothing more.
-                self.send_header("connection", "close")
-                self.close_connection = True
-            if body:
-                self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def _outcomes(self, loop: asyncio.AbstractEventLoop | None, body: bytes) -> None:
+        try:
+            batch = parse_batch(body)
+        except (ValidationError, ValueError) as exc:
+            self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
+            return
+        _said(batch, self.endpoint.refused, self.endpoint.malformed)
+        if loop is None:
+            self.endpoint.deliver(batch.entries)
+        else:
+            loop.call_soon_threadsafe(self.endpoint.deliver, batch.entries)
+        self._answer(204, "")
 
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug(format, *args)
+    def _table(self, owner: asyncio.AbstractEventLoop, build: TableSource, body: bytes) -> None:
+        try:
+            report = FastPathReport.model_validate_json(body)
+        except ValidationError as exc:
+            self._answer(400, f"not a fast-path report: {str(exc)[:300]}")
+            return
+        try:
+            answer = _on_loop(owner, functools.partial(build, report), TABLE_TIMEOUT_S)
+        except Exception as exc:
+            log.error("decision table not built: %s", exc)
+            self._answer(500, "the decision table could not be built; see the runner's log")
+            return
+        self._send(200, answer)
 
-    return Handler
+    def _fast(self, owner: asyncio.AbstractEventLoop, sink: FastSink, body: bytes) -> None:
+        try:
+            summary = FastOutcomes.parse(body)
+        except (ValidationError, ValueError) as exc:
+            self._answer(400, f"not a summary of fast-path outcomes: {str(exc)[:300]}")
+            return
+        owner.call_soon_threadsafe(sink, summary)
+        self._answer(204, "")
+
+    def _answer(self, status: int, message: str) -> None:
+        self._send(status, json.dumps({"error": message}).encode() if message else b"")
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        if status >= 400:
+            # A refusal may leave the request's body unread: the connection carries nothing more.
+            self.send_header("connection", "close")
+            self.close_connection = True
+        if body:
+            self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug(format, *args)

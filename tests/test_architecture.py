@@ -13,6 +13,7 @@ from tests.support import ROOT
 
 SHIPPED = ("functions", "gateway_plugin", "warmup")
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 60
 
 
 def _modules(package: str) -> list[Path]:
@@ -165,6 +166,19 @@ def test_importing_the_shipped_packages_loads_no_dev_tool() -> None:
 def test_no_production_module_is_over_400_lines(package: str) -> None:
     long = {
         _module_name(p): n for p in _modules(package) if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+@pytest.mark.parametrize("package", SHIPPED)
+def test_no_shipped_function_is_over_60_lines(package: str) -> None:
+    """A function that does one thing reads on one screen; a longer one is several, to be named."""
+    long = {
+        f"{_module_name(path)}:{node.lineno} {node.name}": n
+        for path in _modules(package)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (n := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
     }
     assert not long, long
 

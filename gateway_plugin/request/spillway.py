@@ -143,21 +143,40 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         return route.policy
 
     async def request_filter(self, conf: PreparedRoute, request: HttpRequest, action: RequestAction) -> None:
-        headers = request.headers
         policy = self.policy_for(conf)
+        read = self._read(conf, policy, request, action)
+        if read is None:
+            return
+        features, tenant = read
+        decided = await self._decide(conf, policy, features, tenant, request, action)
+        if decided is None:
+            return
+        decision, kept_by = decided
+        self._commit(decision, policy, features.model, kept_by, request)
+        decision = await self._act(conf, decision, request, action)
+        if self.state.config.audit.logger is not None:
+            classification = features.headers.get(policy.classification_header)
+            action.add_response_header(HEADER_AUDIT, audit_header(decision, features.model, classification))
+
+    def _read(
+        self, conf: PreparedRoute, policy: Policy, request: HttpRequest, action: RequestAction
+    ) -> tuple[RequestFeatures, str | None] | None:
+        """The request as the policy reads it, and its tenant; None when it was refused: a path or
+        headers that layers could read two ways, or no consumer where the tenant is to be one."""
+        headers = request.headers
         try:
             path = gateway_path(request.path)
         except PathError as exc:
             self._refuse(action, 400, str(exc))
-            return
+            return None
         refusal = settle(request, conf.read, policy.tenant_header, action)
         if refusal is not None:
             self._refuse(action, refusal.status, refusal.message)
-            return
+            return None
         decided = as_decided(headers, policy, headers.get(HEADER_CONSUMER))
         if decided is None:
             self._refuse(action, 401, _NO_CONSUMER)
-            return
+            return None
         if policy.tenant_from_consumer:
             forget(request, policy.tenant_header, action)
         view, tenant = decided
@@ -166,32 +185,59 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         features = RequestFeatures(
             path, view, {k: v or "" for k, v in args} if args else _NO_ARGS, model, body_bytes(headers)
         )
-        snapshot = self.state.snapshot(tenant, model)
-        decision = decide(features, snapshot, policy)
+        return features, tenant
+
+    async def _decide(
+        self,
+        conf: PreparedRoute,
+        policy: Policy,
+        features: RequestFeatures,
+        tenant: str | None,
+        request: HttpRequest,
+        action: RequestAction,
+    ) -> tuple[Decision, str | None] | None:
+        """The decision, and the content detector that kept the request home if one did: where the
+        route asks and the decision would send the request out, its text is read and it is decided
+        again. None when the body was refused (the model server would read it otherwise than the
+        checks did: a duplicate key)."""
+        decision = decide(features, self.state.snapshot(tenant, features.model), policy)
+        checks = conf.checks
+        if not decision.is_cloud or checks is None or not checks.applies(policy, features):
+            return decision, None
+        content = checks.content
+        verdict = await _read_content(content, request, features.body_bytes)
+        if verdict.refusal is not None:
+            self._refuse(action, 400, verdict.refusal)
+            return None
+        self.state.content_read(verdict)
         kept_by = None
-        if decision.is_cloud and conf.checks is not None and conf.checks.applies(policy, features):
-            content = conf.checks.content
-            verdict = await _read_content(content, request, features.body_bytes)
-            if verdict.refusal is not None:
-                # A body the model server would read otherwise than the checks did (a duplicate key).
-                self._refuse(action, 400, verdict.refusal)
-                return
-            self.state.content_read(verdict)
-            if content.keeps_home(verdict):
-                features, kept_by = tightened(features, policy, content), verdict.label
-            # Decided again, on the state as it is once the body has been read.
-            decision = decide(features, self.state.snapshot(tenant, model), policy)
+        if content.keeps_home(verdict):
+            features, kept_by = tightened(features, policy, content), verdict.label
+        # Decided again, on the state as it is once the body has been read.
+        return decide(features, self.state.snapshot(tenant, features.model), policy), kept_by
+
+    def _commit(
+        self, decision: Decision, policy: Policy, model: str | None, kept_by: str | None, request: HttpRequest
+    ) -> None:
+        """The decision into the books; a request residency kept home is noted with what it was
+        (and the detector that kept it)."""
         seen = None
         if decision.residency_kept:
             seen = {
                 "request_id": request.id,
                 "path": request.path,
                 "model": model,
-                "classification": headers.get(policy.classification_header),
+                "classification": request.headers.get(policy.classification_header),
             }
             if kept_by is not None:
                 seen["content"] = kept_by
         self.state.commit(decision, model, seen)
+
+    async def _act(
+        self, conf: PreparedRoute, decision: Decision, request: HttpRequest, action: RequestAction
+    ) -> Decision:
+        """What the decision asks of APISIX: shed, the cluster, or a target (its upstream, or the
+        function called here). The decision the request ended with (a failed call ends otherwise)."""
         show = conf.overrides.decision_header
         if show if show is not None else self.state.decision_header:
             action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
@@ -202,12 +248,10 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             action.delete_header(HEADER_SIGNATURE)
             self._for_the_outcome(decision, action)
         elif self.state.target(decision.target).mode == "invoke":
-            decision = await self._invoke(decision, request, action)
+            return await self._invoke(decision, request, action)
         else:
             await self._upstream(decision, request, action)
-        if self.state.config.audit.logger is not None:
-            classification = view.get(policy.classification_header)
-            action.add_response_header(HEADER_AUDIT, audit_header(decision, model, classification))
+        return decision
 
     def _refuse(self, action: RequestAction, status: int, message: str) -> None:
         """A request no layer may read two ways is answered here, before anything decides on it."""
