@@ -2,8 +2,8 @@
 
 ``demo`` runs the whole hybrid on one machine; ``devgateway`` serves a stand-in for APISIX in front
 of a real runner; ``function-demo`` serves one function and answers one inference;
-``fast-path-contract`` writes the Lua half of the fast path's contract. None of this ships in the
-packages or the images.
+``python -m devtools.generate`` writes the files code makes (dashboards, the fast path's Lua
+contract, the APISIX examples). None of this ships in the packages or the images.
 """
 
 from __future__ import annotations
@@ -75,14 +75,6 @@ def _parser() -> argparse.ArgumentParser:
         default=EXAMPLE_REPOSITORY,
         help="model repository holding add_sub (default: the bundled example)",
     )
-    contract = sub.add_parser(
-        "fast-path-contract",
-        help="write the fast path's Lua contract (spillway/contract.lua, table_schema.lua) from Python",
-        description="Generate spillway/contract.lua from gateway_plugin/fast_path/contract.py and "
-        "spillway/table_schema.lua from the decision table's models; --check writes nothing and exits 1 "
-        "when either file is stale.",
-    )
-    contract.add_argument("--check", action="store_true", help="only say whether the files are current")
     return parser
 
 
@@ -97,13 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         from devtools.function_demo import run_demo as run_function_demo
 
         return run_function_demo(args.model_repository)
-    if args.command == "fast-path-contract":
-        from devtools import fast_path_contract
-
-        changed = fast_path_contract.stale() if args.check else fast_path_contract.write()
-        for path in changed:
-            print(f"{'stale' if args.check else 'wrote'}: {path}")
-        return 1 if args.check and changed else 0
     return _devgateway_command(args.config)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from devtools import fast_path_contract
+from devtools.generate import fast_path_contract, stale
 from gateway_plugin.fast_path import contract, table_model
 from gateway_plugin.fast_path.route import lua_path
 
@@ -14,8 +14,8 @@ GENERATED = {"contract.lua", "table_schema.lua"}
 
 
 def test_the_generated_lua_is_what_the_python_side_says() -> None:
-    stale = fast_path_contract.stale()
-    assert not stale, f"regenerate with: python -m devtools fast-path-contract ({stale})"
+    old = stale(fast_path_contract.files())
+    assert not old, f"regenerate with: python -m devtools.generate fast-path-contract ({old})"
 
 
 def test_a_change_on_the_python_side_makes_the_lua_stale(monkeypatch: object) -> None:
@@ -23,7 +23,7 @@ def test_a_change_on_the_python_side_makes_the_lua_stale(monkeypatch: object) ->
 
     assert isinstance(monkeypatch, pytest.MonkeyPatch)
     monkeypatch.setattr(contract, "FAIL_SAFE", "table_old")
-    assert fast_path_contract.OUT / "contract.lua" in fast_path_contract.stale()
+    assert fast_path_contract.OUT / "contract.lua" in stale(fast_path_contract.files())
 
 
 def _lua_sources() -> dict[Path, str]:

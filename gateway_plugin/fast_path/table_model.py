@@ -1,6 +1,6 @@
 """The decision table's shape, declared once: the runner builds tables from these models, and the
 plugin checks every table it fetches against the JSON schema generated from them
-(``devtools fast-path-contract`` writes ``spillway/table_schema.lua``; APISIX's
+(``python -m devtools.generate`` writes ``spillway/table_schema.lua``; APISIX's
 ``core.schema.check`` runs it). Field order is the encoded order; a field that is None is left out
 of the table (the plugin reads it as absent).
 
@@ -156,5 +156,5 @@ def as_dict(table: DecisionTable) -> dict[str, Any]:
 
 def json_schema() -> dict[str, Any]:
     """The models' JSON schema as pydantic writes it (``$defs``, ``anyOf`` with null for optional
-    fields); ``devtools.fast_path_contract`` turns it into the draft-4 form the plugin checks."""
+    fields); ``devtools.generate.fast_path_contract`` turns it into the draft-4 form the plugin checks."""
     return _ADAPTER.json_schema()

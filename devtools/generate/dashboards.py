@@ -1,5 +1,5 @@
 """Spillway's Grafana dashboards, written as JSON into ``ops/grafana/dashboards`` from the panels
-below (``python -m devtools.dashboards``); a test requires the files to be what this makes.
+below (``python -m devtools.generate``); a test requires the files to be what this makes.
 
 Every panel names its unit, draws its thresholds where one means something, and names each series
 in its legend; its queries go to the dashboard's ``datasource`` variable, and ``$__rate_interval``
@@ -9,12 +9,11 @@ is Grafana's (a test runs every query against a real Prometheus with it set to a
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parent.parent / "ops" / "grafana" / "dashboards"
+OUT = Path(__file__).resolve().parents[2] / "ops" / "grafana" / "dashboards"
 RATE = "[$__rate_interval]"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 CLOUD = 'target!~"local|shed"'
@@ -465,17 +464,6 @@ def render(dashboard: Dashboard) -> dict[str, Any]:
     }
 
 
-def files() -> dict[str, str]:
-    return {f"{d.uid}.json": json.dumps(render(d), indent=2) + "\n" for d in DASHBOARDS}
-
-
-def main(out: Path = OUT) -> int:
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in files().items():
-        (out / name).write_text(text)
-        print(out / name, file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def files() -> dict[Path, str]:
+    """Each dashboard's file and its JSON."""
+    return {OUT / f"{d.uid}.json": json.dumps(render(d), indent=2) + "\n" for d in DASHBOARDS}
