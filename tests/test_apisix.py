@@ -15,16 +15,9 @@ import pytest
 from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.books.target_header import target_value
-from tests.apisix_support import (
-    Stack,
-    apisix_settings,
-    metrics_feed,
-    needs_apisix,
-    spillway_route,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import Stack, apisix_settings, needs_apisix, spillway_route, stack_config
+from testing.http import wait_until
+from testing.standins import metrics_feed, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -165,7 +158,7 @@ def test_a_target_answering_5xx_opens_its_breaker_through_the_logger(stack: Stac
 
 def test_the_runner_refuses_what_the_example_config_forgets() -> None:
     """The example config's plugin list is what APISIX gets: the route needs every one of them."""
-    from tests.apisix_support import example_plugins
+    from testing.apisix import example_plugins
 
     needed = {"ext-plugin-pre-req", "traffic-split", "http-logger", "aws-lambda"}
     assert needed <= set(example_plugins())

@@ -21,16 +21,9 @@ from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from gateway_plugin.request.audit import HEADER_AUDIT, LOG_FORMAT
-from tests.apisix_support import (
-    Stack,
-    apisix_settings,
-    example_plugins,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import http, wait_until
+from testing.apisix import Stack, apisix_settings, example_plugins, needs_apisix, stack_config
+from testing.http import http, wait_until
+from testing.standins import metrics_feed, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

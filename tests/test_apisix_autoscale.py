@@ -36,9 +36,11 @@ from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import Upstream, example_plugins, fast_path_settings, needs_apisix, upstream
-from tests.dns_support import Dns, dnsmasq, needs_dnsmasq
-from tests.support import TEST_MODELS, http, wait_until
+from testing.apisix import example_plugins, fast_path_settings, needs_apisix
+from testing.dns import Dns, dnsmasq, needs_dnsmasq
+from testing.http import http, wait_until
+from testing.paths import TEST_MODELS
+from testing.standins import Upstream, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix(), needs_dnsmasq()]
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.apisix_support import Stack, needs_apisix
-from tests.support import wait_until
+from testing.apisix import Stack, needs_apisix
+from testing.http import wait_until
 from tests.test_apisix_content_attacks import KIB64, PATHS, content_stack, counted, inference, post
 
 pytestmark = [pytest.mark.integration, needs_apisix()]

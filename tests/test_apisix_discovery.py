@@ -28,9 +28,10 @@ from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import MetricsFeed, fast_path_settings, needs_apisix, upstream
-from tests.dns_support import Dns, dnsmasq, metrics_handler, needs_dnsmasq, serving_at
-from tests.support import QuietHandler, http, wait_until
+from testing.apisix import fast_path_settings, needs_apisix
+from testing.dns import Dns, dnsmasq, needs_dnsmasq, serving_at
+from testing.http import QuietHandler, http, wait_until
+from testing.standins import MetricsFeed, metrics_handler, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix(), needs_dnsmasq()]
 
@@ -119,7 +120,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         pods = Pods(dns, {a: MetricsFeed(compute_ms=10) for a in PODS})
         for address in PODS:
             stack.enter_context(serving_at(address, port, _pod_handler(pods, address)))
-            stack.enter_context(serving_at(address, metrics_port, metrics_handler(pods.feeds[address])))
+            stack.enter_context(
+                serving_at(address, metrics_port, metrics_handler(pods.feeds[address], content_type=None))
+            )
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         pods.scale(2, queue_ms=500)
         config = {

@@ -17,9 +17,12 @@ import yaml
 
 from devtools import apisix
 from functions.sidecar import free_port
-from tests.apisix_support import apisix_settings, fast_path_settings, metrics_feed, needs_apisix, upstream
-from tests.cloud_fakes import AWS_KEY, AWS_SECRET, function_url_fake
-from tests.support import ADD_SUB_BODY, ROOT, Running, function_server, http, model_repository, wait_until
+from testing.apisix import apisix_settings, fast_path_settings, needs_apisix
+from testing.cloud_apis import AWS_KEY, AWS_SECRET, function_url_fake
+from testing.function import ADD_SUB_BODY, Running, function_server, model_repository
+from testing.http import http, wait_until
+from testing.paths import ROOT
+from testing.standins import metrics_feed, upstream
 
 EXAMPLES = ROOT / "examples" / "apisix"
 EXAMPLE_TOKEN = "example-route-token-replace-me"
@@ -179,7 +182,7 @@ def test_an_invoke_mode_answer_reaches_the_client(
 ) -> None:
     """In invoke mode the runner calls Lambda's Invoke API itself (SigV4) and APISIX answers the
     client with the function's answer (a Stop)."""
-    from tests.cloud_fakes import REGION, cloud_fake
+    from testing.cloud_apis import REGION, cloud_fake
 
     with ExitStack() as stack:
         local = stack.enter_context(upstream("local"))

@@ -16,8 +16,9 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.fast_path.route import lua_path
 from gateway_plugin.policy.tenants import tenant_key
-from tests.apisix_support import needs_apisix
-from tests.support import ROOT, http
+from testing.apisix import needs_apisix
+from testing.http import http
+from testing.paths import ROOT
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

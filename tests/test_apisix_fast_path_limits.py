@@ -15,8 +15,9 @@ from functions.sidecar import free_port
 from functions.signature import Verifier
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.policy.build import build_policy
-from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import wait_until
+from testing.apisix import Stack, fast_path_settings, needs_apisix, stack_config
+from testing.http import wait_until
+from testing.standins import metrics_feed, upstream
 from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]

@@ -24,16 +24,10 @@ from gateway_plugin.apisix_route import route
 from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path import table as decision_table
-from tests.apisix_support import (
-    Stack,
-    example_plugins,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import ROOT, http, wait_until
+from testing.apisix import Stack, example_plugins, fast_path_settings, needs_apisix, stack_config
+from testing.http import http, wait_until
+from testing.paths import ROOT
+from testing.standins import metrics_feed, upstream
 from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]

@@ -21,15 +21,9 @@ from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    Stack,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import Stack, fast_path_settings, needs_apisix, stack_config
+from testing.http import wait_until
+from testing.standins import metrics_feed, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

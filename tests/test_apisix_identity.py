@@ -24,16 +24,9 @@ from functions.sidecar import free_port
 from gateway_plugin.apisix_route import RouteError, route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    Stack,
-    example_plugins,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import http, wait_until
+from testing.apisix import Stack, example_plugins, fast_path_settings, needs_apisix, stack_config
+from testing.http import http, wait_until
+from testing.standins import metrics_feed, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

@@ -30,8 +30,10 @@ from devtools import apisix
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import apisix_settings, fast_path_settings, needs_apisix, upstream
-from tests.support import ADD_SUB_BODY, http, model_repository, wait_until
+from testing.apisix import apisix_settings, fast_path_settings, needs_apisix
+from testing.function import ADD_SUB_BODY, model_repository
+from testing.http import http, wait_until
+from testing.standins import upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

@@ -32,9 +32,10 @@ from devtools.etcd import ETCD, ETCD_HINT
 from devtools.nodes import ADMIN_KEY_ENV, Node, Nodes, nodes_running
 from devtools.redis_ha import REDIS_SENTINEL, SENTINEL_HINT, ClusterGroup, Promotion, SentinelGroup
 from gateway_plugin.apisix_admin import DEFAULT_KEYS
-from tests.apisix_support import MetricsFeed, Upstream, metrics_feed, needs_apisix, stack_config, upstream
-from tests.redis_support import needs_redis, redis_server
-from tests.support import http, wait_until
+from testing.apisix import needs_apisix, stack_config
+from testing.http import http, wait_until
+from testing.redis import needs_redis, redis_server
+from testing.standins import MetricsFeed, Upstream, metrics_feed, upstream
 
 pytestmark = [
     pytest.mark.integration,

@@ -12,8 +12,9 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from tests.apisix_support import Stack, apisix_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import wait_until
+from testing.apisix import Stack, apisix_settings, needs_apisix, stack_config
+from testing.http import wait_until
+from testing.standins import metrics_feed, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

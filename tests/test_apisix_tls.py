@@ -16,8 +16,10 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import VERIFY_UPSTREAM_TLS, config_snippet
-from tests.apisix_support import Stack, apisix_settings, metrics_feed, needs_apisix, upstream
-from tests.support import http, make_ca, server_context, wait_until
+from testing.apisix import Stack, apisix_settings, needs_apisix
+from testing.http import http, wait_until
+from testing.standins import metrics_feed, upstream
+from testing.tls import make_ca, server_context
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

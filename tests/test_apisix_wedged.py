@@ -29,9 +29,11 @@ from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import fast_path_settings, needs_apisix, upstream
-from tests.rolling_support import Member
-from tests.support import TEST_MODELS, http, wait_until
+from testing.apisix import fast_path_settings, needs_apisix
+from testing.http import http, wait_until
+from testing.paths import TEST_MODELS
+from testing.standins import upstream
+from testing.tritons import Member
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

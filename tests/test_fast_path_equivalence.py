@@ -30,9 +30,10 @@ from gateway_plugin.policy.decide import may_leave
 from gateway_plugin.policy.model import LOCAL, SHED, Reason
 from gateway_plugin.policy.snapshot import RequestFeatures
 from gateway_plugin.request.spillway import RouteOverrides, _route_policy
-from tests.apisix_support import needs_apisix
+from testing.apisix import needs_apisix
+from testing.http import http
+from testing.paths import ROOT
 from tests.fast_path_cases import Group, bodies_group, expected, python_decision, random_group
-from tests.support import ROOT, http
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

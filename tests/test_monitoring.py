@@ -33,17 +33,10 @@ from gateway_plugin import bill
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import apisix_settings, example_plugins, needs_apisix
-from tests.support import (
-    ROOT,
-    TEST_MODELS,
-    QuietHandler,
-    function_server,
-    http,
-    http_server_thread,
-    model_repository,
-    wait_until,
-)
+from testing.apisix import apisix_settings, example_plugins, needs_apisix
+from testing.function import function_server, model_repository
+from testing.http import QuietHandler, http, http_server_thread, wait_until
+from testing.paths import ROOT, TEST_MODELS
 
 needs_prometheus = pytest.mark.skipif(
     prometheus_server.missing_reason() is not None, reason=prometheus_server.missing_reason() or ""

@@ -15,8 +15,9 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import ConfigError, SpillwayConfig
-from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import http
+from testing.apisix import apisix_settings, needs_apisix, stack_config
+from testing.http import http
+from testing.standins import metrics_feed, upstream
 
 TEAM_PLUGIN = """
 from pydantic import BaseModel

@@ -26,8 +26,10 @@ from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import Upstream, fast_path_settings, upstream
-from tests.support import TEST_MODELS, http
+from testing.apisix import fast_path_settings
+from testing.http import http
+from testing.paths import TEST_MODELS
+from testing.standins import Upstream, upstream
 
 CLOUD = "aws"
 FAST = "fast.test"
