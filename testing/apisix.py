@@ -1,5 +1,11 @@
-"""A real Apache APISIX 3.18 for the tests: its settings for a Spillway config (the route made
-from it, the runner as its ext-plugin), and the ``Stack`` of it with the stand-ins it fronts."""
+"""A real Apache APISIX 3.18 for a Spillway config and its routes, the one way the tests and the
+benchmarks start one (``gateway_for``), and the ``Stack`` of it with the stand-ins it fronts (``stack``).
+
+The settings are the example config's plugins and Spillway's Lua as ``config_snippet`` says (its
+path, shared dict and plugin_attr), the route made from the config unless routes are given, and
+the runner as APISIX's ext-plugin.cmd with the route token passed through. One APISIX runs per
+install (``SPILLWAY_APISIX_PREFIX``): a second one started while the first runs would collide.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,11 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import yaml
@@ -18,16 +26,24 @@ from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route, standalone_yaml
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.fast_path.route import config_snippet, fast_route, lua_path
 from testing.http import http, wait_until
-from testing.paths import ROOT
-from testing.standins import MetricsFeed, Upstream
+from testing.paths import ROOT, TEST_LUA
+from testing.standins import MetricsFeed, StandIns, Upstream
 
 EXAMPLE_CONFIG = ROOT / "examples" / "apisix" / "config.yaml"
+# The host the fast path's route answers on where both routes stand on one APISIX.
+FAST_HOST = "fast.test"
 
 
 def needs_apisix() -> pytest.MarkDecorator:
     reason = apisix.missing_reason()
     return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def route_token() -> bytes:
+    """The token the tests' runners take (``tests/conftest.py`` sets one)."""
+    return os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 
 
 def example_plugins() -> list[str]:
@@ -41,42 +57,114 @@ def runner_cmd(config_path: Path) -> list[str]:
 
 def spillway_route(config: dict[str, Any]) -> dict[str, Any]:
     """The route ``python -m gateway_plugin apisix-route`` makes from ``config``."""
-    made = route(SpillwayConfig.model_validate(config), os.environ["SPILLWAY_ROUTE_TOKEN"].encode())
+    made = route(SpillwayConfig.model_validate(config), route_token())
     return yaml.safe_load(standalone_yaml(made))["routes"][0]  # type: ignore[no-any-return]
 
 
-def fast_path_settings(
-    config: dict[str, Any], tmp: Path, port: int, routes: list[dict[str, Any]], **settings: Any
-) -> apisix.ApisixSettings:
-    """``apisix_settings`` with the fast path's ``spillway`` plugin enabled too."""
-    return apisix_settings(
-        config, tmp, port, routes=routes, **{"plugins": [*example_plugins(), "spillway"], **settings}
-    )
+def both_routes(config: dict[str, Any], auth: str | None = None) -> list[dict[str, Any]]:
+    """The ext-plugin route and the fast path's on ``FAST_HOST``, on one APISIX (``auth``: the
+    authentication plugin both routes run first)."""
+    validated = SpillwayConfig.model_validate(config)
+    token = route_token()
+    return [
+        route(validated, token, auth=auth),
+        {**fast_route(validated, token, auth=auth), "hosts": [FAST_HOST]},
+    ]
+
+
+def content_routes(
+    config: dict[str, Any], fast_uri: str = "/v2/models/add_sub/infer"
+) -> list[dict[str, Any]]:
+    """Both routes asking for content checks: the fast path's on ``fast_uri`` alone, the
+    ext-plugin route on every other /v2/ path."""
+    validated = SpillwayConfig.model_validate(config)
+    checks = {"content_checks": True}
+    token = route_token()
+    made = [route(validated, token, overrides=checks), fast_route(validated, token, "fast", fast_uri, checks)]
+    return [yaml.safe_load(yaml.safe_dump(r)) for r in made]
 
 
 def apisix_settings(
-    config: dict[str, Any], tmp: Path, port: int, routes: list[dict[str, Any]] | None = None, **settings: Any
+    config: dict[str, Any],
+    tmp: Path,
+    port: int,
+    routes: list[dict[str, Any]] | None = None,
+    *,
+    signing_key: str | None = None,
+    runner_env: dict[str, str] | None = None,
+    **settings: Any,
 ) -> apisix.ApisixSettings:
     """APISIX with the example config's plugins and Spillway's Lua as ``config_snippet`` says (its
-    path, shared dict and plugin_attr; ``attr`` adds to the latter), the route made from ``config``
-    (or ``routes``), and the runner as its ext-plugin.cmd with the route token passed through."""
-    from gateway_plugin.fast_path.route import config_snippet
-
+    path, shared dict and plugin_attr; ``attr`` adds to spillway's, ``plugin_attr`` names other
+    plugins'), the route made from ``config`` (or ``routes``), and the runner as its
+    ext-plugin.cmd with the route token passed through. ``signing_key``: SPILLWAY_SIGNING_KEY
+    in APISIX's environment (never this process's) and passed through; ``runner_env``: variables
+    the runner's command line sets (as an operator's environment would)."""
     path = tmp / "spillway.yaml"
     path.write_text(yaml.safe_dump(config))
     snippet = config_snippet(SpillwayConfig.model_validate(config))
+    attr = {"spillway": {**snippet["plugin_attr"]["spillway"], **settings.pop("attr", {})}}
+    command = runner_cmd(path)
+    if runner_env:
+        command = ["env", *(f"{name}={value}" for name, value in runner_env.items()), *command]
     defaults: dict[str, Any] = {
         "port": port,
         "routes_yaml": yaml.safe_dump({"routes": routes or [spillway_route(config)]}, sort_keys=False),
-        "runner_cmd": runner_cmd(path),
+        "runner_cmd": command,
         "plugins": example_plugins(),
         "envs": ["SPILLWAY_ROUTE_TOKEN"],
         "extra_lua_path": Path(snippet["apisix"]["extra_lua_path"]).parent,
         "shared_dicts": snippet["nginx_config"]["http"]["custom_lua_shared_dict"],
-        "plugin_attr": {"spillway": {**snippet["plugin_attr"]["spillway"], **settings.pop("attr", {})}},
+        "plugin_attr": {**attr, **settings.pop("plugin_attr", {})},
         "discovery": snippet.get("discovery"),
     }
+    if signing_key is not None:
+        defaults["envs"] = ["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"]
+        defaults["env"] = {"SPILLWAY_SIGNING_KEY": signing_key}
     return apisix.ApisixSettings(**{**defaults, **settings})
+
+
+def gateway_for(
+    config: dict[str, Any],
+    tmp: Path,
+    routes: list[dict[str, Any]] | None = None,
+    *,
+    fast_path: bool = False,
+    **settings: Any,
+) -> AbstractContextManager[apisix.Apisix]:
+    """APISIX on a free port for ``config`` and ``routes`` (see ``apisix_settings``; ``fast_path``:
+    the ``spillway`` plugin enabled too), stopped when the block ends. ``tmp`` holds the runner's
+    spillway.yaml."""
+    if fast_path:
+        settings = {"plugins": [*example_plugins(), "spillway"], **settings}
+    return apisix.running(apisix_settings(config, tmp, free_port(), routes, **settings))
+
+
+def lua_plugin_gateway(
+    plugin: str, route_id: str, *, shared_dicts: dict[str, str] | None = None
+) -> AbstractContextManager[apisix.Apisix]:
+    """APISIX with no runner, serving one of tests/lua's plugins on ``/<plugin>`` (Spillway's Lua
+    on its path too), for tests that run the plugin's modules in APISIX itself."""
+    test_route = {
+        "id": route_id,
+        "uri": f"/{plugin}",
+        "plugins": {plugin: {}},
+        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1": 1}},
+    }
+    settings = apisix.ApisixSettings(
+        port=free_port(),
+        routes_yaml=json.dumps({"routes": [test_route]}),
+        plugins=[plugin],
+        extra_lua_path=lua_path(),
+        more_lua_paths=[TEST_LUA],
+        shared_dicts=shared_dicts or {},
+    )
+    return apisix.running(settings)
+
+
+def metrics_url(config: dict[str, Any]) -> str:
+    """Where the runner of ``config`` serves its metrics."""
+    return f"http://{config['metrics']['listen']}/metrics"
 
 
 @dataclass
@@ -99,6 +187,11 @@ class Stack:
         decoded = json.loads(body) if body.startswith(b"{") else {}
         return {**decoded, "status": status, "answer_headers": answer_headers}
 
+    @classmethod
+    def of(cls, made: Stack) -> Self:
+        """``made`` as this subclass of ``Stack`` (one that adds ways to ask it)."""
+        return cls(made.gateway, made.local, made.aws, made.feed, made.metrics_url)
+
     def decision(self, answer: dict[str, Any]) -> str:
         return str(answer["answer_headers"].get("x-spillway-decision", ""))
 
@@ -116,29 +209,46 @@ class Stack:
         wait_until(lambda: self.decision(self.send("public")).startswith(want), 30, f"decisions {want}")
 
 
-def stack_config(
-    local: Upstream, aws: Upstream, feed: MetricsFeed, signing_key_env: str | None = None
-) -> dict[str, Any]:
-    """spillway.yaml for a ``Stack``: one local endpoint, one "aws" target, a tiny tenant quota."""
-    return {
-        "local": {
-            "endpoints": [{"url": local.url, "metrics_url": feed.url}],
-            "latency_target_ms": 200,
-            "scrape_period_s": 0.1,
-            "stale_after_s": 1.0,
-        },
-        "targets": [
-            {
-                "name": "aws",
-                "kind": "http",
-                "url": aws.url,
-                "signing_key_env": signing_key_env,
-                "cold_start_ms": 0,
-                "concurrency_cap": 10_000,
-            }
-        ],
-        "tenants": {"quotas": {"tiny": {"requests_per_minute": 1}}},
-        "breaker": {"consecutive_failures": 3, "cooldown_s": 600},
-        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
-        "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
-    }
+@contextmanager
+def stack(
+    trio: StandIns,
+    config: dict[str, Any],
+    tmp: Path,
+    routes: list[dict[str, Any]] | None = None,
+    *,
+    fast_path: bool = False,
+    **settings: Any,
+) -> Iterator[Stack]:
+    """``gateway_for`` ``config`` (made from ``trio.config()``), as a ``Stack`` in front of ``trio``."""
+    with gateway_for(config, tmp, routes, fast_path=fast_path, **settings) as running:
+        yield Stack(running, trio.local, trio.aws, trio.feed, metrics_url(config))
+
+
+class StackStarter:
+    """Starts a stack in front of one trio, stopped when ``close`` runs: what the ``apisix_stack``
+    fixtures hand a test or a module. One only: a second would run on the first one's install."""
+
+    def __init__(self, trio: StandIns, tmp: Path) -> None:
+        self.stand_ins = trio
+        self.tmp = tmp
+        self._running = ExitStack()
+        self._started: Stack | None = None
+
+    def __call__(
+        self,
+        config: dict[str, Any],
+        routes: list[dict[str, Any]] | None = None,
+        *,
+        fast_path: bool = False,
+        **settings: Any,
+    ) -> Stack:
+        """``stack`` for ``config`` and ``routes`` in ``tmp`` (the runner's spillway.yaml there)."""
+        if self._started is not None:
+            raise RuntimeError("this starter's stack still runs: one APISIX per install at a time")
+        made = stack(self.stand_ins, config, self.tmp, routes, fast_path=fast_path, **settings)
+        self._started = self._running.enter_context(made)
+        return self._started
+
+    def close(self) -> None:
+        self._started = None
+        self._running.close()

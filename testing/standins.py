@@ -1,5 +1,6 @@
-"""What a real APISIX fronts in the tests: upstreams that say who they are, and a feed of Triton's
-metrics the test turns up and down."""
+"""What a real APISIX fronts in the tests: upstreams that say who they are, a feed of Triton's
+metrics the test turns up and down, and the trio most stacks stand on (a local upstream, a cloud
+one named ``aws`` and the feed the runner scrapes), with the spillway.yaml that names them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from functions.sidecar import free_port
 from testing.http import QuietHandler, http_server_thread
 
 # What the route's active health checks ask the on-prem nodes (apisix_route's _LOCAL_CHECKS).
@@ -167,3 +169,51 @@ def metrics_feed() -> Iterator[MetricsFeed]:
     with http_server_thread(metrics_handler(feed)) as url:
         feed.url = url + "/metrics"
         yield feed
+
+
+@dataclass
+class StandIns:
+    """The trio a stack stands on: the on-prem cluster (``local``), the cloud function (``aws``)
+    and the Triton metrics the runner scrapes for the cluster (``feed``)."""
+
+    local: Upstream
+    aws: Upstream
+    feed: MetricsFeed
+
+    def config(self, signing_key_env: str | None = None) -> dict[str, Any]:
+        """spillway.yaml for them: one local endpoint, one "aws" target, a tiny tenant quota, a
+        breaker that opens after 3 failures, the runner's metrics and outcomes on free ports."""
+        return {
+            "local": {
+                "endpoints": [{"url": self.local.url, "metrics_url": self.feed.url}],
+                "latency_target_ms": 200,
+                "scrape_period_s": 0.1,
+                "stale_after_s": 1.0,
+            },
+            "targets": [
+                {
+                    "name": "aws",
+                    "kind": "http",
+                    "url": self.aws.url,
+                    "signing_key_env": signing_key_env,
+                    "cold_start_ms": 0,
+                    "concurrency_cap": 10_000,
+                }
+            ],
+            "tenants": {"quotas": {"tiny": {"requests_per_minute": 1}}},
+            "breaker": {"consecutive_failures": 3, "cooldown_s": 600},
+            "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+            "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
+        }
+
+
+@contextmanager
+def stand_ins(aws_instance: str | None = "fn-1", nodelay: bool = False) -> Iterator[StandIns]:
+    """The trio, started in that order and stopped after: ``aws`` answers as instance
+    ``aws_instance`` (None: no instance header); ``nodelay`` is the local upstream's."""
+    with (
+        upstream("local", nodelay=nodelay) as local,
+        upstream("aws", instance=aws_instance) as aws,
+        metrics_feed() as feed,
+    ):
+        yield StandIns(local, aws, feed)
