@@ -116,7 +116,7 @@ from devtools.legacy_fast_route import split_fast_route
 TESTBED_RUNNER = ROOT / "third_party" / "apisix-testbed" / "runner" / "runner.py"
 GO_RUNNER = Path("/work/shared/anchors/apisix-go-plugin-runner/go-runner")
 INFER_PATH = "/v2/models/add_sub/infer"
-# tests/support.py ADD_SUB_BODY: what the function's own tests send.
+# testing/function.py ADD_SUB_BODY: what the function's own tests send.
 ADD_SUB_BODY = json.dumps(
     {
         "inputs": [

@@ -68,7 +68,7 @@ from harness import (
 ECHO_PATH = "/echo"
 INFER_PATH = "/v2/models/add_sub/infer"
 ECHO_BODY = bytes(range(100))
-# tests/support.py ADD_SUB_BODY: what the function's own tests send.
+# testing/function.py ADD_SUB_BODY: what the function's own tests send.
 ADD_SUB_BODY = json.dumps(
     {
         "inputs": [

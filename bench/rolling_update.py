@@ -5,7 +5,7 @@ after the members are replaced?
 Three real tritonservers (``functions.sidecar.Sidecar``, the tests' ``slow`` model: one instance,
 100 ms a request, so 30 requests a second for the three) and a loopback stand-in for the cloud
 target (answering after ``--cloud-ms``), the stack ``tests/test_apisix_rolling_update.py`` runs
-(``tests/rolling_support.py``): both routes on one APISIX, the ext-plugin route and the fast path.
+(``testing/tritons.py``): both routes on one APISIX, the ext-plugin route and the fast path.
 Closed-loop clients (``--clients``, default 8: at most 80 requests a second at 100 ms an answer,
 about twice what the members serve once the gateway's own time is counted), every fourth one
 on-prem-only (no classification header), the others ``x-data-classification: public``.
@@ -65,9 +65,9 @@ from harness import ROOT, Output, add_output_options, machine_note, render_table
 
 from gateway_plugin.config.cluster import LocalCluster
 
-sys.path.insert(1, str(ROOT))  # devtools and tests are source-only: importable from the checkout
+sys.path.insert(1, str(ROOT))  # devtools and testing are source-only: importable from the checkout
 from devtools import apisix
-from tests.rolling_support import CLOUD, COMPUTE_MS, FAST, LOCAL, PATH, Answer, Load, Member, rolling_cluster
+from testing.tritons import CLOUD, COMPUTE_MS, FAST, LOCAL, PATH, Answer, Load, Member, rolling_cluster
 
 ROUTES = {"ext-plugin": None, "fast-path": FAST}  # the Host header each route is reached with
 RATIOS = ("requests_per_s", "spilled", "local_p50_ms", "local_p99_ms", "onprem_only_p99_ms")

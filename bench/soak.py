@@ -9,7 +9,7 @@ the upstreams ``local`` (the on-prem function) and ``aws`` (the signed function)
 
 What it sends, for ``--duration-s``: a closed loop of ``--clients`` keep-alive connections to the
 gateway, each sending its next request when the last was answered. Most are ``add_sub``
-inferences (the JSON body of ``tests/support.py``'s ``ADD_SUB_BODY``) labelled ``public``,
+inferences (the JSON body of ``testing/function.py``'s ``ADD_SUB_BODY``) labelled ``public``,
 ``confidential`` or not at all, some for a fixed or a never-seen tenant; the rest is hostile
 variety: path variants that normalise to the inference route, never-seen model names (404 from
 Triton), administration paths (403 from the function), metadata and health reads, stray paths.
@@ -80,7 +80,7 @@ from functions.cli import serve_command
 from functions.settings import HttpLimits
 from functions.signature import sign
 
-# The same bytes as ``tests/support.py``'s ``ADD_SUB_BODY``.
+# The same bytes as ``testing/function.py``'s ``ADD_SUB_BODY``.
 ADD_SUB_BODY = json.dumps(
     {
         "inputs": [

@@ -27,9 +27,9 @@ from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.fast_path.book import FastPathBook
 from gateway_plugin.fast_path.table import encode
 
-sys.path.insert(1, str(ROOT))  # devtools and tests are source-only: importable from the checkout
+sys.path.insert(1, str(ROOT))  # devtools and testing are source-only: importable from the checkout
 from devtools import apisix
-from tests.support import http
+from testing.http import http
 
 # Keys only name what the table carries here; nothing is signed or sent anywhere.
 for var in ("SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"):

@@ -1,4 +1,11 @@
-"""Test-wide settings.
+"""Test-wide settings, and the fixtures that start real things (built on ``testing``).
+
+A real APISIX stack starts through one pair of fixtures: ``stand_ins`` (the local upstream, the
+"aws" one and the Triton metrics feed; ``stand_ins.config()`` is the spillway.yaml naming them) and
+``apisix_stack``, which starts APISIX for a config and routes in front of them and stops it after
+the test. ``module_stand_ins`` and ``module_apisix_stack`` are the same for a module's tests at
+once. A module fixture that is parametrized (one stack per parameter) or a stack that stands on
+something else uses ``testing.apisix.stack`` or ``testing.apisix.gateway_for`` itself.
 
 Hypothesis runs without per-example deadlines: a shared 2-core machine makes timing flaky, not
 code. Runners started by the tests get a route token, as every deployment with upstream-mode
@@ -14,10 +21,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:  # imported where used: this file's CI rules load alone (tests/test_ci_skips.py)
+    from testing.apisix import StackStarter
+    from testing.standins import StandIns
 
 pytest_plugins = ["pytester"]
 
@@ -111,3 +124,47 @@ def pytest_make_collect_report(
     if in_ci():
         fail_in_ci(report)
     return report
+
+
+def _stand_ins() -> Iterator[StandIns]:
+    from testing.standins import stand_ins
+
+    with stand_ins() as trio:
+        yield trio
+
+
+def _starter(trio: StandIns, tmp: Path) -> Iterator[StackStarter]:
+    from testing.apisix import StackStarter
+
+    starter = StackStarter(trio, tmp)
+    try:
+        yield starter
+    finally:
+        starter.close()
+
+
+@pytest.fixture
+def stand_ins() -> Iterator[StandIns]:
+    """The local upstream, the "aws" one (instance fn-1) and the metrics feed, for one test."""
+    yield from _stand_ins()
+
+
+@pytest.fixture
+def apisix_stack(stand_ins: StandIns, tmp_path: Path) -> Iterator[StackStarter]:
+    """Starts a real APISIX in front of ``stand_ins`` for a config and routes (one per test);
+    stopped after the test."""
+    yield from _starter(stand_ins, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_stand_ins() -> Iterator[StandIns]:
+    """``stand_ins`` for a module's tests at once."""
+    yield from _stand_ins()
+
+
+@pytest.fixture(scope="module")
+def module_apisix_stack(
+    module_stand_ins: StandIns, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StackStarter]:
+    """``apisix_stack`` for a module's tests at once (one per module): stopped after its last test."""
+    yield from _starter(module_stand_ins, tmp_path_factory.mktemp("apisix"))

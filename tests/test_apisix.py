@@ -6,25 +6,14 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import ExitStack
 
 import pytest
 
-from devtools import apisix
-from functions.sidecar import free_port
 from gateway_plugin.books.target_header import target_value
-from tests.apisix_support import (
-    Stack,
-    apisix_settings,
-    metrics_feed,
-    needs_apisix,
-    spillway_route,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix, spillway_route
+from testing.http import wait_until
+from testing.standins import StandIns
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -34,25 +23,18 @@ VAR_HOST = "var.test"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("apisix")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
-        route = spillway_route(config)
-        # A second route reads X-Spillway-Target in its own match (route vars) before the runner
-        # sets it: APISIX keeps the client's value in its variable cache (apache/apisix#11325).
-        reader = {
-            **route,
-            "id": "reads-the-target-first",
-            "hosts": [VAR_HOST],
-            "vars": [["http_x_spillway_target", "!", "==", "never"]],
-        }
-        settings = apisix_settings(config, tmp, free_port(), routes=[route, reader])
-        gateway = stack.enter_context(apisix.running(settings))
-        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+def stack(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Stack:
+    config = module_stand_ins.config()
+    route = spillway_route(config)
+    # A second route reads X-Spillway-Target in its own match (route vars) before the runner
+    # sets it: APISIX keeps the client's value in its variable cache (apache/apisix#11325).
+    reader = {
+        **route,
+        "id": "reads-the-target-first",
+        "hosts": [VAR_HOST],
+        "vars": [["http_x_spillway_target", "!", "==", "never"]],
+    }
+    return module_apisix_stack(config, [route, reader])
 
 
 def test_decisions_reach_their_upstream_and_nothing_sensitive_leaves_under_overload(stack: Stack) -> None:
@@ -165,7 +147,7 @@ def test_a_target_answering_5xx_opens_its_breaker_through_the_logger(stack: Stac
 
 def test_the_runner_refuses_what_the_example_config_forgets() -> None:
     """The example config's plugin list is what APISIX gets: the route needs every one of them."""
-    from tests.apisix_support import example_plugins
+    from testing.apisix import example_plugins
 
     needed = {"ext-plugin-pre-req", "traffic-split", "http-logger", "aws-lambda"}
     assert needed <= set(example_plugins())

@@ -10,7 +10,7 @@ import pytest
 
 from gateway_plugin.apisix_admin import DEFAULT_KEYS, AdminError, admin_key, put_route, route_url
 from gateway_plugin.cli import main
-from tests.support import QuietHandler, http_server_thread
+from testing.http import QuietHandler, http_server_thread
 
 KEY = "a-random-admin-key-0123456789"
 

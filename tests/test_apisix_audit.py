@@ -6,31 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from devtools import apisix
-from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from gateway_plugin.request.audit import HEADER_AUDIT, LOG_FORMAT
-from tests.apisix_support import (
-    Stack,
-    apisix_settings,
-    example_plugins,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import http, wait_until
+from testing.apisix import Stack, StackStarter, example_plugins, needs_apisix
+from testing.http import http, wait_until
+from testing.standins import StandIns
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -44,31 +33,18 @@ class Audited(Stack):
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
-    tmp = tmp_path_factory.mktemp("apisix-audit")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        config["audit"] = {"logger": "file-logger", "conf": {"path": str(tmp / "audit.log")}}
-        parsed = SpillwayConfig.model_validate(config)
-        fast = fast_route(parsed, TOKEN.encode())
-        fast["host"] = FAST_HOST
-        routes = [yaml.safe_load(yaml.safe_dump(r)) for r in (route(parsed, TOKEN.encode()), fast)]
-        settings = apisix_settings(
-            config,
-            tmp,
-            free_port(),
-            routes=routes,
-            plugins=[*example_plugins(), "spillway", "file-logger"],
-            envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
-            env={"SPILLWAY_SIGNING_KEY": SIGNING_KEY},
-        )
-        gateway = stack.enter_context(apisix.running(settings))
-        made = Audited(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        made.log = tmp / "audit.log"
-        yield made
+def stack(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Audited:
+    config = module_stand_ins.config("SPILLWAY_SIGNING_KEY")
+    log = module_apisix_stack.tmp / "audit.log"
+    config["audit"] = {"logger": "file-logger", "conf": {"path": str(log)}}
+    parsed = SpillwayConfig.model_validate(config)
+    fast = fast_route(parsed, TOKEN.encode())
+    fast["host"] = FAST_HOST
+    routes = [yaml.safe_load(yaml.safe_dump(r)) for r in (route(parsed, TOKEN.encode()), fast)]
+    plugins = [*example_plugins(), "spillway", "file-logger"]
+    made = Audited.of(module_apisix_stack(config, routes, plugins=plugins, signing_key=SIGNING_KEY))
+    made.log = log
+    return made
 
 
 def _send(stack: Stack, model: str, fast: bool, headers: dict[str, str], path: str = "") -> dict[str, Any]:

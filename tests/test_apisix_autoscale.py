@@ -36,9 +36,11 @@ from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import Upstream, example_plugins, fast_path_settings, needs_apisix, upstream
-from tests.dns_support import Dns, dnsmasq, needs_dnsmasq
-from tests.support import TEST_MODELS, http, wait_until
+from testing.apisix import example_plugins, gateway_for, needs_apisix
+from testing.dns import Dns, dnsmasq, needs_dnsmasq
+from testing.http import http, wait_until
+from testing.paths import TEST_MODELS
+from testing.standins import Upstream, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix(), needs_dnsmasq()]
 
@@ -251,8 +253,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ]
         dns.set_hosts(NAME, ADDRESSES[:2])
         plugins = [*example_plugins(), "spillway", "response-rewrite"]
-        settings = fast_path_settings(config, tmp, free_port(), routes, plugins=plugins)
-        gateway = stack.enter_context(apisix.running(settings))
+        gateway = stack.enter_context(gateway_for(config, tmp, routes, plugins=plugins))
         metrics_url = f"http://{config['metrics']['listen']}/metrics"
         yield Cluster(
             gateway, dns, members, aws, metrics_url, ext["upstream"]["checks"]["passive"]["unhealthy"]

@@ -7,29 +7,20 @@ detector, never the text."""
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devtools import apisix
-from functions.sidecar import free_port
-from gateway_plugin.apisix_route import route
-from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
+from testing.apisix import Stack, StackStarter, content_routes, needs_apisix
+from testing.http import http, wait_until
+from testing.standins import StandIns
 from tests.content_cases import CARD_SEPARATORS
-from tests.support import http, wait_until
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
-TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 CARD = "4111 1111 1111 1111"
 # The fast path's route is this one path; every other /v2/ path is the ext-plugin route's.
 FAST = "/v2/models/add_sub/infer"
@@ -37,25 +28,13 @@ EXT = "/v2/models/add_sub/versions/1/infer"
 PATHS = {"ext-plugin": EXT, "fast path": FAST}
 
 
-def _routes(config: dict[str, Any]) -> list[dict[str, Any]]:
-    validated = SpillwayConfig.model_validate(config)
-    checks = {"content_checks": True}
-    made = [route(validated, TOKEN, overrides=checks), fast_route(validated, TOKEN, "fast", FAST, checks)]
-    return [yaml.safe_load(yaml.safe_dump(r)) for r in made]
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("apisix-content")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = {**stack_config(local, aws, feed), "content": {"max_scan_bytes": 4096}}
-        config["tenants"]["quotas"]["single"] = {"concurrency": 1}
-        settings = fast_path_settings(config, tmp, free_port(), _routes(config), attr={"stale_after_s": 0.5})
-        gateway = stack.enter_context(apisix.running(settings))
-        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+def stack(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Stack:
+    config = {**module_stand_ins.config(), "content": {"max_scan_bytes": 4096}}
+    config["tenants"]["quotas"]["single"] = {"concurrency": 1}
+    return module_apisix_stack(
+        config, content_routes(config, FAST), fast_path=True, attr={"stale_after_s": 0.5}
+    )
 
 
 def _inference(*texts: str) -> bytes:

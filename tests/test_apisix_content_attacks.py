@@ -11,32 +11,21 @@ holds (a match keeps it home, clean text leaves) or, where its scan ran over
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 import re2
-import yaml
 
-from devtools import apisix
-from functions.sidecar import free_port
-from gateway_plugin.apisix_route import route
-from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import http, wait_until
+from testing.apisix import Stack, StackStarter, content_routes, needs_apisix
+from testing.http import http, wait_until
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
-TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 FAST = "/v2/models/add_sub/infer"
 EXT = "/v2/models/add_sub/versions/1/infer"
 PATHS = {"ext-plugin": EXT, "fast-path": FAST}
@@ -61,29 +50,15 @@ ATTACKERS = 4  # attack requests sent at once
 BYSTANDER_BOUND_S = 5.0
 
 
-def _routes(config: dict[str, Any]) -> list[dict[str, Any]]:
-    validated = SpillwayConfig.model_validate(config)
-    checks = {"content_checks": True}
-    made = [route(validated, TOKEN, overrides=checks), fast_route(validated, TOKEN, "fast", FAST, checks)]
-    return [yaml.safe_load(yaml.safe_dump(r)) for r in made]
-
-
-def content_stack(tmp: Path, content: dict[str, Any]) -> Iterator[Stack]:
+def content_stack(starter: StackStarter, content: dict[str, Any]) -> Stack:
     """A ``Stack`` whose routes both ask for content checks, with this ``content:`` section."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = {**stack_config(local, aws, feed), "content": content}
-        settings = fast_path_settings(config, tmp, free_port(), _routes(config), attr={"stale_after_s": 0.5})
-        gateway = stack.enter_context(apisix.running(settings))
-        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+    config = {**starter.stand_ins.config(), "content": content}
+    return starter(config, content_routes(config, FAST), fast_path=True, attr={"stale_after_s": 0.5})
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    content = {"patterns": PATTERNS, "max_scan_bytes": 2 * KIB64}
-    yield from content_stack(tmp_path_factory.mktemp("apisix-content-attack"), content)
+def stack(module_apisix_stack: StackStarter) -> Stack:
+    return content_stack(module_apisix_stack, {"patterns": PATTERNS, "max_scan_bytes": 2 * KIB64})
 
 
 def inference(*texts: str) -> bytes:

@@ -7,22 +7,21 @@ logged without its text; a plain one still leaves."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 
-from tests.apisix_support import Stack, needs_apisix
-from tests.support import wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix
+from testing.http import wait_until
 from tests.test_apisix_content_attacks import KIB64, PATHS, content_stack, counted, inference, post
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
 
 @pytest.fixture(scope="module")
-def tight(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def tight(module_apisix_stack: StackStarter) -> Stack:
     patterns = {"window": "a[ab]{20}(?:c|d)"}
     content = {"patterns": patterns, "max_scan_bytes": 2 * KIB64, "scan_budget_ms": 1}
-    yield from content_stack(tmp_path_factory.mktemp("apisix-content-budget"), content)
+    return content_stack(module_apisix_stack, content)
 
 
 def _over_budget(stack: Stack) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import threading
 from collections import Counter
@@ -25,17 +24,14 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.apisix_route import route
-from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import MetricsFeed, fast_path_settings, needs_apisix, upstream
-from tests.dns_support import Dns, dnsmasq, metrics_handler, needs_dnsmasq, serving_at
-from tests.support import QuietHandler, http, wait_until
+from testing.apisix import FAST_HOST, both_routes, gateway_for, needs_apisix
+from testing.dns import Dns, dnsmasq, needs_dnsmasq, serving_at
+from testing.http import QuietHandler, http, wait_until
+from testing.standins import MetricsFeed, metrics_handler, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix(), needs_dnsmasq()]
 
-TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
-FAST = "fast.test"
+FAST = FAST_HOST
 HOSTS = {"ext-plugin": None, "fast path": FAST}
 NAME = "triton.inference.svc.cluster.local"
 PODS = [f"127.0.0.{i}" for i in range(2, 6)]
@@ -119,7 +115,9 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         pods = Pods(dns, {a: MetricsFeed(compute_ms=10) for a in PODS})
         for address in PODS:
             stack.enter_context(serving_at(address, port, _pod_handler(pods, address)))
-            stack.enter_context(serving_at(address, metrics_port, metrics_handler(pods.feeds[address])))
+            stack.enter_context(
+                serving_at(address, metrics_port, metrics_handler(pods.feeds[address], content_type=None))
+            )
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         pods.scale(2, queue_ms=500)
         config = {
@@ -142,10 +140,10 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
             "metrics": {"listen": f"127.0.0.1:{free_port()}"},
             "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
         }
-        validated = SpillwayConfig.model_validate(config)
-        routes = [route(validated, TOKEN), {**fast_route(validated, TOKEN), "hosts": [FAST]}]
-        settings = fast_path_settings(config, Path(tmp), free_port(), routes, attr={"stale_after_s": 1.0})
-        gateway = stack.enter_context(apisix.running(settings))
+        routes = both_routes(config)
+        gateway = stack.enter_context(
+            gateway_for(config, tmp, routes, fast_path=True, attr={"stale_after_s": 1.0})
+        )
         yield Front(gateway, pods, f"http://{config['metrics']['listen']}/metrics")
 
 

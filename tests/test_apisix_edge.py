@@ -15,8 +15,7 @@ import http.client
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -26,22 +25,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devtools import apisix
 from functions.contract import PathError, request_path, resolved_path
-from functions.sidecar import free_port
 from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    Stack,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    spillway_route,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix, spillway_route
+from testing.http import wait_until
+from testing.standins import StandIns
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -124,27 +114,13 @@ def routes(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
-    tmp = tmp_path_factory.mktemp("apisix-edge")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        config["targets"][0]["forward_headers"] = [TRACE]
-        config["targets"][0]["concurrency_cap"] = 3
-        settings = fast_path_settings(
-            config,
-            tmp,
-            free_port(),
-            routes(config),
-            envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
-            env={"SPILLWAY_SIGNING_KEY": SIGNING_KEY},
-        )
-        gateway = stack.enter_context(apisix.running(settings))
-        found = Edge(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        found.overload()
-        yield found
+def edge(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Edge:
+    config = module_stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["targets"][0]["forward_headers"] = [TRACE]
+    config["targets"][0]["concurrency_cap"] = 3
+    found = Edge.of(module_apisix_stack(config, routes(config), fast_path=True, signing_key=SIGNING_KEY))
+    found.overload()
+    return found
 
 
 def _spellings(name: str) -> list[str]:

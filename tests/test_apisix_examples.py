@@ -6,19 +6,22 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from devtools import apisix
+from devtools.apisix import Apisix
 from devtools.generate import examples, stale
 from functions.sidecar import free_port
-from tests.apisix_support import apisix_settings, fast_path_settings, metrics_feed, needs_apisix, upstream
-from tests.cloud_fakes import AWS_KEY, AWS_SECRET, function_url_fake
-from tests.support import ADD_SUB_BODY, ROOT, Running, function_server, http, model_repository, wait_until
+from testing.apisix import gateway_for, needs_apisix
+from testing.cloud_apis import AWS_KEY, AWS_SECRET, function_url_fake
+from testing.function import ADD_SUB_BODY, Running, function_server, model_repository
+from testing.http import http, wait_until
+from testing.paths import ROOT
+from testing.standins import metrics_feed, upstream
 
 EXAMPLES = examples.OUT
 EXAMPLE_TOKEN = examples.EXAMPLE_TOKEN
@@ -102,8 +105,7 @@ def test_the_example_route_as_apisix_loads_it(tmp_path: Path, cloud_env: None) -
         feed = stack.enter_context(metrics_feed())
         config = _example_config(local.url, aws.url, feed.url, f"127.0.0.1:{free_port()}")
         route = _loopback_route(yaml.safe_load((EXAMPLES / "apisix.yaml").read_text())["routes"][0], config)
-        settings = apisix_settings(config, tmp_path, free_port(), routes=[route], envs=ENVS)
-        gateway = stack.enter_context(apisix.running(settings))
+        gateway = stack.enter_context(gateway_for(config, tmp_path, [route], envs=ENVS))
         url = gateway.url + "/v2/models/add_sub/infer"
         headers = {"x-data-classification": "public", "content-type": "application/json"}
         feed.queue_ms = 500
@@ -135,8 +137,7 @@ def test_the_lambda_iam_route_signs_with_sigv4_and_keeps_the_path(
         config = _example_config(local.url, fn_url.url, feed.url, f"127.0.0.1:{free_port()}")
         config["targets"][0]["signing_key_env"] = None
         route = _loopback_route(json.loads((EXAMPLES / "route-lambda-iam.json").read_text()), config)
-        settings = apisix_settings(config, tmp_path, free_port(), routes=[route], envs=ENVS)
-        gateway = stack.enter_context(apisix.running(settings))
+        gateway = stack.enter_context(gateway_for(config, tmp_path, [route], envs=ENVS))
         url = gateway.url + "/v2/models/add_sub/infer"
         headers = {
             "x-data-classification": "public",
@@ -160,7 +161,7 @@ def test_an_invoke_mode_answer_reaches_the_client(
 ) -> None:
     """In invoke mode the runner calls Lambda's Invoke API itself (SigV4) and APISIX answers the
     client with the function's answer (a Stop)."""
-    from tests.cloud_fakes import REGION, cloud_fake
+    from testing.cloud_apis import REGION, cloud_fake
 
     with ExitStack() as stack:
         local = stack.enter_context(upstream("local"))
@@ -182,8 +183,7 @@ def test_an_invoke_mode_answer_reaches_the_client(
             {"name": "out", "match": {"models": ["add_sub"]}, "action": "target", "targets": ["aws"]}
         ]
         config["budgets"] = {}
-        settings = apisix_settings(config, tmp_path, free_port(), envs=ENVS)
-        gateway = stack.enter_context(apisix.running(settings))
+        gateway = stack.enter_context(gateway_for(config, tmp_path, envs=ENVS))
         headers = {"x-data-classification": "public", "content-type": "application/json"}
         status, answer_headers, body = http(
             "POST", gateway.url + "/v2/models/add_sub/infer", ADD_SUB_BODY, headers
@@ -219,13 +219,11 @@ def test_the_config_excerpts_hold_what_the_lua_plugins_need(name: str, plugins: 
     assert example["apisix"]["ssl"] == wanted["apisix"]["ssl"]
 
 
-def _example_apisix(config: dict[str, Any], tmp: Path, fast_path: bool) -> apisix.ApisixSettings:
+def _example_apisix(config: dict[str, Any], tmp: Path, fast_path: bool) -> AbstractContextManager[Apisix]:
     """APISIX serving the example route of one mode or the other (hosts moved to loopback)."""
     name = "apisix-fast-path.yaml" if fast_path else "apisix.yaml"
     route = _loopback_route(yaml.safe_load((EXAMPLES / name).read_text())["routes"][0], config)
-    if fast_path:
-        return fast_path_settings(config, tmp, free_port(), [route], envs=ENVS)
-    return apisix_settings(config, tmp, free_port(), routes=[route], envs=ENVS)
+    return gateway_for(config, tmp, [route], fast_path=fast_path, envs=ENVS)
 
 
 @pytest.mark.integration
@@ -246,7 +244,7 @@ def test_signatures_made_from_the_call_verify_at_the_function_whatever_the_targe
         feed = stack.enter_context(metrics_feed())
         config = _example_config(local.url, fn.url, feed.url, f"127.0.0.1:{free_port()}")
         config["targets"][0]["sign_body"] = sign_body
-        gateway = stack.enter_context(apisix.running(_example_apisix(config, tmp_path, fast_path)))
+        gateway = stack.enter_context(_example_apisix(config, tmp_path, fast_path))
         headers = {"x-data-classification": "public", "content-type": "application/json"}
         feed.queue_ms = 500
         plain = gateway.url + "/v2/models/add_sub/infer"

@@ -7,29 +7,19 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
 import yaml
 
-from devtools import apisix
 from devtools.legacy_fast_route import split_fast_route
-from functions.sidecar import free_port
 from functions.signature import Verifier
 from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    Stack,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix
+from testing.http import wait_until
+from testing.standins import StandIns
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -65,24 +55,12 @@ def other_layouts(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("apisix-fast")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        settings = fast_path_settings(
-            config,
-            tmp,
-            free_port(),
-            [*routes_for(config), *other_layouts(config)],
-            envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
-            env={"SPILLWAY_SIGNING_KEY": SIGNING_KEY},
-            attr={"stale_after_s": 0.5},
-        )
-        gateway = stack.enter_context(apisix.running(settings))
-        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+def stack(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Stack:
+    config = module_stand_ins.config("SPILLWAY_SIGNING_KEY")
+    routes = [*routes_for(config), *other_layouts(config)]
+    return module_apisix_stack(
+        config, routes, fast_path=True, signing_key=SIGNING_KEY, attr={"stale_after_s": 0.5}
+    )
 
 
 def test_the_plugin_decides_from_the_table_and_keeps_sensitive_requests_home(stack: Stack) -> None:

@@ -12,33 +12,17 @@ from typing import Any
 
 import pytest
 
-from devtools import apisix
-from functions.sidecar import free_port
-from gateway_plugin.fast_path.route import lua_path
 from gateway_plugin.policy.tenants import tenant_key
-from tests.apisix_support import needs_apisix
-from tests.support import ROOT, http
+from testing.apisix import lua_plugin_gateway, needs_apisix
+from testing.http import http
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
 
 @pytest.fixture(scope="module")
 def seen() -> Iterator[dict[str, Any]]:
-    route = {
-        "id": "counters",
-        "uri": "/spillway-counters",
-        "plugins": {"spillway-counters": {}},
-        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1": 1}},
-    }
-    settings = apisix.ApisixSettings(
-        port=free_port(),
-        routes_yaml=json.dumps({"routes": [route]}),
-        plugins=["spillway-counters"],
-        extra_lua_path=lua_path(),
-        more_lua_paths=[ROOT / "tests" / "lua"],
-        shared_dicts={"spillway-full": "64k", "spillway-store": "512k"},
-    )
-    with apisix.running(settings) as running:
+    dicts = {"spillway-full": "64k", "spillway-store": "512k"}
+    with lua_plugin_gateway("spillway-counters", "counters", shared_dicts=dicts) as running:
         status, _, body = http("GET", running.url + "/spillway-counters")
         assert status == 200, body[:500]
         yield json.loads(body)

@@ -4,32 +4,22 @@ own: the slow answers it makes would be what the runner sees local answers take 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 
 import pytest
 
-from devtools import apisix
-from functions.sidecar import free_port
-from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix
+from testing.http import wait_until
+from testing.standins import StandIns
 from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("apisix-fast-counts")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
-        settings = fast_path_settings(config, tmp, free_port(), routes_for(config))
-        gateway = stack.enter_context(apisix.running(settings))
-        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+def stack(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Stack:
+    config = module_stand_ins.config()
+    return module_apisix_stack(config, routes_for(config), fast_path=True)
 
 
 def test_requests_held_at_the_cluster_spill_the_next_before_any_scrape_shows_a_queue(stack: Stack) -> None:

@@ -5,33 +5,29 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from pathlib import Path
 
 import pytest
 
-from devtools import apisix
-from functions.sidecar import free_port
 from functions.signature import Verifier
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.policy.build import build_policy
-from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import wait_until
+from testing.apisix import StackStarter, needs_apisix
+from testing.http import wait_until
+from testing.standins import StandIns, upstream
 from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
 
-def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Path) -> None:
+def test_caps_and_budgets_hold_across_workers_under_concurrent_load(
+    stand_ins: StandIns, apisix_stack: StackStarter
+) -> None:
     """Two nginx workers, twelve clients, slow functions: aws never has more than its cap of 2 in
     flight (shared-dict counters), and ali, whose hourly budget covers 3.5 cold requests, gets 3."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        ali = stack.enter_context(upstream("ali"))
-        feed = stack.enter_context(metrics_feed())
-        feed.queue_ms = 500
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
+    aws = stand_ins.aws
+    with upstream("ali") as ali:
+        stand_ins.feed.queue_ms = 500
+        config = stand_ins.config("SPILLWAY_SIGNING_KEY")
         config["targets"][0].update(concurrency_cap=2, signing_key_env=None)
         config["targets"].append(
             {**config["targets"][0], "name": "ali", "url": ali.url, "concurrency_cap": 100}
@@ -42,9 +38,7 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Pa
         # last scrape must not read as a saturated cluster, which would shed them.
         config["overflow"] = {"saturation_ratio": 50}
         aws.delay_s = ali.delay_s = 0.3
-        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        front = apisix_stack(config, routes_for(config), fast_path=True, workers=2)
         wait_until(lambda: front.decision(front.send("public")).startswith("aws;"), 30, "overflow to aws")
         with ThreadPoolExecutor(12) as pool:
             answers = list(pool.map(lambda _: front.send("public"), range(120)))
@@ -53,112 +47,87 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(tmp_path: Pa
         assert len(ali.seen) == 3, len(ali.seen)
 
 
-def test_signatures_made_by_two_workers_all_verify_with_nonces_never_repeated(tmp_path: Path) -> None:
+def test_signatures_made_by_two_workers_all_verify_with_nonces_never_repeated(
+    stand_ins: StandIns, apisix_stack: StackStarter
+) -> None:
     """Each worker draws its nonce prefix itself, after the fork: of 160 signed requests spread over
     two workers, the function's verifier (which refuses a nonce it has seen) accepts every one."""
     key = "two-workers-signing-key-0123456789abcdef"
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        feed.queue_ms = 500
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        config["overflow"] = {"saturation_ratio": 50}
-        settings = fast_path_settings(
-            config,
-            tmp_path,
-            free_port(),
-            routes_for(config),
-            workers=2,
-            envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
-            env={"SPILLWAY_SIGNING_KEY": key},
-        )
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        wait_until(lambda: front.decision(front.send("public")).startswith("aws;"), 30, "overflow to aws")
-        with ThreadPoolExecutor(12) as pool:
-            answers = list(pool.map(lambda _: front.send("public"), range(160)))
-        signed = [a for a in answers if a.get("upstream") == "aws"]
-        assert len(signed) == 160, answers
-        verifier = Verifier(key.encode(), allow_unsigned_payload=True)
-        for answer in signed:
-            header = answer["headers"]["x-spillway-signature"]
-            verifier.verify(header, "POST", answer["path"], b"{}", time.time())
+    stand_ins.feed.queue_ms = 500
+    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["overflow"] = {"saturation_ratio": 50}
+    front = apisix_stack(config, routes_for(config), fast_path=True, workers=2, signing_key=key)
+    wait_until(lambda: front.decision(front.send("public")).startswith("aws;"), 30, "overflow to aws")
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda _: front.send("public"), range(160)))
+    signed = [a for a in answers if a.get("upstream") == "aws"]
+    assert len(signed) == 160, answers
+    verifier = Verifier(key.encode(), allow_unsigned_payload=True)
+    for answer in signed:
+        header = answer["headers"]["x-spillway-signature"]
+        verifier.verify(header, "POST", answer["path"], b"{}", time.time())
 
 
-def test_a_tenants_concurrency_quota_holds_and_its_counter_goes_when_idle(tmp_path: Path) -> None:
+def test_a_tenants_concurrency_quota_holds_and_its_counter_goes_when_idle(
+    stand_ins: StandIns, apisix_stack: StackStarter
+) -> None:
     """Tenant t1 may have 2 requests in flight: of 8 at once on a slow cluster, 2 reach it and the
     others get 429; once they are answered, t1 gets through again (its counter was released)."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        config["tenants"] = {"quotas": {"t1": {"concurrency": 2}}}
-        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
-        local.delay_s = 0.5
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(8)))
-        local.delay_s = 0.0
-        assert sorted(a["status"] for a in answers) == [200, 200] + [429] * 6, answers
-        assert {front.decision(a) for a in answers if a["status"] == 429} == {"shed;tenant_concurrency"}
-        assert local.max_in_flight == 2
-        assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200
+    stand_ins.aws.instance = None  # an "aws" that names no instance
+    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["tenants"] = {"quotas": {"t1": {"concurrency": 2}}}
+    front = apisix_stack(config, routes_for(config), fast_path=True, workers=2)
+    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    front.local.delay_s = 0.5
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(8)))
+    front.local.delay_s = 0.0
+    assert sorted(a["status"] for a in answers) == [200, 200] + [429] * 6, answers
+    assert {front.decision(a) for a in answers if a["status"] == 429} == {"shed;tenant_concurrency"}
+    assert front.local.max_in_flight == 2
+    assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200
 
 
 def test_an_overlong_tenant_name_or_uri_costs_no_other_outcome_and_the_tenant_keeps_its_quota(
-    tmp_path: Path,
+    stand_ins: StandIns, apisix_stack: StackStarter
 ) -> None:
     """A 5,000-character tenant name (over a default quota of 2 a minute) and a request kept home
     with a 6,000-character path: the summaries carrying them still count, the tenant is keyed by
     its hash on both sides, so its third request within the minute is shed."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        config["tenants"] = {"default": {"requests_per_minute": 2}}
-        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=1)
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
-        front.set_load(500)
-        long_path = "/onprem/models/add_sub/infer/" + "p" * 6000
-        kept = front.send("public", path=long_path)
-        assert front.decision(kept).startswith("local;residency"), kept
-        tenant = {"x-tenant": "t" * 5000}
-        assert [front.send("public", **tenant)["status"] for _ in range(2)] == [200, 200]
-        wait_until(
-            lambda: front.decision(front.send("public", **tenant)) == "shed;tenant_rate", 10, "the quota"
-        )
-        wait_until(
-            lambda: 'spillway_decisions_total{reason="residency",target="local"}' in front.metrics(),
-            10,
-            "the summary with the long path counted",
-        )
+    stand_ins.aws.instance = None  # an "aws" that names no instance
+    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["tenants"] = {"default": {"requests_per_minute": 2}}
+    front = apisix_stack(config, routes_for(config), fast_path=True, workers=1)
+    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    front.set_load(500)
+    long_path = "/onprem/models/add_sub/infer/" + "p" * 6000
+    kept = front.send("public", path=long_path)
+    assert front.decision(kept).startswith("local;residency"), kept
+    tenant = {"x-tenant": "t" * 5000}
+    assert [front.send("public", **tenant)["status"] for _ in range(2)] == [200, 200]
+    wait_until(lambda: front.decision(front.send("public", **tenant)) == "shed;tenant_rate", 10, "the quota")
+    wait_until(
+        lambda: 'spillway_decisions_total{reason="residency",target="local"}' in front.metrics(),
+        10,
+        "the summary with the long path counted",
+    )
 
 
-def test_a_tenants_concurrency_slot_is_taken_atomically_across_workers(tmp_path: Path) -> None:
+def test_a_tenants_concurrency_slot_is_taken_atomically_across_workers(
+    stand_ins: StandIns, apisix_stack: StackStarter
+) -> None:
     """Tenant t1 may have 1 request in flight; 16 clients on two nginx workers send 400 requests
     between them: the cluster never sees two of t1's at once, and t1 still gets through after."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        config["tenants"] = {"quotas": {"t1": {"concurrency": 1}}}
-        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
-        local.delay_s = 0.002
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(400)))
-        local.delay_s = 0.0
-        statuses = [a["status"] for a in answers]
-        assert set(statuses) == {200, 429}, f"both served and refused while contended: {statuses}"
-        assert local.max_in_flight == 1, local.max_in_flight
-        assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200
+    stand_ins.aws.instance = None  # an "aws" that names no instance
+    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["tenants"] = {"quotas": {"t1": {"concurrency": 1}}}
+    front = apisix_stack(config, routes_for(config), fast_path=True, workers=2)
+    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    front.local.delay_s = 0.002
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(400)))
+    front.local.delay_s = 0.0
+    statuses = [a["status"] for a in answers]
+    assert set(statuses) == {200, 429}, f"both served and refused while contended: {statuses}"
+    assert front.local.max_in_flight == 1, front.local.max_in_flight
+    assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200

@@ -13,10 +13,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from devtools import apisix
-from functions.sidecar import free_port
-from tests.apisix_support import Stack, fast_path_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import wait_until
+from testing.apisix import Stack, needs_apisix, stack
+from testing.http import wait_until
+from testing.standins import stand_ins
 from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -63,18 +62,17 @@ def test_a_flood_of_tenant_names_cannot_keep_a_failing_targets_breaker_closed(tm
     every 10 s: 10,000 requests with distinct tenant names, then five that go to aws in the same
     summary as at least 600 of them. The tenants' entries fill their bound, and aws's failures
     still open its breaker (they used to share one 1,000-key bound, which the flood had filled)."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local", nodelay=True))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
+    with ExitStack() as running:
+        trio = running.enter_context(stand_ins(nodelay=True))
+        config = trio.config()
         config["tenants"] = {"default": {"requests_per_minute": 1_000_000}}
         # What the flood sends local must not read as a saturated cluster, which would shed it.
         config["overflow"] = {"saturation_ratio": 50}
         routes = routes_for(config)
-        settings = fast_path_settings(config, tmp_path, free_port(), routes, workers=1, attr={"batch_s": 10})
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+        front = running.enter_context(
+            stack(trio, config, tmp_path, routes, fast_path=True, workers=1, attr={"batch_s": 10})
+        )
+        feed, aws, gateway = trio.feed, trio.aws, front.gateway
         sent = 0
 
         def decided(classification: str) -> str:

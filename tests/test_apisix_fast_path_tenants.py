@@ -8,32 +8,20 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from devtools import apisix
-from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path import table as decision_table
-from tests.apisix_support import (
-    Stack,
-    example_plugins,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import ROOT, http, wait_until
+from testing.apisix import Stack, StackStarter, example_plugins, needs_apisix
+from testing.http import http, wait_until
+from testing.paths import TEST_LUA
 from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -90,36 +78,27 @@ class Attacked:
         return [d for s, d in self.seen if s != 200 or "table_stale" in d]
 
 
-@contextmanager
-def both_routes(tmp_path: Path) -> Iterator[Attacked]:
+def attacked_stack(start: StackStarter) -> Attacked:
     """The fast path and an ext-plugin route on one runner, a 1 MB shared dict, every tenant under
     a quota of one request a minute, and the cluster saturated: public requests overflow to aws,
     and from a stale table they would be shed."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed, "SPILLWAY_SIGNING_KEY")
-        config["tenants"] = {"default": {"requests_per_minute": 1}}
-        ext = yaml.safe_load(
-            yaml.safe_dump(route(SpillwayConfig.model_validate(config), TOKEN, "spillway-ext", "/ext/*"))
-        )
-        settings = fast_path_settings(
-            config,
-            tmp_path,
-            free_port(),
-            [*routes_for(config), ext, FILL],
-            shared_dicts={"spillway": "1m"},
-            more_lua_paths=[ROOT / "tests" / "lua"],
-            plugins=[*example_plugins(), "spillway", "spillway-fill"],
-        )
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
-        attacked = Attacked(front, config)
-        attacked.base = attacked.table_bytes()
-        front.set_load(2000)
-        yield attacked
+    config = start.stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["tenants"] = {"default": {"requests_per_minute": 1}}
+    ext = yaml.safe_load(
+        yaml.safe_dump(route(SpillwayConfig.model_validate(config), TOKEN, "spillway-ext", "/ext/*"))
+    )
+    front = start(
+        config,
+        [*routes_for(config), ext, FILL],
+        shared_dicts={"spillway": "1m"},
+        more_lua_paths=[TEST_LUA],
+        plugins=[*example_plugins(), "spillway", "spillway-fill"],
+    )
+    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    attacked = Attacked(front, config)
+    attacked.base = attacked.table_bytes()
+    front.set_load(2000)
+    return attacked
 
 
 def held_to_quota(front: Stack, name: str) -> None:
@@ -137,19 +116,21 @@ def metric(front: Stack, name: str) -> float:
     return float(found.group(1)) if found else -1.0
 
 
-def test_long_tenant_names_keep_the_table_small_and_public_requests_flowing(tmp_path: Path) -> None:
+def test_long_tenant_names_keep_the_table_small_and_public_requests_flowing(
+    apisix_stack: StackStarter,
+) -> None:
     """1,000 requests on the ext-plugin route and 200 on the fast path, each with its own 7 KB
     tenant name (so each is at its limit and in the table): every table the runner serves stays
     within MAX_TENANTS rows of MAX_TENANT_ROW_BYTES, the plugin stores and uses them, and no
     public request is shed or decided from a stale table."""
     names = [f"{i:04}" + "n" * 7000 for i in range(1200)]
-    with both_routes(tmp_path) as attacked:
-        statuses = attacked.attack(names)
-        assert not attacked.shed(), attacked.shed()[:5]
-        held_to_quota(attacked.front, names[999])
-        for _ in range(200):
-            attacked.public()
-        log = attacked.front.gateway.error_log()
+    attacked = attacked_stack(apisix_stack)
+    statuses = attacked.attack(names)
+    assert not attacked.shed(), attacked.shed()[:5]
+    held_to_quota(attacked.front, names[999])
+    for _ in range(200):
+        attacked.public()
+    log = attacked.front.gateway.error_log()
     assert statuses == [200] * 1200, "each tenant's first request went through"
     assert not attacked.shed(), attacked.shed()[:5]
     bound = attacked.base + decision_table.MAX_TENANTS * decision_table.MAX_TENANT_ROW_BYTES
@@ -159,7 +140,7 @@ def test_long_tenant_names_keep_the_table_small_and_public_requests_flowing(tmp_
 
 
 def test_a_table_the_full_dict_has_no_room_for_leaves_the_last_one_until_a_smaller_one_fits(
-    tmp_path: Path,
+    apisix_stack: StackStarter,
 ) -> None:
     """The shared dict filled to the last byte (as counters clients multiply would fill it), then
     1,000 tenants at their limit: the table outgrows its 64 KiB class and cannot grow, so the
@@ -167,19 +148,19 @@ def test_a_table_the_full_dict_has_no_room_for_leaves_the_last_one_until_a_small
     leaves the least recently seen tenants out; public requests never fail safe meanwhile, and the
     most recent tenant is still held to its quota."""
     names = [f"{i:04}" + "n" * 7000 for i in range(1000)]
-    with both_routes(tmp_path) as attacked:
-        front = attacked.front
-        status, _, body = http("GET", front.gateway.url + "/spillway-fill")
-        assert status == 200 and json.loads(body)["junk"] > 0, body
-        statuses = attacked.attack(names)
-        assert not attacked.shed(), attacked.shed()[:5]
-        held_to_quota(front, names[-1])
-        wait_until(lambda: metric(front, "spillway_fast_path_table_tenants_left_out") > 0, 10, "rows out")
-        for _ in range(200):
-            attacked.public()
-        failures = metric(front, "spillway_fast_path_table_store_failures_total")
-        left_out = metric(front, "spillway_fast_path_table_tenants_left_out")
-        log = front.gateway.error_log()
+    attacked = attacked_stack(apisix_stack)
+    front = attacked.front
+    status, _, body = http("GET", front.gateway.url + "/spillway-fill")
+    assert status == 200 and json.loads(body)["junk"] > 0, body
+    statuses = attacked.attack(names)
+    assert not attacked.shed(), attacked.shed()[:5]
+    held_to_quota(front, names[-1])
+    wait_until(lambda: metric(front, "spillway_fast_path_table_tenants_left_out") > 0, 10, "rows out")
+    for _ in range(200):
+        attacked.public()
+    failures = metric(front, "spillway_fast_path_table_store_failures_total")
+    left_out = metric(front, "spillway_fast_path_table_tenants_left_out")
+    log = front.gateway.error_log()
     assert statuses == [200] * 1000
     assert not attacked.shed(), attacked.shed()[:5]
     assert failures >= 1

@@ -10,26 +10,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
-from contextlib import ExitStack
 
 import pytest
 import yaml
 
-from devtools import apisix
-from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    Stack,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix
+from testing.http import wait_until
+from testing.standins import StandIns
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -39,22 +29,15 @@ PATHS = {"ext-plugin": {}, "fast": {"host": FAST_HOST}}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tmp = tmp_path_factory.mktemp("apisix-thresholds")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        feed.gpu_memory_share = 0.5
-        config = stack_config(local, aws, feed)
-        config["local"]["thresholds"] = {"gpu_memory": {"limit": 0.9, "exit": 0.7}}
-        parsed = SpillwayConfig.model_validate(config)
-        fast = fast_route(parsed, TOKEN)
-        fast["host"] = FAST_HOST
-        routes = [yaml.safe_load(yaml.safe_dump(r)) for r in (route(parsed, TOKEN), fast)]
-        settings = fast_path_settings(config, tmp, free_port(), routes)
-        gateway = stack.enter_context(apisix.running(settings))
-        yield Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+def stack(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Stack:
+    module_stand_ins.feed.gpu_memory_share = 0.5
+    config = module_stand_ins.config()
+    config["local"]["thresholds"] = {"gpu_memory": {"limit": 0.9, "exit": 0.7}}
+    parsed = SpillwayConfig.model_validate(config)
+    fast = fast_route(parsed, TOKEN)
+    fast["host"] = FAST_HOST
+    routes = [yaml.safe_load(yaml.safe_dump(r)) for r in (route(parsed, TOKEN), fast)]
+    return module_apisix_stack(config, routes, fast_path=True)
 
 
 def _gpu_memory_seen(stack: Stack) -> float | None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from devtools import apisix
 from functions.sidecar import free_port
-from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import http, wait_until
+from testing.apisix import gateway_for, needs_apisix
+from testing.http import http, wait_until
+from testing.standins import StandIns, metrics_feed, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -47,9 +47,9 @@ def test_a_dead_onprem_node_leaves_the_rotation_and_every_request_is_answered(tm
         port = free_port()
         second = subprocess.Popen([sys.executable, "-c", NODE, str(port)])
         stack.callback(second.kill)
-        config = stack_config(first, aws, feed)
+        config = StandIns(first, aws, feed).config()
         config["local"]["endpoints"].append({"url": f"http://127.0.0.1:{port}", "metrics_url": feed.url})
-        gateway = stack.enter_context(apisix.running(apisix_settings(config, tmp_path, free_port())))
+        gateway = stack.enter_context(gateway_for(config, tmp_path))
         url = gateway.url + "/v2/models/add_sub/infer"
 
         def served_by() -> str:

@@ -12,33 +12,22 @@ import functools
 import os
 import re
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
 import yaml
 
-from devtools import apisix
-from functions.sidecar import free_port
 from gateway_plugin.apisix_route import RouteError, route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    Stack,
-    example_plugins,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import http, wait_until
+from testing.apisix import FAST_HOST, Stack, StackStarter, both_routes, example_plugins, needs_apisix
+from testing.http import http, wait_until
+from testing.standins import StandIns
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
-FAST = "fast.test"
+FAST = FAST_HOST
 KEYS = {"alice": "alice-key-0123456789", "bob": "bob-key-0123456789", "carol": "carol-key-0123456789"}
 CONSUMERS = [{"username": name, "plugins": {"key-auth": {"key": key}}} for name, key in KEYS.items()]
 
@@ -84,32 +73,20 @@ class Front(Stack):
 
 
 @pytest.fixture(scope="module")
-def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
-    tmp = tmp_path_factory.mktemp("apisix-identity")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = identity_config(stack_config(local, aws, feed))
-        validated = SpillwayConfig.model_validate(config)
-        routes = [
-            route(validated, TOKEN, auth="key-auth"),
-            {**fast_route(validated, TOKEN, auth="key-auth"), "hosts": [FAST]},
-        ]
-        settings = fast_path_settings(
-            config,
-            tmp,
-            free_port(),
-            routes,
-            plugins=[*example_plugins(), "spillway", "key-auth"],
-            routes_yaml=yaml.safe_dump({"routes": routes, "consumers": CONSUMERS}, sort_keys=False),
-        )
-        gateway = stack.enter_context(apisix.running(settings))
-        made = Front(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        feed.queue_ms = 500
-        for host in (None, FAST):
-            wait_until(functools.partial(made.spills, host), 30, f"{host} spilling")
-        yield made
+def front(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Front:
+    config = identity_config(module_stand_ins.config())
+    routes = both_routes(config, auth="key-auth")
+    started = module_apisix_stack(
+        config,
+        routes,
+        plugins=[*example_plugins(), "spillway", "key-auth"],
+        routes_yaml=yaml.safe_dump({"routes": routes, "consumers": CONSUMERS}, sort_keys=False),
+    )
+    made = Front.of(started)
+    made.feed.queue_ms = 500
+    for host in (None, FAST):
+        wait_until(functools.partial(made.spills, host), 30, f"{host} spilling")
+    return made
 
 
 def test_without_an_authentication_plugin_the_route_is_refused_rather_than_trusting_the_header() -> None:

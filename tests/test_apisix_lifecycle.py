@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from devtools import apisix
-from functions.sidecar import free_port
-from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import http, wait_until
+from testing.apisix import gateway_for, needs_apisix
+from testing.http import http, wait_until
+from testing.standins import stand_ins
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -23,15 +22,10 @@ def test_lifecycle_respawn_token_expiry_and_quit(tmp_path: Path) -> None:
     """Killing the runner: APISIX respawns it and routing resumes (clients get 503 meanwhile); a
     runner that forgot a token answers CONF_TOKEN_NOT_FOUND and APISIX prepares again; ``apisix
     quit`` stops the runner and removes its socket."""
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
+    with stand_ins(aws_instance=None) as trio:
+        config = trio.config()
         config["runner"] = {"conf_ttl_s": 1.0}
-        gateway = apisix.Apisix(apisix_settings(config, tmp_path, free_port()))
-        gateway.start()
-        try:
+        with gateway_for(config, tmp_path) as gateway:
             url = gateway.url + "/v2/models/add_sub/infer"
             assert http("POST", url, b"{}")[0] == 200
             first_runner = gateway.runner_pids()[-1]
@@ -58,8 +52,6 @@ def test_lifecycle_respawn_token_expiry_and_quit(tmp_path: Path) -> None:
             assert seen.index(200) > seen.index(503), f"503 until the respawn, then 200: {seen}"
             print(f"runner killed: {seen.count(503)} answers of 503 before routing resumed")
             socket = gateway.runner_socket()
-        finally:
-            gateway.stop()
         runner = gateway.runner_pids()[-1]
         assert not Path(f"/proc/{runner}").exists(), "apisix quit stopped the runner"
         assert not socket.exists(), "and the runner removed its socket"
@@ -72,14 +64,7 @@ def test_a_runner_that_stops_answering_is_treated_as_a_dead_one(tmp_path: Path) 
     silent for dead_after_s, and after kill_after_s stops it; APISIX starts it anew, as a dead one,
     and the requests it held get their answer then."""
     attr = {"alive_interval_s": 0.2, "dead_after_s": 1, "kill_after_s": 3}
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
-        gateway = stack.enter_context(
-            apisix.running(apisix_settings(config, tmp_path, free_port(), attr=attr))
-        )
+    with stand_ins(aws_instance=None) as trio, gateway_for(trio.config(), tmp_path, attr=attr) as gateway:
         url = gateway.url + "/v2/models/add_sub/infer"
         assert http("POST", url, b"{}")[0] == 200
         wait_until(

@@ -17,8 +17,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,10 @@ from devtools import apisix
 from functions.sidecar import Sidecar, SidecarOptions, free_port
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import apisix_settings, fast_path_settings, needs_apisix, upstream
-from tests.support import ADD_SUB_BODY, http, model_repository, wait_until
+from testing.apisix import gateway_for, needs_apisix
+from testing.function import ADD_SUB_BODY, model_repository
+from testing.http import http, wait_until
+from testing.standins import upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -138,16 +140,11 @@ def config_for(http_port: int, metrics_port: int, aws_url: str) -> dict[str, Any
     }
 
 
-@contextmanager
-def gateway(path: str, config: dict[str, Any], tmp: Path) -> Iterator[apisix.Apisix]:
+def gateway(path: str, config: dict[str, Any], tmp: Path) -> AbstractContextManager[apisix.Apisix]:
     if path == "runner":
-        settings = apisix_settings(config, tmp, free_port())
-    else:
-        made = fast_route(SpillwayConfig.model_validate(config), TOKEN)
-        routes = [yaml.safe_load(yaml.safe_dump(made))]
-        settings = fast_path_settings(config, tmp, free_port(), routes)
-    with apisix.running(settings) as running:
-        yield running
+        return gateway_for(config, tmp)
+    made = fast_route(SpillwayConfig.model_validate(config), TOKEN)
+    return gateway_for(config, tmp, [yaml.safe_load(yaml.safe_dump(made))], fast_path=True)
 
 
 def first_of_a_run(answers: list[Answer], good: Callable[[Answer], bool], run: int = 6) -> Answer | None:

@@ -11,7 +11,6 @@ requests keep spilling, confidential ones stay home.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -20,26 +19,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from devtools import apisix
-from functions.sidecar import free_port
-from gateway_plugin.apisix_route import route
-from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    MetricsFeed,
-    Stack,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import FAST_HOST, Stack, StackStarter, both_routes, needs_apisix
+from testing.http import wait_until
+from testing.standins import MetricsFeed, StandIns, metrics_feed, upstream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
-TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
-FAST = "fast.test"
+FAST = FAST_HOST
 HOSTS = {"ext-plugin": None, "fast path": FAST}
 
 
@@ -63,26 +49,17 @@ class TwoMembers:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoMembers]:
-    tmp = tmp_path_factory.mktemp("apisix-members")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        leave = stack.enter_context(ExitStack())
+def cluster(module_stand_ins: StandIns, module_apisix_stack: StackStarter) -> Iterator[TwoMembers]:
+    with ExitStack() as leave:
         second_local = leave.enter_context(upstream("local-b"))
         second = leave.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
+        config = module_stand_ins.config()
         config["local"]["endpoints"].append({"url": second_local.url, "metrics_url": second.url})
         config["local"]["parallelism"] = 2
-        validated = SpillwayConfig.model_validate(config)
-        routes = [route(validated, TOKEN), {**fast_route(validated, TOKEN), "hosts": [FAST]}]
-        settings = fast_path_settings(config, tmp, free_port(), routes, attr={"stale_after_s": 1.0})
-        gateway = stack.enter_context(apisix.running(settings))
-        made = TwoMembers(
-            Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics"), second, leave
+        routes = both_routes(config)
+        yield TwoMembers(
+            module_apisix_stack(config, routes, fast_path=True, attr={"stale_after_s": 1.0}), second, leave
         )
-        yield made
 
 
 def test_public_requests_keep_spilling_when_a_member_leaves(cluster: TwoMembers) -> None:

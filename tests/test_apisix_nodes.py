@@ -20,7 +20,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,10 @@ from devtools.etcd import ETCD, ETCD_HINT
 from devtools.nodes import ADMIN_KEY_ENV, Node, Nodes, nodes_running
 from devtools.redis_ha import REDIS_SENTINEL, SENTINEL_HINT, ClusterGroup, Promotion, SentinelGroup
 from gateway_plugin.apisix_admin import DEFAULT_KEYS
-from tests.apisix_support import MetricsFeed, Upstream, metrics_feed, needs_apisix, stack_config, upstream
-from tests.redis_support import needs_redis, redis_server
-from tests.support import http, wait_until
+from testing.apisix import needs_apisix
+from testing.http import http, wait_until
+from testing.redis import needs_redis, redis_server
+from testing.standins import StandIns
 
 pytestmark = [
     pytest.mark.integration,
@@ -52,26 +53,16 @@ FOLLOW_S = 10.0  # README: each runner finds the promoted replica within 10 s of
 ROUTES = ("/v2/models/add_sub/infer", "/fast/v2/models/add_sub/infer")
 
 
-@dataclass
-class Upstreams:
-    local: Upstream
-    aws: Upstream
-    feed: MetricsFeed
-
-
 @pytest.fixture(scope="module")
-def upstreams() -> Iterator[Upstreams]:
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        aws.delay_s = 0.02  # answers take a while: the cap has requests to hold back
-        yield Upstreams(local, aws, stack.enter_context(metrics_feed()))
+def upstreams(module_stand_ins: StandIns) -> StandIns:
+    module_stand_ins.aws.delay_s = 0.02  # answers take a while: the cap has requests to hold back
+    return module_stand_ins
 
 
-def node_config(up: Upstreams, store_url: str, replicas_ack: int = 0) -> dict[str, Any]:
+def node_config(up: StandIns, store_url: str, replicas_ack: int = 0) -> dict[str, Any]:
     """One node's spillway.yaml: every public request to aws (a rule), $0.01 each, an hourly budget
     of 100 of them and a cap of 4 in flight shared by both nodes; its own metrics and outcome ports."""
-    made = stack_config(up.local, up.aws, up.feed)
+    made = up.config()
     made["targets"][0]["concurrency_cap"] = CAP
     made["targets"][0]["cost"] = {"usd_per_request": COST_USD, "usd_per_gb_second": 0, "billed_init": False}
     made["budgets"] = {"per_target_hourly_usd": {"aws": BUDGET_REQUESTS * COST_USD}}
@@ -93,7 +84,7 @@ def clear_of_the_hour() -> None:
 
 
 @contextmanager
-def two_nodes(tmp: Path, up: Upstreams, store_url: str, replicas_ack: int = 0) -> Iterator[Nodes]:
+def two_nodes(tmp: Path, up: StandIns, store_url: str, replicas_ack: int = 0) -> Iterator[Nodes]:
     key = secrets.token_hex(24)
     configs = [node_config(up, store_url, replicas_ack) for _ in range(2)]
     prefix = configs[0]["shared_state"]["key_prefix"]
@@ -181,7 +172,7 @@ def spent_requests(nodes: Nodes) -> float:
     return sum(metric(n, "spillway_cloud_spend_usd_total", target="aws") for n in nodes.nodes) / COST_USD
 
 
-def test_routes_put_through_the_admin_api_serve_both_nodes(tmp_path: Path, upstreams: Upstreams) -> None:
+def test_routes_put_through_the_admin_api_serve_both_nodes(tmp_path: Path, upstreams: StandIns) -> None:
     """One push reaches both nodes (the second has no Admin API of its own: each node and route
     sent a request to aws as ``two_nodes`` started); the Admin API takes no default key, and the
     push reads its key only from the environment, never echoing it."""
@@ -210,7 +201,7 @@ def test_routes_put_through_the_admin_api_serve_both_nodes(tmp_path: Path, upstr
 
 @pytest.mark.parametrize("routes", [ROUTES, ROUTES[1:]], ids=["both-routes", "fast-path-alone"])
 def test_one_budget_and_one_cap_across_two_nodes(
-    tmp_path: Path, upstreams: Upstreams, routes: tuple[str, ...]
+    tmp_path: Path, upstreams: StandIns, routes: tuple[str, ...]
 ) -> None:
     """Traffic over both nodes (both routes, or the fast path alone, whose plugin spends the budget
     a block a table): aws gets the budget's requests and no more (less what may stay leased and
@@ -263,7 +254,7 @@ def kill_master(group: SentinelGroup | ClusterGroup, prefix: str) -> tuple[threa
 
 @pytest.mark.parametrize("kind", ["sentinel", "cluster"])
 def test_a_master_killed_mid_traffic_stops_no_request_and_keeps_the_bounds(
-    tmp_path: Path, upstreams: Upstreams, kind: str
+    tmp_path: Path, upstreams: StandIns, kind: str
 ) -> None:
     """Traffic over both nodes and both routes; after 20 requests reached aws, the master holding
     the runners' keys is killed. Every request is answered all along; both runners go alone, then

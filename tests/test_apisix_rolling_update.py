@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import pytest
 
 from devtools import apisix
-from tests.apisix_support import needs_apisix
-from tests.rolling_support import FAST, PATH, Load, Member, rolling_cluster
-from tests.support import wait_until
+from testing.apisix import needs_apisix
+from testing.http import wait_until
+from testing.tritons import FAST, PATH, Load, Member, rolling_cluster
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

@@ -8,24 +8,13 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
 
-from devtools import apisix
-from functions.sidecar import free_port
-from tests.apisix_support import (
-    Stack,
-    apisix_settings,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix
+from testing.http import wait_until
 from tests.test_apisix_fast_path import routes_for
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -74,43 +63,35 @@ def trickling(url: str, clients: list[dict[str, str]]) -> Iterator[threading.Eve
             sock.close()
 
 
-def _stack(stack: ExitStack, tmp_path: Path, route: str) -> Stack:
-    local = stack.enter_context(upstream("local"))
-    aws = stack.enter_context(upstream("aws", instance="fn-1"))
-    feed = stack.enter_context(metrics_feed())
-    config = stack_config(local, aws, feed)
+def _stack(start: StackStarter, route: str) -> Stack:
+    config = start.stand_ins.config()
     config["targets"][0]["concurrency_cap"] = 3
     config["tenants"] = {"quotas": {"t1": {"concurrency": 1}}}
-    if route == "fast_path":
-        settings = fast_path_settings(config, tmp_path, free_port(), routes_for(config), workers=2)
-    else:
-        settings = apisix_settings(config, tmp_path, free_port(), workers=2)
-    gateway = stack.enter_context(apisix.running(settings))
-    front = Stack(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
+    fast_path = route == "fast_path"
+    front = start(config, routes_for(config) if fast_path else None, fast_path=fast_path, workers=2)
     wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a decision")
     # Overflowing, as a request that may not leave says (kept home for residency), with no answer
     # from aws yet: the runner then counts a request sent there until its timeout.
-    feed.queue_ms = 500
+    front.feed.queue_ms = 500
     wait_until(lambda: front.decision(front.send("secret")).startswith("local;residency"), 30, "overflow")
     return front
 
 
 @pytest.mark.parametrize("route", ["fast_path", "ext_plugin"])
 def test_clients_trickling_their_bodies_hold_no_cloud_slot_and_no_tenant_slot(
-    tmp_path: Path, route: str
+    apisix_stack: StackStarter, route: str
 ) -> None:
     """aws may have 3 requests in flight and tenant t1 one. Three clients declare a 100,000-byte
     public body and a fourth one of t1's, then send a byte a second: meanwhile three public
     requests of others still spill to aws, and t1's request is served rather than shed. (Three
     and one: on the ext-plugin route the runner counts a request until the logger reports its
     answer, up to a second later.)"""
-    with ExitStack() as stack:
-        front = _stack(stack, tmp_path, route)
-        with trickling(front.gateway.url, [PUBLIC, PUBLIC, PUBLIC, T1]) as ticked:
-            for _ in range(3):  # two seconds of trickling before the first look
-                ticked.clear()
-                assert ticked.wait(5), "the slow clients stopped sending"
-            spilled = [front.decision(front.send("public")) for _ in range(3)]
-            tenant = front.send("secret", **{"x-tenant": "t1"})
-        assert all(d.startswith("aws;") for d in spilled), spilled
-        assert tenant["status"] == 200, front.decision(tenant)
+    front = _stack(apisix_stack, route)
+    with trickling(front.gateway.url, [PUBLIC, PUBLIC, PUBLIC, T1]) as ticked:
+        for _ in range(3):  # two seconds of trickling before the first look
+            ticked.clear()
+            assert ticked.wait(5), "the slow clients stopped sending"
+        spilled = [front.decision(front.send("public")) for _ in range(3)]
+        tenant = front.send("secret", **{"x-tenant": "t1"})
+    assert all(d.startswith("aws;") for d in spilled), spilled
+    assert tenant["status"] == 200, front.decision(tenant)

@@ -17,7 +17,7 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from tests.apisix_support import needs_apisix
+from testing.apisix import needs_apisix
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 

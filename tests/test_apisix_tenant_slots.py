@@ -11,35 +11,20 @@ tenant the decision counted, from the edge's variable, as the target and the dec
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
 import yaml
 
-from devtools import apisix
-from functions.sidecar import free_port
-from gateway_plugin.apisix_route import route
-from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import (
-    Stack,
-    example_plugins,
-    fast_path_settings,
-    metrics_feed,
-    needs_apisix,
-    stack_config,
-    upstream,
-)
-from tests.support import http, wait_until
+from testing.apisix import FAST_HOST, Stack, both_routes, example_plugins, needs_apisix, stack
+from testing.http import http, wait_until
+from testing.standins import stand_ins
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
-TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
-FAST = "fast.test"
+FAST = FAST_HOST
 KEY = "alice-key-0123456789"
 CONSUMERS = [{"username": "alice", "plugins": {"key-auth": {"key": KEY}}}]
 # The route's logger posts an outcome at most ``outcomes.batch_s`` (1 s) after the answer; a request
@@ -82,30 +67,19 @@ class Front(Stack):
 def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     source: str = request.param
     tmp = tmp_path_factory.mktemp(f"apisix-tenant-slots-{source}")
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws", instance="fn-1"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
+    with stand_ins() as trio:
+        config = trio.config()
         config["tenants"] = {"source": source, "quotas": {"alice": {"concurrency": 1}}}
-        validated = SpillwayConfig.model_validate(config)
-        auth: dict[str, Any] = {"auth": "key-auth"} if source == "consumer" else {}
-        routes = [route(validated, TOKEN, **auth), {**fast_route(validated, TOKEN, **auth), "hosts": [FAST]}]
+        routes = both_routes(config, auth="key-auth" if source == "consumer" else None)
         made: dict[str, Any] = {"routes": routes}
         if source == "consumer":
             made["consumers"] = CONSUMERS
-        settings = fast_path_settings(
-            config,
-            tmp,
-            free_port(),
-            routes,
-            plugins=[*example_plugins(), "spillway", "key-auth"],
-            routes_yaml=yaml.safe_dump(made, sort_keys=False),
-        )
-        gateway = stack.enter_context(apisix.running(settings))
-        front = Front(gateway, local, aws, feed, f"http://{config['metrics']['listen']}/metrics")
-        front.source = source
-        yield front
+        plugins = [*example_plugins(), "spillway", "key-auth"]
+        routes_yaml = yaml.safe_dump(made, sort_keys=False)
+        with stack(trio, config, tmp, routes, plugins=plugins, routes_yaml=routes_yaml) as made:
+            front = Front.of(made)
+            front.source = source
+            yield front
 
 
 @pytest.mark.parametrize("load", list(LOADS))

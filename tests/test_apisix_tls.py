@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import VERIFY_UPSTREAM_TLS, config_snippet
-from tests.apisix_support import Stack, apisix_settings, metrics_feed, needs_apisix, upstream
-from tests.support import http, make_ca, server_context, wait_until
+from testing.apisix import Stack, needs_apisix, stack
+from testing.http import http, wait_until
+from testing.standins import StandIns, metrics_feed, upstream
+from testing.tls import make_ca, server_context
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -52,17 +53,16 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "untrusted": server_context(tmp, "untrusted", "localhost", stranger),
         "wrongname": server_context(tmp, "wrongname", "other.test", trusted),
     }
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
+    with ExitStack() as running:
+        local = running.enter_context(upstream("local"))
         fns = {
-            n: stack.enter_context(upstream(n, instance=f"{n}-1", tls=c, host="localhost"))
+            n: running.enter_context(upstream(n, instance=f"{n}-1", tls=c, host="localhost"))
             for n, c in contexts.items()
         }
-        feed = stack.enter_context(metrics_feed())
+        feed = running.enter_context(metrics_feed())
         config = tls_config({n: u.url for n, u in fns.items()}, feed.url, local.url)
-        settings = apisix_settings(config, tmp, free_port(), trusted_ca=str(trusted.cert))
-        gateway = stack.enter_context(apisix.running(settings))
-        yield Stack(gateway, local, fns["good"], feed, f"http://{config['metrics']['listen']}/metrics")
+        trio = StandIns(local, fns["good"], feed)
+        yield running.enter_context(stack(trio, config, tmp, trusted_ca=str(trusted.cert)))
 
 
 def _send(front: Stack, which: str) -> tuple[int, str, bytes]:

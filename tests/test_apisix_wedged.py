@@ -13,7 +13,6 @@ Triton's readiness brought it back) fail, and are printed.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import threading
@@ -26,17 +25,15 @@ import pytest
 
 from devtools import apisix
 from functions.sidecar import free_port
-from gateway_plugin.apisix_route import route
-from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import fast_path_settings, needs_apisix, upstream
-from tests.rolling_support import Member
-from tests.support import TEST_MODELS, http, wait_until
+from testing.apisix import FAST_HOST, both_routes, gateway_for, needs_apisix
+from testing.http import http, wait_until
+from testing.paths import TEST_MODELS
+from testing.standins import upstream
+from testing.tritons import Member
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
-TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
-FAST = "fast.test"
+FAST = FAST_HOST
 PATH = "/v2/models/slow/infer"
 CLIENTS = 6
 BODY = json.dumps({"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "FP32", "data": [20]}]}).encode()
@@ -116,9 +113,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wedged]:
             "metrics": {"listen": metrics},
             "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
         }
-        validated = SpillwayConfig.model_validate(config)
-        routes = [route(validated, TOKEN), {**fast_route(validated, TOKEN), "hosts": [FAST]}]
-        gateway = stack.enter_context(apisix.running(fast_path_settings(config, tmp, free_port(), routes)))
+        gateway = stack.enter_context(gateway_for(config, tmp, both_routes(config), fast_path=True))
         yield Wedged(gateway, members, f"http://{metrics}/metrics")
 
 

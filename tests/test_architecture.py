@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from testing.paths import ROOT
 
 SHIPPED = ("functions", "gateway_plugin", "warmup")
 MAX_LINES = 400
@@ -36,8 +36,11 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+SOURCE_ONLY = ("devtools", "testing", "tests", "bench")
+
+
 def _ours(name: str) -> bool:
-    return name.split(".")[0] in (*SHIPPED, "devtools", "tests", "bench")
+    return name.split(".")[0] in (*SHIPPED, *SOURCE_ONLY)
 
 
 def _within(name: str, *prefixes: str) -> bool:
@@ -154,7 +157,7 @@ def test_importing_the_shipped_packages_loads_no_dev_tool() -> None:
         "import sys, functions, gateway_plugin, warmup\n"
         "import functions.cli, functions.core, functions.serve, functions.aliyun_fc\n"
         "import gateway_plugin.app, gateway_plugin.cli, warmup.cli\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('devtools', 'tests', 'bench')))\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {SOURCE_ONLY!r}))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
@@ -226,7 +229,23 @@ def test_the_shipped_distribution_holds_no_dev_tool() -> None:
 
     found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert sorted(found["include"]) == sorted(f"{p}*" for p in SHIPPED)
-    assert "devtools" in (ROOT / ".dockerignore").read_text().split()
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {"devtools", "testing"} <= set(ignored)
+
+
+@pytest.mark.parametrize("package", ["bench", "devtools", "testing"])
+def test_the_harness_the_benchmarks_and_the_dev_tools_import_no_test_module(package: str) -> None:
+    """What tests, benchmarks and tools share lives in ``testing``: a test module is never what
+    another part stands on (moving or renaming one breaks nothing outside ``tests``)."""
+    found = sorted(
+        {
+            f"{path.relative_to(ROOT)} imports {'.'.join(imported.split('.')[:2])}"
+            for path in _modules(package)
+            for imported in _imports(path)
+            if _within(imported, "tests")
+        }
+    )
+    assert not found, "\n".join(found)
 
 
 def test_nothing_that_decides_or_keeps_books_reads_the_environment() -> None:

@@ -12,18 +12,20 @@ from devtools import prometheus as prometheus_server
 from devtools.etcd import ETCD_HINT
 from devtools.redis import INSTALL_HINT
 from devtools.redis_ha import SENTINEL_HINT
+from testing.images import MISSING_TOOLS
 from tests.conftest import SKIPS_KEPT_IN_CI, missing_set_up_component, why_not_skipped_in_ci
-from tests.image_support import MISSING_TOOLS
 from tests.test_demo_report_browser import needs_chromium
 
 TESTS = Path(__file__).resolve().parent
 CONFTEST = (TESTS / "conftest.py").read_text()
+HARNESS = TESTS.parent / "testing"
 
 
 def literal_skip_reasons() -> list[str]:
-    """Every reason written as a literal in a ``pytest.skip`` or ``skipif`` of the suite."""
+    """Every reason written as a literal in a ``pytest.skip`` or ``skipif`` of the suite or of
+    the harness it stands on."""
     found = []
-    for path in sorted(TESTS.glob("*.py")):
+    for path in sorted([*TESTS.glob("*.py"), *HARNESS.glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue

@@ -38,10 +38,10 @@ from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.policy.build import build_policy
 from gateway_plugin.policy.decide import decide
 from gateway_plugin.policy.snapshot import RequestFeatures
+from testing.paths import ROOT
 from tests import content_cases
 from tests.content_cases import CARD_SEPARATORS
 from tests.fast_path_cases import hot_snapshot, python_decision, random_group
-from tests.support import ROOT
 
 DETECTORS = [built_in(name) for name in BUILT_IN]
 # Text around a number: anything but digits and the separators a card's groups may have.

@@ -22,7 +22,7 @@ from gateway_plugin.fast_path.book import apply_outcomes
 from gateway_plugin.fast_path.route import APISIX_EXPORTER, config_snippet
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.policy.model import Decision, Reason
-from tests.support import gateway_state
+from testing.gateway import gateway_state
 
 
 class Clock:
@@ -172,7 +172,7 @@ def test_the_runners_metrics_keep_clear_of_apisixs_exporter(
 
 def test_costs_prints_a_runners_bill_as_csv_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     from gateway_plugin.cli import main
-    from tests.support import QuietHandler, http_server_thread
+    from testing.http import QuietHandler, http_server_thread
 
     body = (
         b'spillway_requests_total{tenant="acme",model="add_sub",target="aws"} 4\n'

@@ -19,7 +19,7 @@ import pytest
 
 from devtools import apisix
 from devtools.demo_cli import resolve_gateway
-from tests.support import ROOT
+from testing.paths import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import yaml
 
 from functions.sidecar import free_port
-from tests.support import ROOT, QuietHandler, devgateway, http, http_server_thread, wait_until
+from testing.gateway import devgateway
+from testing.http import QuietHandler, http, http_server_thread, wait_until
+from testing.paths import ROOT
 
 
 @contextmanager

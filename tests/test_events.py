@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from functions.contract import WarmupPing, http_api_event, http_api_result, warmup_payload
 from functions.core import Response
 from functions.events import HttpApiEvent, UnknownEvent, parse_event, to_http_result
-from tests.support import load_event
+from testing.function import load_event
 
 
 def test_function_url_event_becomes_a_request() -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from devtools import apisix
-from functions.sidecar import free_port
 from gateway_plugin.content.checks import HEADER_JSON_LENGTH, Unscannable
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.route import lua_path
@@ -30,9 +29,10 @@ from gateway_plugin.policy.decide import may_leave
 from gateway_plugin.policy.model import LOCAL, SHED, Reason
 from gateway_plugin.policy.snapshot import RequestFeatures
 from gateway_plugin.request.spillway import RouteOverrides, _route_policy
-from tests.apisix_support import needs_apisix
+from testing.apisix import lua_plugin_gateway, needs_apisix
+from testing.http import http
+from testing.paths import ROOT
 from tests.fast_path_cases import Group, bodies_group, expected, python_decision, random_group
-from tests.support import ROOT, http
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
@@ -42,21 +42,8 @@ CONTENT_GROUPS = 200  # 9,600 more on a hot cluster, every route reading its req
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apisix.Apisix]:
-    route = {
-        "id": "cases",
-        "uri": "/spillway-cases",
-        "plugins": {"spillway-cases": {}},
-        "upstream": {"type": "roundrobin", "nodes": {"127.0.0.1:1": 1}},
-    }
-    settings = apisix.ApisixSettings(
-        port=free_port(),
-        routes_yaml=json.dumps({"routes": [route]}),
-        plugins=["spillway-cases"],
-        extra_lua_path=lua_path(),
-        more_lua_paths=[ROOT / "tests" / "lua"],
-    )
-    with apisix.running(settings) as running:
+def gateway() -> Iterator[apisix.Apisix]:
+    with lua_plugin_gateway("spillway-cases", "cases") as running:
         yield running
 
 

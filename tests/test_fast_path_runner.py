@@ -27,7 +27,8 @@ from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_outcomes
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.policy.snapshot import BreakerState, TenantState
-from tests.support import gateway_state, http
+from testing.gateway import gateway_state
+from testing.http import http
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
 AWS = target_value("aws", TOKEN)
@@ -257,7 +258,7 @@ def test_every_file_of_the_lua_plugin_ships_in_the_wheel() -> None:
     import tomllib
 
     from gateway_plugin.fast_path.route import lua_path
-    from tests.support import ROOT
+    from testing.paths import ROOT
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     shipped = {p for pattern in data["gateway_plugin"] for p in (ROOT / "gateway_plugin").glob(pattern)}

@@ -16,7 +16,7 @@ from gateway_plugin.fast_path.book import apply_outcomes
 from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.policy.snapshot import BreakerState
 from gateway_plugin.policy.tenants import tenant_key
-from tests.support import gateway_state
+from testing.gateway import gateway_state
 from tests.test_fast_path_runner import TOKEN, _post, config
 
 

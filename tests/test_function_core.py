@@ -13,7 +13,7 @@ from functions.http_types import Request
 from functions.settings import FunctionSettings
 from functions.sidecar import Sidecar, SidecarState
 from functions.sidecar_client import Headers, UpstreamResponse
-from tests.support import EXAMPLE_MODELS
+from testing.paths import EXAMPLE_MODELS
 
 
 class FakeSidecar:

@@ -15,9 +15,10 @@ import pytest
 
 from functions.settings import IMAGE_MODEL_REPOSITORY, FunctionSettings
 from functions.signature import sign
-from tests.image_support import terraform_environment
-from tests.secrets_support import Secret, secrets_manager
-from tests.support import ADD_SUB_BODY, ROOT, http_event, invoke, lambda_emulator, model_repository
+from testing.function import ADD_SUB_BODY, http_event, invoke, lambda_emulator, model_repository
+from testing.images import terraform_environment
+from testing.paths import ROOT
+from testing.secrets_manager import Secret, secrets_manager
 
 KEY = "secret-from-the-stand-in-0123456789"
 KEY_OSS = {"bucket": "keys", "object_dir": "fn", "file_name": "signing.key", "endpoint": None}

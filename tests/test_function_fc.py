@@ -12,16 +12,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from functions.contract import warmup_payload
-from tests.support import (
-    ADD_SUB_BODY,
-    Running,
-    function_server,
-    http,
-    http_event,
-    load_event,
-    model_repository,
-    wait_until,
-)
+from testing.function import ADD_SUB_BODY, Running, function_server, http_event, load_event, model_repository
+from testing.http import http, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,9 @@ from pathlib import Path
 from functions.metrics import FunctionMetrics
 from functions.settings import FunctionSettings
 from functions.sidecar import Sidecar
-from tests.support import EXAMPLE_MODELS, function_server, http, model_repository, wait_until
+from testing.function import function_server, model_repository
+from testing.http import http, wait_until
+from testing.paths import EXAMPLE_MODELS
 
 TOKEN = "gpu-metrics-token-0123456789"
 # A page in Triton's format with one GPU: the stand-in for a GPU's gauges (this machine has none,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from functions.signature import sign
-from tests.support import Running, function_server, model_repository
+from testing.function import Running, function_server, model_repository
 
 pytestmark = pytest.mark.integration
 

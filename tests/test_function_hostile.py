@@ -18,15 +18,9 @@ import pytest
 
 from functions.sidecar import free_port
 from functions.signature import sign
-from tests.support import (
-    ADD_SUB_BODY,
-    Running,
-    devgateway,
-    function_server,
-    http,
-    model_repository,
-    wait_until,
-)
+from testing.function import ADD_SUB_BODY, Running, function_server, model_repository
+from testing.gateway import devgateway
+from testing.http import http, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -12,16 +12,16 @@ import tritonclient.http as httpclient
 
 from functions.contract import warmup_payload
 from functions.signature import sign
-from tests.support import (
+from testing.function import (
     ADD_SUB_BODY,
     Running,
-    http,
     http_event,
     invoke,
     lambda_emulator,
     load_event,
     model_repository,
 )
+from testing.http import http
 
 pytestmark = pytest.mark.integration
 

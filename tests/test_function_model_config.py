@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from functions.surface import check
-from tests.support import function_server, model_repository, tool
+from testing.function import function_server, model_repository
+from testing.paths import tool
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from functions.settings import FunctionSettings, SettingsError
-from tests.support import EXAMPLE_MODELS
+from testing.paths import EXAMPLE_MODELS
 
 
 def settings(**env: str) -> FunctionSettings:

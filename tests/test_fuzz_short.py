@@ -22,7 +22,7 @@ from types import ModuleType
 import pytest
 
 from functions import http_server
-from tests.support import ROOT
+from testing.paths import ROOT
 
 
 def _load_fuzz() -> ModuleType:
@@ -175,7 +175,7 @@ def test_answers_to_questions_are_read_while_a_call_is_queued(tmp_path: Path) ->
     from gateway_plugin.protocol import encode, messages
     from gateway_plugin.protocol.frames import FrameType, frame
     from gateway_plugin.runner import ConnectionLimits, Runner, serve
-    from tests.runner_support import test_plugins
+    from testing.runner import test_plugins
 
     async def go() -> list[tuple[int, bytes]]:
         sock = tmp_path / "r.sock"

@@ -17,7 +17,9 @@ import pytest
 from functions.contract import warmup_payload
 from functions.sidecar import free_port
 from functions.signature import sign
-from tests.image_support import (
+from testing.function import ADD_SUB_BODY
+from testing.http import http, wait_until
+from testing.images import (
     Built,
     build,
     built_image,
@@ -29,7 +31,6 @@ from tests.image_support import (
     running,
     terraform_environment,
 )
-from tests.support import ADD_SUB_BODY, http, wait_until
 
 pytestmark = [
     pytest.mark.integration,

@@ -22,7 +22,9 @@ import tritonclient.http as httpclient
 from functions.contract import warmup_payload
 from functions.sidecar import free_port
 from functions.signature import sign
-from tests.image_support import (
+from testing.function import ADD_SUB_BODY, http_event
+from testing.http import http, wait_until
+from testing.images import (
     Built,
     build,
     built_image,
@@ -33,8 +35,8 @@ from tests.image_support import (
     running,
     terraform_environment,
 )
-from tests.secrets_support import Secret, secrets_manager
-from tests.support import ADD_SUB_BODY, http, http_event, tool, wait_until
+from testing.paths import tool
+from testing.secrets_manager import Secret, secrets_manager
 
 pytestmark = [
     pytest.mark.integration,

@@ -23,7 +23,9 @@ from functions.contract import WarmupPing, warmup_payload
 from functions.events import parse_event
 from functions.settings import IMAGE_MODEL_REPOSITORY
 from functions.sidecar import free_port
-from tests.infra_support import (
+from testing.function import ADD_SUB_BODY, model_repository
+from testing.http import wait_until
+from testing.terraform import (
     LONG_ROLE,
     PROVIDER_VALUES,
     Module,
@@ -37,7 +39,6 @@ from tests.infra_support import (
     references,
     tf_jsonencode,
 )
-from tests.support import ADD_SUB_BODY, model_repository, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TF = ROOT / "infra" / "terraform"

@@ -24,7 +24,7 @@ from scripts.tf_offline import (
     planned_outputs,
     terraform_binary,
 )
-from tests.infra_support import LONG_ROLE, PROVIDER_VALUES, load_module
+from testing.terraform import LONG_ROLE, PROVIDER_VALUES, load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 TF = ROOT / "infra" / "terraform"

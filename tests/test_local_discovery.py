@@ -17,8 +17,8 @@ from gateway_plugin.config.cluster import DnsDiscovery
 from gateway_plugin.signals.discovery import DiscoveryFailed, dns_members, follow
 from gateway_plugin.signals.load import LoadTracker
 from gateway_plugin.signals.scraper import Scraper
-from tests.apisix_support import MetricsFeed
-from tests.dns_support import Dns, dnsmasq, metrics_handler, needs_dnsmasq, serving_at
+from testing.dns import Dns, dnsmasq, needs_dnsmasq, serving_at
+from testing.standins import MetricsFeed, metrics_handler
 
 pytestmark = [pytest.mark.integration, needs_dnsmasq()]
 
@@ -104,7 +104,7 @@ def test_an_autoscaler_adding_members_doubles_the_capacity_within_a_period(dns: 
 
     with ExitStack() as pods:
         for address, feed in zip(PODS, feeds, strict=True):
-            pods.enter_context(serving_at(address, port, metrics_handler(feed)))
+            pods.enter_context(serving_at(address, port, metrics_handler(feed, content_type=None)))
         assert asyncio.run(run(6)) == 4.0
         dns.set_hosts(NAME, PODS)
         assert asyncio.run(run(6)) == 8.0

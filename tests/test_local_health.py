@@ -27,8 +27,8 @@ from gateway_plugin.policy.model import LOCAL, SHED, Decision, Reason
 from gateway_plugin.policy.snapshot import Snapshot
 from gateway_plugin.signals.load import LoadTracker
 from gateway_plugin.signals.scraper import Scraper, refused
-from tests.apisix_support import metrics_feed
-from tests.support import gateway_state
+from testing.gateway import gateway_state
+from testing.standins import metrics_feed
 from tests.test_policy import req
 
 SETTINGS = LocalHealth(failures_to_open=3, window=10, failure_rate=0.5, open_s=2, max_open_s=8)

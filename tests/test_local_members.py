@@ -24,7 +24,7 @@ from gateway_plugin.signals.exposition import samples_of
 from gateway_plugin.signals.load import LoadTracker
 from gateway_plugin.signals.members import MemberState
 from gateway_plugin.signals.scraper import Scraper
-from tests.support import gateway_state
+from testing.gateway import gateway_state
 
 
 class Pod:

@@ -26,7 +26,8 @@ from gateway_plugin.explain import explain
 from gateway_plugin.signals.load import LoadTracker
 from gateway_plugin.signals.model_config import instances
 from gateway_plugin.signals.scraper import Scraper
-from tests.support import TEST_MODELS, gateway_state
+from testing.gateway import gateway_state
+from testing.paths import TEST_MODELS
 from tests.test_local_members import Pod
 
 

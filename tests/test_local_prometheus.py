@@ -26,7 +26,9 @@ from gateway_plugin.signals.prometheus_load import (
     PrometheusScraper,
     read_answer,
 )
-from tests.support import ADD_SUB_BODY, EXAMPLE_MODELS, http, wait_until
+from testing.function import ADD_SUB_BODY
+from testing.http import http, wait_until
+from testing.paths import EXAMPLE_MODELS
 
 pytestmark = [
     pytest.mark.integration,

@@ -20,7 +20,7 @@ from gateway_plugin.fast_path.book import apply_outcomes
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.signals.load import LoadTracker
 from gateway_plugin.signals.members import MemberState
-from tests.support import gateway_state
+from testing.gateway import gateway_state
 from tests.test_local_members import Cluster, Pod
 
 PODS = {f"http://10.0.0.{i}:8002/metrics": f"10.0.0.{i}:8000" for i in range(1, 4)}

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from gateway_plugin.app import http_fetcher
-from tests.support import QuietHandler, http_server_thread
+from testing.http import QuietHandler, http_server_thread
 
 PAGE = b'nv_inference_request_success{model="m",version="1"} 10\n'
 

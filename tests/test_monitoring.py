@@ -33,17 +33,10 @@ from gateway_plugin import bill
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import apisix_settings, example_plugins, needs_apisix
-from tests.support import (
-    ROOT,
-    TEST_MODELS,
-    QuietHandler,
-    function_server,
-    http,
-    http_server_thread,
-    model_repository,
-    wait_until,
-)
+from testing.apisix import example_plugins, gateway_for, needs_apisix
+from testing.function import function_server, model_repository
+from testing.http import QuietHandler, http, http_server_thread, wait_until
+from testing.paths import ROOT, TEST_MODELS
 
 needs_prometheus = pytest.mark.skipif(
     prometheus_server.missing_reason() is not None, reason=prometheus_server.missing_reason() or ""
@@ -254,20 +247,21 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with_a_gpu = stack.enter_context(_with_a_gpu(f"http://127.0.0.1:{triton_metrics}/metrics"))
         config = _config(tmp, triton, with_a_gpu, function.url)
         exporter = free_port()
-        settings = apisix_settings(
-            config,
-            tmp,
-            free_port(),
-            routes=_routes(config),
-            plugins=[*example_plugins(), "spillway", "file-logger", "prometheus"],
-            envs=["SPILLWAY_ROUTE_TOKEN", "SPILLWAY_SIGNING_KEY"],
-            env={"SPILLWAY_SIGNING_KEY": SIGNING_KEY},
+        gateway = stack.enter_context(
+            gateway_for(
+                config,
+                tmp,
+                _routes(config),
+                plugins=[*example_plugins(), "spillway", "file-logger", "prometheus"],
+                signing_key=SIGNING_KEY,
+                plugin_attr={
+                    "prometheus": {
+                        "export_addr": {"ip": "127.0.0.1", "port": exporter},
+                        "refresh_interval": 1,
+                    }
+                },
+            )
         )
-        settings.plugin_attr["prometheus"] = {
-            "export_addr": {"ip": "127.0.0.1", "port": exporter},
-            "refresh_interval": 1,
-        }
-        gateway = stack.enter_context(apisix.running(settings))
         jobs = [
             prometheus_server.Job("spillway-runner", (config["metrics"]["listen"],)),
             prometheus_server.Job("apisix", (f"127.0.0.1:{exporter}",), "/apisix/prometheus/metrics"),

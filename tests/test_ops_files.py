@@ -15,7 +15,7 @@ import yaml
 
 from devtools import prometheus as prometheus_server
 from devtools.generate import dashboards, stale
-from tests.support import ROOT
+from testing.paths import ROOT
 
 OPS = ROOT / "ops"
 RULES = OPS / "prometheus" / "spillway-rules.yml"

@@ -24,7 +24,7 @@ from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.policy.model import Decision, Reason
 from gateway_plugin.policy.snapshot import BreakerState
 from gateway_plugin.policy.tenants import tenant_key
-from tests.support import http, wait_until
+from testing.http import http, wait_until
 from tests.test_runner_hostile import SPILL, runner_process
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()

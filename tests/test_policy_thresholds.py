@@ -27,7 +27,8 @@ from gateway_plugin.signals.load import LoadTracker
 from gateway_plugin.signals.members import Counters
 from gateway_plugin.signals.scraper import Scraper
 from gateway_plugin.simulation.runner_policy import _SimulatedState
-from tests.support import TEST_MODELS, QuietHandler, http_server_thread, wait_until
+from testing.http import QuietHandler, http_server_thread, wait_until
+from testing.paths import TEST_MODELS
 
 CONFIG: dict[str, Any] = {
     "local": {"latency_target_ms": 100, "thresholds": {"gpu_memory": 0.9, "gpu_utilization": 0.95}},

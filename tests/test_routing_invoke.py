@@ -17,8 +17,8 @@ from devtools.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.runner import Runner, serve
-from tests.cloud_fakes import AWS_KEY, AWS_SECRET, FC_KEY, FC_SECRET, REGION, CloudFake, cloud_fake
-from tests.support import ADD_SUB_BODY, Running, function_server, model_repository
+from testing.cloud_apis import AWS_KEY, AWS_SECRET, FC_KEY, FC_SECRET, REGION, CloudFake, cloud_fake
+from testing.function import ADD_SUB_BODY, Running, function_server, model_repository
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from functions.signature import SignatureError, Verifier
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.runner import Runner, serve
-from tests.support import ADD_SUB_BODY
+from testing.function import ADD_SUB_BODY
 
 KEY = "a-signing-key-for-the-runner-tests-0123456789"
 ROUTE = RouteConf("route#spillway", [("spillway", "{}")])

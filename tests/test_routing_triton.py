@@ -26,7 +26,7 @@ from gateway_plugin.app import RunnerApp
 from gateway_plugin.books import outcomes
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.runner import Runner, serve
-from tests.support import TEST_MODELS
+from testing.paths import TEST_MODELS
 
 pytestmark = pytest.mark.integration
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+import testing.runner
 from devtools.apisix_peer import ApisixPeer, PeerRequest, RouteConf
 from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
@@ -30,8 +31,8 @@ from gateway_plugin.protocol import encode
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
 from gateway_plugin.runner import ConnectionLimits, Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache, PreparedConf, default_ttl
-from tests import runner_support
-from tests.support import ROOT, http, wait_until
+from testing.http import http, wait_until
+from testing.paths import ROOT
 
 SPILL = RouteConf("route#spill", [("spillway", "{}")])
 
@@ -130,7 +131,7 @@ def _serve_in_process(limits: ConnectionLimits) -> Any:
     def running(tmp_path: Path) -> Iterator[Path]:
         sock = tmp_path / "r.sock"
         loop = asyncio.new_event_loop()
-        server = loop.run_until_complete(serve(Runner(runner_support.test_plugins(), limits=limits), sock))
+        server = loop.run_until_complete(serve(Runner(testing.runner.test_plugins(), limits=limits), sock))
         import threading
 
         thread = threading.Thread(target=loop.run_forever, daemon=True)

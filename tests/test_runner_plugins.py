@@ -5,18 +5,16 @@ were by any other runner, since one APISIX runs one ext-plugin runner."""
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from devtools import apisix
-from functions.sidecar import free_port
 from gateway_plugin.app import RunnerApp
 from gateway_plugin.config import ConfigError, SpillwayConfig
-from tests.apisix_support import apisix_settings, metrics_feed, needs_apisix, stack_config, upstream
-from tests.support import http
+from testing.apisix import StackStarter, needs_apisix
+from testing.http import http
+from testing.standins import StandIns
 
 TEAM_PLUGIN = """
 from pydantic import BaseModel
@@ -81,32 +79,28 @@ def test_a_spec_that_names_no_class_is_refused_at_load(spec: str) -> None:
 
 @pytest.mark.integration
 @needs_apisix()
-def test_a_teams_plugin_rewrites_and_stops_requests_through_a_real_apisix(tmp_path: Path) -> None:
+def test_a_teams_plugin_rewrites_and_stops_requests_through_a_real_apisix(
+    tmp_path: Path, stand_ins: StandIns, apisix_stack: StackStarter
+) -> None:
     (tmp_path / "team_plugins.py").write_text(TEAM_PLUGIN)
-    with ExitStack() as stack:
-        local = stack.enter_context(upstream("local"))
-        aws = stack.enter_context(upstream("aws"))
-        feed = stack.enter_context(metrics_feed())
-        config = stack_config(local, aws, feed)
-        config["runner"] = {"plugins": ["team_plugins:TeamPlugin"]}
-        host, _, port = local.url.removeprefix("http://").rpartition(":")
-        team_route = {
-            "id": "team",
-            "uri": "/team/*",
-            "plugins": {
-                "ext-plugin-pre-req": {"conf": [{"name": "team", "value": json.dumps({"team": "search"})}]}
-            },
-            "upstream": {"type": "roundrobin", "nodes": {f"{host}:{port}": 1}},
-        }
-        settings = apisix_settings(config, tmp_path, free_port(), routes=[team_route])
-        # As an operator installs the package holding their plugin into the runner's environment.
-        settings.runner_cmd = ["env", f"PYTHONPATH={tmp_path}", *settings.runner_cmd]
-        gateway = stack.enter_context(apisix.running(settings))
-        status, _, body = http("GET", gateway.url + "/team/open")
-        assert status == 200 and json.loads(body)["headers"].get("x-team") == "search", (status, body)
-        status, _, body = http("GET", gateway.url + "/team/closed/now")
-        assert (status, body) == (403, b"closed to search")
-        assert [seen["path"] for seen in local.seen] == ["/team/open"]
+    config = stand_ins.config()
+    config["runner"] = {"plugins": ["team_plugins:TeamPlugin"]}
+    host, _, port = stand_ins.local.url.removeprefix("http://").rpartition(":")
+    team_route = {
+        "id": "team",
+        "uri": "/team/*",
+        "plugins": {
+            "ext-plugin-pre-req": {"conf": [{"name": "team", "value": json.dumps({"team": "search"})}]}
+        },
+        "upstream": {"type": "roundrobin", "nodes": {f"{host}:{port}": 1}},
+    }
+    # As an operator installs the package holding their plugin into the runner's environment.
+    gateway = apisix_stack(config, [team_route], runner_env={"PYTHONPATH": str(tmp_path)}).gateway
+    status, _, body = http("GET", gateway.url + "/team/open")
+    assert status == 200 and json.loads(body)["headers"].get("x-team") == "search", (status, body)
+    status, _, body = http("GET", gateway.url + "/team/closed/now")
+    assert (status, body) == (403, b"closed to search")
+    assert [seen["path"] for seen in stand_ins.local.seen] == ["/team/open"]
 
 
 def test_the_runner_refuses_a_change_of_plugins_on_reload(team_module: Path, tmp_path: Path) -> None:

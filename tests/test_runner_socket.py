@@ -24,8 +24,9 @@ from gateway_plugin.protocol import encode, messages
 from gateway_plugin.protocol.frames import ErrCode, FrameType, frame
 from gateway_plugin.runner import Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache
-from tests.runner_support import running_runner
-from tests.support import ROOT, wait_until
+from testing.http import wait_until
+from testing.paths import ROOT
+from testing.runner import running_runner
 
 REQUEST = PeerRequest(
     "POST",

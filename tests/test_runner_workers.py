@@ -29,8 +29,9 @@ from gateway_plugin.books.outcomes import Outcome, auth_header
 from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import ConfigError, parse
 from gateway_plugin.worker_group import OutcomeFanOut
-from tests.redis_support import needs_redis, redis_server
-from tests.support import ROOT, http, wait_until
+from testing.http import http, wait_until
+from testing.paths import ROOT
+from testing.redis import needs_redis, redis_server
 
 ROUTE = RouteConf("route#spillway", [("spillway", "{}")])
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()

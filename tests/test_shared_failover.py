@@ -36,9 +36,9 @@ from devtools.redis_ha import (
 from gateway_plugin.config import SharedState
 from gateway_plugin.shared.leases import Lease
 from gateway_plugin.shared_store import make_client
+from testing.http import wait_until
+from testing.redis import needs_redis, redis_server
 from tests import test_shared_restart as restart
-from tests.redis_support import needs_redis, redis_server
-from tests.support import wait_until
 from tests.test_shared_state import Clock, config
 
 pytestmark = [pytest.mark.integration, needs_redis]

@@ -18,7 +18,7 @@ import pytest
 
 from gateway_plugin.shared.leases import Lease
 from gateway_plugin.shared_sync import SharedSync
-from tests.redis_support import RedisServer, needs_redis
+from testing.redis import RedisServer, needs_redis
 from tests.test_shared_state import Clock, Node, config, times
 
 pytestmark = [pytest.mark.integration, needs_redis]

@@ -30,8 +30,9 @@ from devtools.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
 from functions.sidecar import free_port
 from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.books.target_header import target_value
-from tests.redis_support import RedisServer, needs_redis, redis_server
-from tests.support import ROOT, http, wait_until
+from testing.http import http, wait_until
+from testing.paths import ROOT
+from testing.redis import RedisServer, needs_redis, redis_server
 
 pytestmark = [pytest.mark.integration, needs_redis]
 

@@ -29,8 +29,8 @@ from gateway_plugin.policy.snapshot import RequestFeatures
 from gateway_plugin.shared.view import SharedView
 from gateway_plugin.shared_store import RedisStore, make_client
 from gateway_plugin.shared_sync import SharedSync
-from tests.redis_support import RedisServer, needs_redis, redis_server
-from tests.support import gateway_state
+from testing.gateway import gateway_state
+from testing.redis import RedisServer, needs_redis, redis_server
 
 pytestmark = [pytest.mark.integration, needs_redis]
 

@@ -14,7 +14,7 @@ from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.fast_path.book import FastPathBook, FastPathReport, apply_outcomes
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.policy.snapshot import RequestFeatures
-from tests.redis_support import RedisServer, needs_redis
+from testing.redis import RedisServer, needs_redis
 from tests.test_shared_state import PUBLIC, Clock, Node, config, nodes, server, times
 
 pytestmark = [pytest.mark.integration, needs_redis]

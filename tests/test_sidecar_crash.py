@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ADD_SUB_BODY, function_server, http, model_repository, wait_until
+from testing.function import ADD_SUB_BODY, function_server, model_repository
+from testing.http import http, wait_until
 
 pytestmark = pytest.mark.integration
 

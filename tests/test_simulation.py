@@ -19,7 +19,7 @@ from gateway_plugin.simulation.command import run_policies
 from gateway_plugin.simulation.settings import SimulatedCluster, SimulatedTarget
 from gateway_plugin.simulation.trace import RateTrace, Shaping, TraceError, arrivals, generate
 from gateway_plugin.simulation.trace import load as load_trace
-from tests.support import ROOT
+from testing.paths import ROOT
 
 BURSTY = load(ROOT / "examples" / "simulation" / "bursty.yaml")
 SHORT = generate("mmpp", {"base": 40, "burst": 110, "on_s": 20, "off_s": 40, "seconds": 240})

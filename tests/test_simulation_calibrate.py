@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from functions.sidecar import Sidecar, SidecarOptions, free_port
-from tests.support import ROOT
+from testing.paths import ROOT
 
 DELAY_MS = 40
 BODY = {"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "FP32", "data": [DELAY_MS]}]}

@@ -27,7 +27,7 @@ from gateway_plugin.simulation.frontier import Point, dominating
 from gateway_plugin.simulation.runner_policy import SpillwayRouter
 from gateway_plugin.simulation.trace import Shaping, generate
 from gateway_plugin.simulation.world import World
-from tests.support import ROOT
+from testing.paths import ROOT
 
 SLO_TOLERANCE, SPEND_TOLERANCE = 0.002, 0.02
 SHARES = (0.0, 0.2, 0.5)

@@ -12,7 +12,7 @@ from gateway_plugin.simulation.baselines import AllLocal
 from gateway_plugin.simulation.engine import simulate
 from gateway_plugin.simulation.runner_policy import SpillwayRouter
 from gateway_plugin.simulation.trace import Shaping, generate
-from tests.support import ROOT
+from testing.paths import ROOT
 from tests.test_simulation import _with
 
 BASE = load(ROOT / "examples" / "simulation" / "bursty.yaml")

@@ -16,7 +16,7 @@ from gateway_plugin.config import SpillwayConfig, load
 from gateway_plugin.simulation.engine import simulate
 from gateway_plugin.simulation.runner_policy import SpillwayRouter
 from gateway_plugin.simulation.trace import Shaping, generate
-from tests.support import ROOT
+from testing.paths import ROOT
 
 BURSTY = load(ROOT / "examples" / "simulation" / "bursty.yaml")
 SHORT = generate("mmpp", {"base": 40, "burst": 110, "on_s": 20, "off_s": 40, "seconds": 240})

@@ -25,7 +25,8 @@ from gateway_plugin.policy.snapshot import Snapshot, TenantState
 from gateway_plugin.policy.tenants import MAX_TENANT_BYTES, tenant_key
 from gateway_plugin.protocol import encode, messages
 from gateway_plugin.request.spillway import RouteOverrides, SpillwayPlugin
-from tests.support import gateway_state, http, wait_until
+from testing.gateway import gateway_state
+from testing.http import http, wait_until
 from tests.test_runner_hostile import SPILL, runner_process
 
 TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from functions.sidecar import Sidecar, SidecarOptions
-from tests.support import http, model_repository
+from testing.function import model_repository
+from testing.http import http
 
 pytestmark = pytest.mark.integration
 

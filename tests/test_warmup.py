@@ -22,16 +22,9 @@ from functions.events import parse_event
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.warm_instances import read_warm_report
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
-from tests.support import (
-    ROOT,
-    QuietHandler,
-    http,
-    http_server_thread,
-    load_event,
-    local_pool,
-    model_repository,
-    wait_until,
-)
+from testing.function import load_event, local_pool, model_repository
+from testing.http import QuietHandler, http, http_server_thread, wait_until
+from testing.paths import ROOT
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, warm_target
@@ -314,7 +307,7 @@ def test_an_invalid_config_is_refused_with_the_path_of_the_bad_field(tmp_path: P
 
 @pytest.mark.integration
 def test_fc_timer_and_eventbridge_payloads_are_accepted_by_the_real_adapters(tmp_path: Path) -> None:
-    from tests.support import invoke, lambda_emulator
+    from testing.function import invoke, lambda_emulator
 
     repo = model_repository(tmp_path, "add_sub")
     timer = {**load_event("fc_timer.json"), "payload": schedules.fc_timer_trigger(SPEC, 240)["payload"]}

@@ -22,7 +22,9 @@ from functions.contract import WarmupReport
 from functions.sidecar import free_port
 from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.targets.urls import masked_url, origin
-from tests.support import ROOT, QuietHandler, http_server_thread, make_ca, server_context, wait_until
+from testing.http import QuietHandler, http_server_thread, wait_until
+from testing.paths import ROOT
+from testing.tls import make_ca, server_context
 from warmup.rounds import plan, run_round
 from warmup.transports import HttpTransport, PingFailed, pooled_session, transport_for
 
@@ -376,7 +378,7 @@ def test_a_target_whose_certificate_does_not_verify_gets_no_ping(
 ) -> None:
     """The warm-up's HTTPS is verified (the system's CAs, or REQUESTS_CA_BUNDLE's): a function URL
     answering with a certificate from a CA nobody trusts never sees the signed ping."""
-    from tests.apisix_support import upstream
+    from testing.standins import upstream
 
     monkeypatch.setenv(KEY_ENV, SIGNING_KEY)
     stranger = make_ca(tmp_path, "stranger-ca")

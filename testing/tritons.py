@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import threading
 import time
@@ -23,14 +22,13 @@ from typing import Any
 
 from devtools import apisix
 from functions.sidecar import Sidecar, SidecarOptions, free_port
-from gateway_plugin.apisix_route import route
-from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.route import fast_route
-from tests.apisix_support import Upstream, fast_path_settings, upstream
-from tests.support import TEST_MODELS, http
+from testing.apisix import FAST_HOST, both_routes, gateway_for
+from testing.http import http
+from testing.paths import TEST_MODELS
+from testing.standins import Upstream, upstream
 
 CLOUD = "aws"
-FAST = "fast.test"
+FAST = FAST_HOST
 PATH = "/v2/models/slow/infer"
 COMPUTE_MS = 100
 BODY = json.dumps(
@@ -181,8 +179,5 @@ def rolling_cluster(
             stack.callback(member.stop)
         cloud = stack.enter_context(upstream(CLOUD, instance="fn-1"))
         config = cluster_config(members, cloud.url, **local)
-        validated = SpillwayConfig.model_validate(config)
-        token = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
-        routes = [route(validated, token), {**fast_route(validated, token), "hosts": [FAST]}]
-        gateway = stack.enter_context(apisix.running(fast_path_settings(config, tmp, free_port(), routes)))
-        yield gateway, members, cloud
+        running = stack.enter_context(gateway_for(config, tmp, both_routes(config), fast_path=True))
+        yield running, members, cloud

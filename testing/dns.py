@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.apisix_support import MetricsFeed
-from tests.support import QuietHandler, http_server_thread
+from testing.http import http_server_thread
 
 
 def needs_dnsmasq() -> pytest.MarkDecorator:
@@ -126,17 +125,3 @@ def dnsmasq(tmp: Path) -> Iterator[Dns]:
 def serving_at(address: str, port: int, handler: type[Any]) -> AbstractContextManager[str]:
     """An ``http.server`` on ``address:port`` (another loopback address than 127.0.0.1)."""
     return http_server_thread(handler, bind=(address, port))
-
-
-def metrics_handler(feed: MetricsFeed) -> type[QuietHandler]:
-    """Serves ``feed``'s Triton metrics text, as a pod's metrics port does."""
-
-    class Handler(QuietHandler):
-        def do_GET(self) -> None:
-            body = feed.text().encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    return Handler

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.infra_support import load_module
+from testing.terraform import load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 STORE = ROOT / ".cache" / "images"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from functions.sidecar import free_port
-from tests.support import http, wait_until
+from testing.http import http, wait_until
 
 REGION = "us-east-1"
 # What Lambda puts in every function's environment; moto takes any credentials.

@@ -21,7 +21,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.support import QuietHandler, http_server_thread
+from testing.http import QuietHandler, http_server_thread
 
 AWS_KEY, AWS_SECRET, REGION = "AKIDSPILLWAYTEST", "aws-secret-for-tests", "us-east-1"
 FC_KEY, FC_SECRET = "LTAIspillwaytest", "fc-secret-for-tests"
