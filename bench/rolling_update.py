@@ -4,7 +4,7 @@ after the members are replaced?
 
 Three real tritonservers (``functions.sidecar.Sidecar``, the tests' ``slow`` model: one instance,
 100 ms a request, so 30 requests a second for the three) and a loopback stand-in for the cloud
-target (answering after ``--cloud-ms``), the stack ``tests/test_apisix_rolling_update.py`` runs
+target (answering after ``--cloud-ms``), the stack ``tests/integration/test_apisix_rolling_update.py`` runs
 (``testing/tritons.py``): both routes on one APISIX, the ext-plugin route and the fast path.
 Closed-loop clients (``--clients``, default 8: at most 80 requests a second at 100 ms an answer,
 about twice what the members serve once the gateway's own time is counted), every fourth one

@@ -43,10 +43,10 @@ apt_component redis-cli redis-tools "the Redis Cluster tests"
 # and etcd for APISIX's traditional deployment (several nodes, routes from the Admin API): the
 # tests start their own on loopback.
 apt_component redis-sentinel redis-sentinel "the Sentinel failover tests"
-apt_component etcd etcd-server "the multi-node APISIX tests (tests/test_apisix_nodes.py)"
+apt_component etcd etcd-server "the multi-node APISIX tests (tests/integration/test_apisix_nodes.py)"
 # A real DNS server for the on-prem discovery tests (dnsmasq answers a headless Service's records on
 # loopback; only the binary is used).
-apt_component dnsmasq dnsmasq-base "the on-prem discovery tests (tests/test_local_discovery.py)"
+apt_component dnsmasq dnsmasq-base "the on-prem discovery tests (tests/integration/test_local_discovery.py)"
 # A real Prometheus and promtool for the monitoring tests (rules, dashboards' queries, the bill) and
 # the demo. Only the binaries are used: the tests and the demo start their own on loopback.
 apt_component prometheus prometheus "the monitoring tests"
@@ -55,7 +55,7 @@ apt_component cc gcc "the Lambda image's shim tests"
 # buildah (builds the function images without a daemon or a registry), mmdebstrap (their stand-in
 # bases from Debian's packages), podman with runc and slirp4netns (runs them as Lambda and FC would).
 for tool in buildah mmdebstrap podman runc slirp4netns; do
-  apt_component "$tool" "$tool" "the image tests (tests/test_images_*.py)"
+  apt_component "$tool" "$tool" "the image tests (tests/integration/test_images_*.py)"
 done
 # A real Apache APISIX 3.18 for the gateway tests, the demo and the benchmarks (root and apt).
 bash scripts/install-apisix.sh

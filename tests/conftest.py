@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import settings
 
-if TYPE_CHECKING:  # imported where used: this file's CI rules load alone (tests/test_ci_skips.py)
+if TYPE_CHECKING:  # imported where used: this file's CI rules load alone (tests/unit/test_ci_skips.py)
     from testing.apisix import StackStarter
     from testing.standins import StandIns
 

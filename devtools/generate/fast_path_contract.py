@@ -3,7 +3,7 @@
 Writes ``spillway/contract.lua`` (``gateway_plugin.fast_path.contract``'s constants) and
 ``spillway/table_schema.lua`` (the decision table's JSON schema, from ``table_model``, in the
 draft-4 form APISIX's ``core.schema.check`` runs: references inlined, optional fields as absent
-rather than null, pairs as tuple ``items``). tests/test_fast_path_contract.py fails while either
+rather than null, pairs as tuple ``items``). tests/unit/test_fast_path_contract.py fails while either
 file differs from what would be written.
 """
 

@@ -1,6 +1,6 @@
 """The runner's Prometheus families (``spillway_*``) declared as data: what each exposes, and the
 attribute of ``RunnerMetrics`` that reaches it. Dashboards, alerts, recording rules and the bill
-read these names, help texts and labels; ``tests/test_runner_metrics.py`` holds them line for line."""
+read these names, help texts and labels; ``tests/unit/test_runner_metrics.py`` holds them line for line."""
 
 from __future__ import annotations
 

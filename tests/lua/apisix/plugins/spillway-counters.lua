@@ -7,7 +7,7 @@ local counters = require("apisix.plugins.spillway.counters")
 local table_mod = require("apisix.plugins.spillway.table")
 local json = require("cjson.safe")
 
--- The same vectors as tests/test_apisix_fast_path_counters.py TENANT_VECTORS.
+-- The same vectors as tests/integration/test_apisix_fast_path_counters.py TENANT_VECTORS.
 local TENANT_VECTORS = {
     "t1", "acme corp", string.rep("t", 256), string.rep("t", 257), string.rep("t", 5000),
     "caf\195\169", "a\255b", "tab\there", "",

@@ -1,0 +1,104 @@
+"""The fast path's summaries of outcomes on a real APISIX: what a target answered reaches its
+breaker however many tenant names clients make up (a module of its own: one APISIX per prefix at
+a time)."""
+
+from __future__ import annotations
+
+import http.client
+import re
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from testing.apisix import Stack, needs_apisix, stack
+from testing.http import wait_until
+from testing.standins import stand_ins
+from tests.integration.test_apisix_fast_path import routes_for
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+FLOOD = 10_000
+OPEN = 'spillway_breaker_open{target="aws"} 1.0'
+
+
+def _client(url: str, names: range) -> list[tuple[int, str]]:
+    """One keep-alive connection's requests kept home (``secret``), one per tenant name
+    ``flood-<i>``; their statuses and decisions."""
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
+    headers = {"content-type": "application/json", "x-data-classification": "secret"}
+    seen = []
+    try:
+        for i in names:
+            connection.request(
+                "POST", "/v2/models/add_sub/infer", b"{}", {**headers, "x-tenant": f"flood-{i}"}
+            )
+            answer = connection.getresponse()
+            answer.read()
+            seen.append((answer.status, answer.getheader("x-spillway-decision", "")))
+    finally:
+        connection.close()
+    return seen
+
+
+def flood(url: str, names: range, clients: int = 8) -> list[tuple[int, str]]:
+    """``names`` spread over ``clients`` connections."""
+    with ThreadPoolExecutor(clients) as pool:
+        parts = pool.map(_client, [url] * clients, [names[k::clients] for k in range(clients)])
+        return [seen for part in parts for seen in part]
+
+
+def decisions(front: Stack) -> float:
+    """Every decision the runner has counted from the plugin's summaries."""
+    found = re.findall(r"^spillway_decisions_total\{[^}]*\} ([0-9.e+]+)$", front.metrics(), re.MULTILINE)
+    return sum(float(n) for n in found)
+
+
+def test_a_flood_of_tenant_names_cannot_keep_a_failing_targets_breaker_closed(tmp_path: Path) -> None:
+    """Every tenant counted (a default quota), aws answering 500, one worker sending its summary
+    every 10 s: 10,000 requests with distinct tenant names, then five that go to aws in the same
+    summary as at least 600 of them. The tenants' entries fill their bound, and aws's failures
+    still open its breaker (they used to share one 1,000-key bound, which the flood had filled)."""
+    with ExitStack() as running:
+        trio = running.enter_context(stand_ins(nodelay=True))
+        config = trio.config()
+        config["tenants"] = {"default": {"requests_per_minute": 1_000_000}}
+        # What the flood sends local must not read as a saturated cluster, which would shed it.
+        config["overflow"] = {"saturation_ratio": 50}
+        routes = routes_for(config)
+        front = running.enter_context(
+            stack(trio, config, tmp_path, routes, fast_path=True, workers=1, attr={"batch_s": 10})
+        )
+        feed, aws, gateway = trio.feed, trio.aws, front.gateway
+        sent = 0
+
+        def decided(classification: str) -> str:
+            nonlocal sent
+            sent += 1
+            return front.decision(front.send(classification))
+
+        wait_until(lambda: decided("public") == "local;local_ok", 30, "a table")
+        feed.queue_ms, aws.status = 500, 500
+        # Overflowing, as a request that may not leave says, and nothing sent to aws yet.
+        wait_until(lambda: decided("secret").startswith("local;residency"), 30, "overflow")
+        # Just after a summary went out, so that the flood has most of a summary to itself.
+        reported = decisions(front)
+        wait_until(lambda: decisions(front) > reported, 30, "a summary of the requests so far")
+        names = FLOOD
+        assert flood(gateway.url, range(names)) == [(200, "local;residency")] * names
+        sent += names
+        # A summary may have gone out at the end of the flood: then 600 more names, until the
+        # summary aws's answers join holds at least 600 of them (a flood of its own).
+        for _ in range(10):
+            if sent - decisions(front) >= 600:
+                break
+            assert len(flood(gateway.url, range(names, names + 600))) == 600
+            names, sent = names + 600, sent + 600
+        failed = [front.send("public") for _ in range(5)]
+        assert [(a["status"], front.decision(a)[:4]) for a in failed] == [(500, "aws;")] * 5
+        wait_until(lambda: OPEN in front.metrics(), 30, "aws's failures reported: its breaker open")
+        # The plugin sees it with its next table (fetched every 50 ms).
+        wait_until(lambda: front.decision(front.send("public")) == "local;no_target", 10, "aws skipped")
