@@ -27,10 +27,19 @@ def needs_dnsmasq() -> pytest.MarkDecorator:
 
 
 def _udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port free for UDP and for TCP: dnsmasq listens on both, and a port the kernel
+    gave another process's TCP listener (a tritonserver's, APISIX's) is free for UDP all the same."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))
+            port: int = udp.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no loopback port free for both UDP and TCP")
 
 
 def _binary() -> str:
@@ -114,8 +123,15 @@ class Dns:
 
 @contextmanager
 def dnsmasq(tmp: Path) -> Iterator[Dns]:
-    dns = Dns(tmp)
-    dns.start()
+    """A dnsmasq on a free loopback port; another, if a process takes the port before it binds."""
+    for attempt in range(3):
+        dns = Dns(tmp)
+        try:
+            dns.start()
+            break
+        except RuntimeError as exc:
+            if "Address already in use" not in str(exc) or attempt == 2:
+                raise
     try:
         yield dns
     finally:
