@@ -132,7 +132,7 @@ def test_a_member_that_fails_every_request_is_not_counted_as_capacity(
     try:
         cluster.wedge(1, True)
         wedged_at = time.monotonic()
-        wait_until(lambda: cluster.metric(wedged) == 1.0, 30, "the member failing every request found wedged")
+        wait_until(lambda: cluster.metric(wedged) == 1.0, 90, "the member failing every request found wedged")
         assert cluster.metric(capacity) == 2.0
         found_s = time.monotonic() - wedged_at
         during = len(traffic.seen)
