@@ -298,7 +298,7 @@ class GatewayState(SummedOutcomes):
         each member's that APISIX tried (address, whether it answered)."""
         self.load.local_answer(model, ok=ok)
         for address, answered in members:
-            self.member_answers(address, int(answered), int(not answered))
+            self.member_answers(address, int(answered), int(not answered), int(not answered))
         if seconds is not None:
             self.answered_local(model, seconds * 1000)
 

@@ -110,9 +110,10 @@ class SummedOutcomes:
         for result in interleaved(ok, failed, records):
             self.load.local_answer(model, result)
 
-    def member_answers(self, address: str, ok: int, failed: int) -> None:
-        """One member's answers (APISIX's ``host:port`` of the node): a wedged member's failures."""
-        self.load.members.answered(address, ok, failed)
+    def member_answers(self, address: str, ok: int, failed: int, trailing: int) -> None:
+        """One member's answers (APISIX's ``host:port`` of the node), ``trailing`` of them failed
+        after its last ok one: a wedged member's failures."""
+        self.load.members.answered(address, ok, failed, trailing)
 
     def cloud_answers(self, name: str, ok: int, failed: int) -> None:
         """A target's answers, ok and failed; only the last ``window`` (and a run of

@@ -221,8 +221,8 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
             state.answered_local(model or None, seconds / count * 1000)
     for model, (ok, failed) in summary.local_answers.items():
         state.local_answers(model or None, ok, failed)
-    for address, (ok, failed) in summary.members.items():
-        state.member_answers(address, ok, failed)
+    for address, (ok, failed, trailing) in summary.members.items():
+        state.member_answers(address, ok, failed, trailing)
     for name, (ok, failed, _) in summary.cloud.items():
         state.cloud_answers(name, ok, failed)
     for name, instances in summary.instances.items():

@@ -40,7 +40,7 @@ _SHAPES: dict[str, tuple[tuple[TypeAdapter[Any], bool], ...]] = {
     "on_prem": ((_COUNT, False),),
     "local_s": ((_COUNT, False), (_AMOUNT, False)),
     "local_answers": ((_COUNT, False), (_COUNT, False)),
-    "members": ((_COUNT, False), (_COUNT, False)),
+    "members": ((_COUNT, False), (_COUNT, False), (_COUNT, False)),
     "cloud": ((_COUNT, False), (_COUNT, False), (_AMOUNT, True)),
     "tenants": ((_COUNT, False), (_AMOUNT, True)),
     # Requests and spend per "target\ttenant\tmodel"; past the plugin's bound, per target alone.
@@ -152,8 +152,9 @@ class FastOutcomes(BaseModel):
     local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     # Per model, the cluster's answers ok and failed (5xx, timed out, refused): its health.
     local_answers: dict[_Text, tuple[_Count, _Count]] = Field(default_factory=dict, max_length=MAX_KEYS)
-    # Per member (APISIX's host:port of the node), its answers ok and failed: a wedged member.
-    members: dict[_Text, tuple[_Count, _Count]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    # Per member (APISIX's host:port of the node), its answers ok, failed, and failed since its last
+    # ok one: a wedged member.
+    members: dict[_Text, tuple[_Count, _Count, _Count]] = Field(default_factory=dict, max_length=MAX_KEYS)
     cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
     tenants: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)

@@ -67,6 +67,8 @@ class _Member:
     fresh: bool = False
     failed_in_row: int = 0
     wedged: bool = False
+    # Rounds after it was found wedged whose counters may still hold requests it served before.
+    settling: int = 0
     # Instances per model from its own model configuration (``signals.model_config``), as read.
     instances: dict[str, float] = field(default_factory=dict)
 
@@ -127,7 +129,9 @@ class Members:
                 member.instances = {}  # a new process: its models may be configured anew
             member.counters, member.fresh = answer, True
             self._set(url, member, MemberState.UP, "answers again")
-            if served and member.wedged:
+            if member.settling:
+                member.settling -= 1
+            elif served and member.wedged:
                 self._unwedge(member, "serves inference again (its counters moved)")
         counted = [m for m in self._members.values() if m.state is not MemberState.DOWN]
         serving = self._serving = [m for m in counted if not m.wedged] or counted
@@ -137,21 +141,23 @@ class Members:
                 pending[model] = pending.get(model, 0.0) + counters.pending
         return RoundSums(delta, pending, len(serving), answered)
 
-    def answered(self, address: str, ok: int, failed: int) -> None:
-        """Requests the member at ``address`` (APISIX's ``host:port``) answered, ok and failed. Which
-        came last is not known where they come summed (the fast path): any ok one ends a run of
-        failures, so a member is taken for wedged only when none of its answers was ok."""
+    def answered(self, address: str, ok: int, failed: int, trailing: int) -> None:
+        """Requests the member at ``address`` (APISIX's ``host:port``) answered, ok and failed, of
+        which ``trailing`` failed after the last ok one: a run of failures that long or longer
+        (across calls) takes it for wedged, any ok answer brings it back."""
         member = self._by_address.get(address) or self._by_host.get(_host(address.rpartition(":")[0]))
         if member is None:
             return
         if ok:
-            member.failed_in_row = 0
             if member.wedged:
                 self._unwedge(member, "answers requests again")
-            return
-        member.failed_in_row += failed
+            member.failed_in_row = min(trailing, failed)
+        else:
+            member.failed_in_row += failed
         if not member.wedged and member.failed_in_row >= self.failures_to_wedge:
-            member.wedged = True
+            # The round being read may predate these answers, and the next one's delta may hold a
+            # request it served just before: only the counters read after that say it serves.
+            member.wedged, member.settling = True, 2
             log.warning(
                 "on-prem member %s answers its metrics but failed its last %d requests: not counted as "
                 "capacity until it serves again",

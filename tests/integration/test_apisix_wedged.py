@@ -50,6 +50,12 @@ class Wedged:
         found = re.search(rf"^{re.escape(name)} (\S+)$", text.decode(), re.M)
         return float(found.group(1)) if found else -1.0
 
+    def seen(self) -> list[str]:
+        """What the gateway shows of the members and the cluster's health, for a failure's message."""
+        _, _, text = http("GET", self.metrics_url, None, {}, timeout=10)
+        wanted = ("spillway_local_members", "spillway_local_capacity", "spillway_local_failing")
+        return [line for line in text.decode().splitlines() if line.startswith(wanted)]
+
     def wedge(self, member: int, wedged: bool) -> None:
         flag = self.members[member].repo / "slow" / "wedged"
         if wedged:
@@ -132,7 +138,10 @@ def test_a_member_that_fails_every_request_is_not_counted_as_capacity(
     try:
         cluster.wedge(1, True)
         wedged_at = time.monotonic()
-        wait_until(lambda: cluster.metric(wedged) == 1.0, 90, "the member failing every request found wedged")
+        try:
+            wait_until(lambda: cluster.metric(wedged) == 1.0, 30, "the member failing every request wedged")
+        except TimeoutError as late:
+            raise AssertionError(f"{late}; the gateway's view: {cluster.seen()}") from None
         assert cluster.metric(capacity) == 2.0
         found_s = time.monotonic() - wedged_at
         during = len(traffic.seen)

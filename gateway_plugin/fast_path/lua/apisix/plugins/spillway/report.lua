@@ -102,11 +102,14 @@ local function answered(counts, code)
     end
 end
 
+-- A member's answers: ok, failed, and failed since its last ok one (a run of failures crosses
+-- batches and the batch's order is known here, so an ok answer before a wedge does not hide it).
 local function member(agg, address, code)
     if code and sub(address, 1, 5) ~= "unix:" then
-        local m = bounded(agg, "members", address, pair)
+        local m = bounded(agg, "members", address, triple)
         if m then
             answered(m, code)
+            m[3] = (code > 0 and code < 500) and 0 or m[3] + 1
         end
     end
 end
