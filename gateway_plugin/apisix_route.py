@@ -20,12 +20,12 @@ import yaml
 from gateway_plugin.books import outcomes
 from gateway_plugin.books.target_header import target_values
 from gateway_plugin.config import SpillwayConfig, Target
+from gateway_plugin.fast_path.contract import EDGE_PLUGIN
 from gateway_plugin.outcome_listener import PATH as OUTCOME_PATH
 from gateway_plugin.request import audit
 
 # The variable the edge (or the fast path's plugin) sets to the decision's target value.
-TARGET_VAR = "spillway_upstream"
-EDGE_PLUGIN = "spillway-edge"
+TARGET_VAR = outcomes.UPSTREAM_VAR
 # Above the edge's priority (12010): on the ext-plugin route authentication must come first.
 AUTH_FIRST = 12020
 

@@ -103,8 +103,8 @@ def _lua(value: Any, indent: str = "") -> str:
         assert math.isfinite(value), value
         return repr(value)
     if isinstance(value, str):
-        assert value.isascii() and value.isprintable(), value
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        assert value.isascii() and value.replace("\t", "").isprintable(), value
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t") + '"'
     if isinstance(value, list | tuple):
         if not value:
             return "{}"

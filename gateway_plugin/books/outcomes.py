@@ -41,13 +41,18 @@ FIELDS = (
 )
 
 
+# The edge's variables (``spillway/edge.lua`` registers them): the runner's decision as traffic-split
+# matches it, the runner worker that made it, the tenant it counted.
+UPSTREAM_VAR, WORKER_VAR, TENANT_VAR = "spillway_upstream", "spillway_worker", "spillway_decision_tenant"
+
+
 def log_format() -> dict[str, str]:
     """The ``log_format`` of the route's ``http-logger``: one outcome per request. The target, the
     deciding worker and the tenant the decision counted are the ``spillway-edge`` plugin's
     variables (the runner's decision, which no client can write): not a header, which the runner
     removes in consumer mode and a cloud target is never sent."""
     return {
-        "target": "$spillway_upstream",
+        "target": f"${UPSTREAM_VAR}",
         "status": "$status",
         "upstream_status": "$upstream_status",
         "upstream": "$upstream_addr",
@@ -55,9 +60,9 @@ def log_format() -> dict[str, str]:
         "request_s": "$request_time",
         "instance": "$sent_http_" + HEADER_INSTANCE.replace("-", "_"),
         "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
-        "tenant": "$spillway_decision_tenant",
+        "tenant": f"${TENANT_VAR}",
         "uri": "$uri",
-        "worker": "$spillway_worker",
+        "worker": f"${WORKER_VAR}",
     }
 
 

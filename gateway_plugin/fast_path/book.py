@@ -31,9 +31,9 @@ from gateway_plugin.books.ledger import TenantBook
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.content.checks import Unscannable
 from gateway_plugin.fast_path import table as decision_table
-from gateway_plugin.fast_path.contract import FAIL_SAFE
+from gateway_plugin.fast_path.contract import FAIL_SAFE, USAGE_SEP
 from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
-from gateway_plugin.policy.model import LOCAL, SHED, Reason
+from gateway_plugin.policy.model import DECISION_SEP, LABEL_SEP, LOCAL, SHED, Reason
 from gateway_plugin.policy.snapshot import Snapshot, TenantState
 from gateway_plugin.policy.tenants import tenant_key
 
@@ -196,12 +196,12 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
     """Take one worker's summary into the gateway's books."""
     labels = _labels(state)
     for key, count in summary.decisions.items():
-        target, _, label = key.partition(";")
-        if (target in state.targets or target in (LOCAL, SHED)) and label.split("+")[0] in labels:
+        target, _, label = key.partition(DECISION_SEP)
+        if (target in state.targets or target in (LOCAL, SHED)) and label.split(LABEL_SEP)[0] in labels:
             state.decided_elsewhere(target, label, count)
     for key, (count, usd) in summary.usage.items():
-        target, _, rest = key.partition("\t")
-        tenant, _, model = rest.partition("\t")
+        target, _, rest = key.partition(USAGE_SEP)
+        tenant, _, model = rest.partition(USAGE_SEP)
         if target in state.targets or target == LOCAL:
             state.used(tenant_key(tenant) if tenant else None, model or None, target, count, usd)
     for target, (count, usd) in summary.usage_other.items():

@@ -1,18 +1,42 @@
-"""What the runner and the ``spillway`` Lua plugin must agree on, declared once.
+"""The seam between Python and Lua: everything the runner and the Lua plugins (``spillway``,
+``spillway-edge``) must spell alike, in one place.
 
-The Lua half reads these from ``spillway/contract.lua``, which ``python -m devtools
-fast-path-contract`` writes from this module (and the table's schema, ``spillway/table_schema.lua``,
-from ``table_model``); a test fails when either file is stale. Change a value here, regenerate,
-and both halves move together.
+Each value is declared once on the Python side, where the Python code uses it (a header's name in
+``functions.contract``, a reason in ``policy.model``, a logger's variable in ``books.outcomes``);
+this module gathers them, and ``spillway/contract.lua`` is generated from it (``python -m devtools.generate
+fast-path-contract``; the table's schema, ``spillway/table_schema.lua``, from ``table_model``). A
+test fails while either file is stale, and when a Lua file spells one of these values itself.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from gateway_plugin.books.outcomes import AUTH_LABEL
+from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
+from gateway_plugin.books.cost_series import UNNAMED
+from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, UPSTREAM_VAR, WORKER_VAR
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
+from gateway_plugin.fast_path.summary import FastOutcomes
+from gateway_plugin.policy.model import (
+    DECISION_SEP,
+    LABEL_SEP,
+    LOCAL,
+    RULE_PREFIX,
+    SATURATED,
+    SHED,
+    Reason,
+    RuleAction,
+)
+from gateway_plugin.policy.snapshot import BreakerState
+from gateway_plugin.request import audit
+from gateway_plugin.request.header_names import (
+    FRAMING,
+    HEADER_CONSUMER,
+    HEADER_TENANT,
+    HEADER_WORKER,
+    OWN_PREFIX,
+)
 
 # The decision table's format: a plugin refuses a table of any other.
 FORMAT: Final = 7
@@ -24,8 +48,11 @@ ALIVE_PATH: Final = "/spillway/alive"
 TABLE_PATH: Final = "/spillway/table"
 OUTCOMES_PATH: Final = "/spillway/fast-outcomes"
 
+# The plugins' names (a route's ``plugins`` and config.yaml's ``plugin_attr`` name them).
+PLUGIN: Final = "spillway"
+EDGE_PLUGIN: Final = "spillway-edge"
 # The nginx shared dict the plugin keeps its table and counters in (config.yaml declares it).
-SHARED_DICT: Final = "spillway"
+SHARED_DICT: Final = PLUGIN
 
 # The shared dict's keys: prefixes (a name follows) and whole keys.
 KEY_PREFIXES: Final = {
@@ -60,15 +87,76 @@ UNSCANNABLE: Final = {r.name.lower(): r.value for r in Unscannable}
 TOKEN_RULES: Final = {"min_len": MIN_TOKEN_LEN, "auth_label": AUTH_LABEL}
 
 
+# The summary's usage keys: ``<target>\t<tenant>\t<model>`` (a tab is in no name).
+USAGE_SEP: Final = "\t"
+
+# The summary's fields (``summary.FastOutcomes``), by the names the plugin builds it with.
+SUMMARY_FIELDS: Final = {name: name for name in FastOutcomes.model_fields if name != "invalid"}
+
+# Header names, in the one spelling nginx compares (lower case).
+HEADERS: Final = {
+    "own_prefix": OWN_PREFIX,  # a client's spelling of any of Spillway's own is removed
+    "decision": HEADER_DECISION,
+    "signature": HEADER_SIGNATURE,
+    "target": HEADER_TARGET,  # the runner's decision, to the edge (ext-plugin route)
+    "audit": audit.HEADER_AUDIT.lower(),
+    "instance": HEADER_INSTANCE,  # a function's answer: the instance that served it
+    "cold": HEADER_COLD,  # ... and whether it started cold for it
+    "worker": HEADER_WORKER,
+    "tenant": HEADER_TENANT,
+    "consumer": HEADER_CONSUMER,
+}
+# The variables the edge registers with APISIX: traffic-split matches the first, the outcome
+# logger reads all three (``books.outcomes.log_format``), the audit logger its own (``AUDIT``).
+VARS: Final = {"upstream": UPSTREAM_VAR, "worker": WORKER_VAR, "decision_tenant": TENANT_VAR}
+# Where a decision sends a request besides a cloud target, and why.
+TARGETS: Final = {"local": LOCAL, "shed": SHED}
+REASONS: Final = {r.name.lower(): r.value for r in Reason}
+# What a rule does with the requests it matches (the table's rules carry it).
+ACTIONS: Final = {a.name.lower(): a.value for a in RuleAction}
+BREAKER: Final = {s.name.lower(): s.value for s in BreakerState}
+# How a decision is spelled (``X-Spillway-Decision``, the summary's ``decisions`` keys) and how a
+# usage entry's key joins target, tenant and model (``UNNAMED``: a name not known).
+SPELLING: Final = {
+    "decision_sep": DECISION_SEP,
+    "label_sep": LABEL_SEP,
+    "saturated": SATURATED,
+    "rule_prefix": RULE_PREFIX,
+    "usage_sep": USAGE_SEP,
+    "unnamed": UNNAMED,
+}
+# The audit trail's fields, in the order X-Spillway-Audit joins them, and its words.
+AUDIT: Final = {
+    "fields": list(audit.FIELDS),
+    "sep": audit.SEP,
+    "var_prefix": audit.VAR_PREFIX,
+    "cloud": audit.CLOUD,
+    "fast_path": audit.VIA_FAST_PATH,
+    "ext_plugin": audit.VIA_EXT_PLUGIN,
+}
+
+
 def constants() -> dict[str, object]:
     """Everything above, as ``spillway/contract.lua`` holds it."""
     return {
         "FORMAT": FORMAT,
         "FAIL_SAFE": FAIL_SAFE,
         "PATH": {"alive": ALIVE_PATH, "table": TABLE_PATH, "outcomes": OUTCOMES_PATH},
+        "PLUGIN": PLUGIN,
+        "EDGE_PLUGIN": EDGE_PLUGIN,
         "DICT": SHARED_DICT,
         "PREFIX": dict(KEY_PREFIXES),
         "KEY": dict(KEYS),
         "UNSCANNABLE": dict(UNSCANNABLE),
         "TOKEN": dict(TOKEN_RULES),
+        "HEADER": dict(HEADERS),
+        "FRAMING": list(FRAMING),
+        "VAR": dict(VARS),
+        "TARGET": dict(TARGETS),
+        "REASON": dict(REASONS),
+        "ACTION": dict(ACTIONS),
+        "BREAKER": dict(BREAKER),
+        "SPELLING": dict(SPELLING),
+        "AUDIT": dict(AUDIT),
+        "SUMMARY": dict(SUMMARY_FIELDS),
     }

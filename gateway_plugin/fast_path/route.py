@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway_plugin.apisix_route import RouteError, observers, route, target_upstream
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.fast_path.contract import SHARED_DICT
+from gateway_plugin.fast_path.contract import PLUGIN, SHARED_DICT
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
 # APISIX sends SNI (the node's host) and names the trusted CAs, but verifies no HTTP upstream's
@@ -56,7 +56,7 @@ def fast_route(
         conf["upstreams"] = {t.name: target_upstream(t) for t in upstream_targets}
     # The plugin decides in the access phase, after authentication at its own priority.
     plugins: dict[str, Any] = {auth: {}} if auth is not None else {}
-    plugins["spillway"] = conf
+    plugins[PLUGIN] = conf
     plugins |= observers(config, prometheus)
     return {**made, "name": "triton-with-spillway-fast-path", "plugins": plugins}
 
@@ -101,7 +101,7 @@ def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
             "http_server_location_configuration_snippet": VERIFY_UPSTREAM_TLS,
         },
         "plugin_attr": {
-            "spillway": {"runner": config.outcomes.listen, "token_env": config.runner.route_token_env},
+            PLUGIN: {"runner": config.outcomes.listen, "token_env": config.runner.route_token_env},
             # APISIX's own metrics (apisix-route --prometheus), clear of the runner's metrics.listen.
             "prometheus": {"export_addr": dict(APISIX_EXPORTER)},
         },

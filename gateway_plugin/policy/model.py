@@ -28,6 +28,14 @@ class RuleAction(StrEnum):
     SHED = "shed"
 
 
+# How a decision is spelled for operators (``Decision.label``, ``Decision.shown``) and in the fast
+# path's summaries: ``<target>;<reason>[+local_saturated]``, a rule's reason as ``rule:<name>``.
+DECISION_SEP = ";"
+LABEL_SEP = "+"
+SATURATED = "local_saturated"
+RULE_PREFIX = "rule:"
+
+
 class Reason(StrEnum):
     """Why a request went where it went (``Decision.label`` adds the rule name and saturation)."""
 
@@ -155,5 +163,10 @@ class Decision(NamedTuple):
     @property
     def label(self) -> str:
         """The reason as operators see it: ``rule:<name>``, ``residency+local_saturated``, ..."""
-        base = f"rule:{self.rule}" if self.reason is Reason.RULE else self.reason.value
-        return f"{base}+local_saturated" if self.local_saturated else base
+        base = f"{RULE_PREFIX}{self.rule}" if self.reason is Reason.RULE else self.reason.value
+        return f"{base}{LABEL_SEP}{SATURATED}" if self.local_saturated else base
+
+    @property
+    def shown(self) -> str:
+        """``X-Spillway-Decision``'s value: ``<target>;<label>``."""
+        return f"{self.target}{DECISION_SEP}{self.label}"

@@ -22,19 +22,26 @@ from gateway_plugin.policy.model import LOCAL, SHED, Decision
 from gateway_plugin.policy.tenants import tenant_key
 
 HEADER_AUDIT = "X-Spillway-Audit"
+# X-Spillway-Audit's fields, in order, joined by SEP; the edge registers each (and ``via``) as an
+# APISIX variable named VAR_PREFIX + field.
+FIELDS = ("decision", "target", "reason", "tenant", "class", "model", "cost")
+SEP = ";"
+VAR_PREFIX = "spillway_"
+# Which route decided: ``via``'s values.
+VIA_FAST_PATH, VIA_EXT_PLUGIN = "fast_path", "ext_plugin"
 # The ``log_format`` of the audit logger: field → nginx or APISIX variable.
 LOG_FORMAT = {
     "time": "$time_iso8601",
     "request_id": "$request_id",
     "route_id": "$route_id",
-    "via": "$spillway_via",
-    "tenant": "$spillway_tenant",
-    "classification": "$spillway_class",
-    "model": "$spillway_model",
-    "decision": "$spillway_decision",
-    "target": "$spillway_target",
-    "reason": "$spillway_reason",
-    "cost_usd": "$spillway_cost",
+    "via": f"${VAR_PREFIX}via",
+    "tenant": f"${VAR_PREFIX}tenant",
+    "classification": f"${VAR_PREFIX}class",
+    "model": f"${VAR_PREFIX}model",
+    "decision": f"${VAR_PREFIX}decision",
+    "target": f"${VAR_PREFIX}target",
+    "reason": f"${VAR_PREFIX}reason",
+    "cost_usd": f"${VAR_PREFIX}cost",
     "status": "$status",
     "upstream_status": "$upstream_status",
     "request_s": "$request_time",
@@ -66,7 +73,7 @@ def audit_header(decision: Decision, model: str | None, classification: str | No
         )
         if len(_made) >= _MADE_MAX:
             _made.clear()
-        made = _made[key] = ";".join(quote(f, safe="") for f in fields)
+        made = _made[key] = SEP.join(quote(f, safe="") for f in fields)
     return made
 
 
@@ -76,7 +83,7 @@ _made: dict[tuple[str, str, str | None, str | None, str | None, float], str] = {
 
 def refused_header(status: int) -> str:
     """The header for a request answered before any decision (400, 401)."""
-    return ";".join((REFUSED, "", str(status), "", "", "", "0"))
+    return SEP.join((REFUSED, "", str(status), "", "", "", "0"))
 
 
 def _bounded(text: str | None) -> str:

@@ -240,7 +240,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         function called here). The decision the request ended with (a failed call ends otherwise)."""
         show = conf.overrides.decision_header
         if show if show is not None else self.state.decision_header:
-            action.add_response_header(HEADER_DECISION, f"{decision.target};{decision.label}")
+            action.add_response_header(HEADER_DECISION, decision.shown)
         if decision.target == SHED:
             _shed(decision, action)
         elif decision.target == LOCAL:
@@ -309,8 +309,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             if self.state.invoke_failed(name):
                 log.warning("invoke of %s failed: %s; retrying locally", name, exc)
                 action.set_header(HEADER_TARGET, LOCAL)
-                action.add_response_header(HEADER_DECISION, f"{LOCAL};{Reason.INVOKE_FAILED}")
-                return decision._replace(target=LOCAL, reason=Reason.INVOKE_FAILED, cost_usd=0.0)
+                home = decision._replace(target=LOCAL, reason=Reason.INVOKE_FAILED, cost_usd=0.0)
+                action.add_response_header(HEADER_DECISION, home.shown)
+                return home
             log.warning("invoke of %s failed: %s; retry budget spent, shedding", name, exc)
             shed = decision._replace(
                 target=SHED,

@@ -17,12 +17,20 @@ local link = require("apisix.plugins.spillway.link")
 local ngx = ngx
 local clear_header = ngx.req.clear_header
 local floor = math.floor
-local DICT = require("apisix.plugins.spillway.contract").DICT
+local C = require("apisix.plugins.spillway.contract")
+local DICT, HEADER, VIA = C.DICT, C.HEADER, C.AUDIT.ext_plugin
+
+-- nginx's variable for a request header.
+local function header_var(name)
+    return "http_" .. name:gsub("-", "_")
+end
+local TARGET_VAR, WORKER_VAR, TENANT_VAR = header_var(HEADER.target), header_var(HEADER.worker),
+    header_var(HEADER.tenant)
 
 local _M = {
     version = 0.1,
     priority = 12010,
-    name = "spillway-edge",
+    name = C.EDGE_PLUGIN,
     schema = { type = "object", additionalProperties = false },
 }
 
@@ -50,43 +58,44 @@ end
 function _M.rewrite(conf, ctx)
     local silent = settings and link.silent_for(ngx.shared[DICT])
     if silent and silent > settings.dead_after_s then
-        ctx.spillway_refused, ctx.spillway_via = 503, "ext_plugin"
+        ctx.spillway_refused, ctx.spillway_via = 503, VIA
         core.response.set_header("Retry-After", "1")
         return 503, { error = "the Spillway runner has not answered for " .. floor(silent)
                               .. " s; retry shortly" }
     end
     local raw, status, why = edge.admit(ctx)
     if not raw then
-        ctx.spillway_refused, ctx.spillway_via = status, "ext_plugin"
+        ctx.spillway_refused, ctx.spillway_via = status, VIA
         return status, { error = why }
     end
     edge.read_body()  -- before the runner decides and counts it: a slow client holds nothing meanwhile
     -- Authenticated before the runner (the route raises its authentication plugin's priority):
     -- the runner reads the consumer from here, never from a header the client could have sent.
     if ctx.consumer_name then
-        ngx.req.set_header("X-Spillway-Consumer", ctx.consumer_name)
+        ngx.req.set_header(HEADER.consumer, ctx.consumer_name)
     end
 end
 
 function _M.access(conf, ctx)
-    local value = ngx.var.http_x_spillway_target
+    local var = ngx.var
+    local value = var[TARGET_VAR]
     if value then
         ctx.spillway_upstream = value
-        clear_header("X-Spillway-Target")
+        clear_header(HEADER.target)
     end
-    local worker = ngx.var.http_x_spillway_worker
+    local worker = var[WORKER_VAR]
     if worker then
         ctx.spillway_worker = worker
-        clear_header("X-Spillway-Worker")
+        clear_header(HEADER.worker)
     end
     -- The tenant the decision counted, for the outcome that gives its slot back.
-    local tenant = ngx.var.http_x_spillway_tenant
+    local tenant = var[TENANT_VAR]
     if tenant then
         ctx.spillway_decision_tenant = tenant
-        clear_header("X-Spillway-Tenant")
+        clear_header(HEADER.tenant)
     end
     if ctx.consumer_name then
-        clear_header("X-Spillway-Consumer")
+        clear_header(HEADER.consumer)
     end
     edge.take_audit(ctx, true)
     edge.pin_path(ctx)

@@ -36,10 +36,11 @@ local function ngx_now()
 end
 local tostring = tostring
 
-local plugin_name = "spillway"
+local plugin_name = contract.PLUGIN
 local DICT = contract.DICT
 local KEY = contract.KEY
 local FAIL_SAFE = contract.FAIL_SAFE
+local VIA, DECISION_HEADER = contract.AUDIT.fast_path, contract.HEADER.decision
 local NO_CONSUMER = "no authenticated consumer: tenants.source is consumer, so the tenant comes from "
     .. "APISIX's authentication; put an authentication plugin on this route (apisix-route --auth)"
 local LOG_EVERY_S = 10
@@ -259,7 +260,7 @@ end
 function _M.access(conf, ctx)
     local raw, path, odd = edge.admit(ctx)
     if not raw then
-        ctx.spillway_refused, ctx.spillway_via = path, "fast_path"
+        ctx.spillway_refused, ctx.spillway_via = path, VIA
         return path, { error = odd }
     end
     edge.read_body()  -- before anything is counted: a slow client holds nothing meanwhile
@@ -271,11 +272,11 @@ function _M.access(conf, ctx)
         policy = route_policy(tbl, conf)
         local status, why = edge.settle(ctx, raw, odd, policy.read, policy.tenant_header)
         if status then
-            ctx.spillway_refused, ctx.spillway_via = status, "fast_path"
+            ctx.spillway_refused, ctx.spillway_via = status, VIA
             return status, { error = why }
         end
         if not edge.identify(ctx, raw, f.headers, policy) then
-            ctx.spillway_refused, ctx.spillway_via = 401, "fast_path"
+            ctx.spillway_refused, ctx.spillway_via = 401, VIA
             return 401, { error = NO_CONSUMER }
         end
     end
@@ -290,7 +291,7 @@ function _M.access(conf, ctx)
         if kept_by and kept_by.refusal then  -- Triton would read the body otherwise: a duplicate key
             slot.tenant = nil
             if reserved then release_tenant(reserved) end
-            ctx.spillway_refused, ctx.spillway_via = 400, "fast_path"
+            ctx.spillway_refused, ctx.spillway_via = 400, VIA
             return 400, { error = kept_by.refusal }
         end
         d = decide_and_reserve(f, tbl, policy)
@@ -329,7 +330,7 @@ function _M.header_filter(conf, ctx)
         show = worker.tbl == nil or worker.tbl.decision_header ~= false
     end
     if show then
-        ngx.header["X-Spillway-Decision"] = seen.decision
+        ngx.header[DECISION_HEADER] = seen.decision
     end
 end
 

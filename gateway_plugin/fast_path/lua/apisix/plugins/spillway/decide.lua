@@ -6,6 +6,7 @@
 -- Every step mirrors policy.py and keeps its order: residency, tenant quota, rules, overflow,
 -- cold starts, targets, and local or shed when nothing is eligible.
 
+local C = require("apisix.plugins.spillway.contract")
 local overflow = require("apisix.plugins.spillway.overflow")
 local route = require("apisix.plugins.spillway.route")
 local latency_of, reserve_of, overflowing = overflow.latency_of, overflow.reserve_of, overflow.overflowing
@@ -17,12 +18,14 @@ local ipairs = ipairs
 
 local _M = {}
 
-local LOCAL, SHED = "local", "shed"
+local LOCAL, SHED = C.TARGET["local"], C.TARGET.shed
+local R, ACTION, BREAKER, SPELLING = C.REASON, C.ACTION, C.BREAKER, C.SPELLING
+local SATURATED = SPELLING.label_sep .. SPELLING.saturated
 _M.LOCAL, _M.SHED = LOCAL, SHED
 local NO_LOAD = { fresh = false, latency_ms = 0, backlog_ms = 0, compute_ms = 0, overflowing = false,
                   onprem_rps = 0, gauges_hot = false, failing = false, probe_allowed = false,
                   capacity = 1 }
-local NO_TARGET_STATE = { breaker = "closed", probe_allowed = false, warm = 0,
+local NO_TARGET_STATE = { breaker = BREAKER.closed, probe_allowed = false, warm = 0,
                           spent_hour_usd = 0, spent_day_usd = 0 }
 local NO_TENANT = { requests_last_minute = 0, spent_hour_usd = 0, spent_day_usd = 0 }
 local NO_QUOTA = {}
@@ -119,10 +122,10 @@ local function over_quota(tenant, tbl, policy, live)
     local state = tbl.tenants[tenant] or NO_TENANT
     local rpm = quota.requests_per_minute
     if rpm and state.requests_last_minute >= rpm then
-        return decision(SHED, "tenant_rate", { status = 429, retry_after_s = 60, tenant = tenant })
+        return decision(SHED, R.tenant_rate, { status = 429, retry_after_s = 60, tenant = tenant })
     end
     if quota.concurrency and live:tenant_in_flight(tenant) >= quota.concurrency then
-        return decision(SHED, "tenant_concurrency",
+        return decision(SHED, R.tenant_concurrency,
                         { status = 429, retry_after_s = policy.retry_after_s, tenant = tenant })
     end
     return nil
@@ -183,8 +186,8 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, g
         local spec = tbl.targets[name]
         if spec and not spec.invoke and takes(spec, f) then
             local breaker = spec.breaker or NO_TARGET_STATE.breaker
-            local blocked = breaker == "open"
-                or (breaker == "half_open" and not live:probe_allowed(name, spec))
+            local blocked = breaker == BREAKER.open
+                or (breaker == BREAKER.half_open and not live:probe_allowed(name, spec))
             local in_flight = live:in_flight(name)
             if not blocked and in_flight < spec.cap then
                 local warm = (spec.warm or 0) * spec.slots > in_flight - live:starting(name)
@@ -212,10 +215,10 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, g
         end
     end
     if best then
-        return best, "overflow_warm", best_cost
+        return best, R.overflow_warm, best_cost
     end
     if first then
-        return first, "overflow_cold", first_cost
+        return first, R.overflow_cold, first_cost
     end
     return nil
 end
@@ -225,13 +228,13 @@ end
 -- not, or that no target takes, gets 503 at once. A rule that keeps it local keeps it off the cloud.
 local function local_failing(f, policy, action, chain, tbl, tenant, live)
     local leaves = may_leave(f, policy)
-    if leaves and #chain > 0 and action ~= "local" then
+    if leaves and #chain > 0 and action ~= ACTION["local"] then
         local name, reason, cost = pick_target(chain, tbl, policy, tenant, math.huge, live, f, true)
         if name then
             return decision(name, reason, { overflowing = true, cost_usd = cost, tenant = tenant })
         end
     end
-    return decision(SHED, "local_failing", { status = 503, retry_after_s = policy.retry_after_s,
+    return decision(SHED, R.local_failing, { status = 503, retry_after_s = policy.retry_after_s,
                     overflowing = true, tenant = tenant, on_prem_only = not leaves })
 end
 
@@ -257,7 +260,7 @@ function _M.decide(f, tbl, policy, live)
             break
         end
     end
-    local action = rule and rule.action or "overflow"
+    local action = rule and rule.action or ACTION.overflow
     local chain = (rule and #rule.targets > 0) and rule.targets or policy.default_chain
     local rule_name = rule and rule.name
     local model_key = f.model or ""
@@ -272,8 +275,8 @@ function _M.decide(f, tbl, policy, live)
         latency = latency_of(load, policy, live:local_in_flight(model_key))
         hot = overflowing(load, target_ms, policy, latency)
     end
-    if action == "shed" then
-        return decision(SHED, "rule", { status = 503, retry_after_s = policy.retry_after_s,
+    if action == ACTION.shed then
+        return decision(SHED, R.rule, { status = 503, retry_after_s = policy.retry_after_s,
                                          tenant = tenant, rule = rule_name })
     end
     if load.failing and not (load.probe_allowed and live:local_probe_allowed(model_key)) then
@@ -282,29 +285,29 @@ function _M.decide(f, tbl, policy, live)
     -- A gauge of local.thresholds past its limit spills too (its own hysteresis, applied by the
     -- runner at each scrape: the table carries its verdict).
     local spill = hot or (load.fresh and load.gauges_hot)
-    local wants_out = #chain > 0 and (action == "target" or (action == "overflow" and spill))
+    local wants_out = #chain > 0 and (action == ACTION.target or (action == ACTION.overflow and spill))
     if not may_leave(f, policy) then
         local d
         if wants_out then
-            d = stay_local(load, policy, "residency", tenant, hot, true, latency)
+            d = stay_local(load, policy, R.residency, tenant, hot, true, latency)
         else
-            d = decision(LOCAL, load.fresh and "local_ok" or "signals_missing",
+            d = decision(LOCAL, load.fresh and R.local_ok or R.signals_missing,
                          { overflowing = hot, tenant = tenant })
         end
         d.on_prem_only = true
         return d
     end
-    if action == "local" then
-        return decision(LOCAL, "rule", { overflowing = hot, tenant = tenant, rule = rule_name })
+    if action == ACTION["local"] then
+        return decision(LOCAL, R.rule, { overflowing = hot, tenant = tenant, rule = rule_name })
     end
-    if action == "overflow" and not load.fresh then
-        return decision(LOCAL, "signals_missing", { tenant = tenant })
+    if action == ACTION.overflow and not load.fresh then
+        return decision(LOCAL, R.signals_missing, { tenant = tenant })
     end
     if not wants_out then
-        return decision(LOCAL, "local_ok", { tenant = tenant })
+        return decision(LOCAL, R.local_ok, { tenant = tenant })
     end
     local local_wait = math.huge
-    if action == "overflow" then
+    if action == ACTION.overflow then
         local_wait = latency - load.compute_ms
     end
     local grow = latency > target_ms
@@ -314,14 +317,14 @@ function _M.decide(f, tbl, policy, live)
     if name then
         return decision(name, reason, { overflowing = hot, cost_usd = cost, tenant = tenant })
     end
-    return stay_local(load, policy, "no_target", tenant, hot, false, latency)
+    return stay_local(load, policy, R.no_target, tenant, hot, false, latency)
 end
 
 -- What operators see in X-Spillway-Decision after the target: rule:<name>, +local_saturated.
 local function label(d)
-    local base = d.reason == "rule" and ("rule:" .. d.rule) or d.reason
+    local base = d.reason == R.rule and (SPELLING.rule_prefix .. d.rule) or d.reason
     if d.local_saturated then
-        return base .. "+local_saturated"
+        return base .. SATURATED
     end
     return base
 end

@@ -20,6 +20,7 @@
 -- is sent the path as decided, encoded once.
 
 local core = require("apisix.core")
+local C = require("apisix.plugins.spillway.contract")
 local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
@@ -31,35 +32,40 @@ local pairs, ipairs, type, tostring, unpack = pairs, ipairs, type, tostring, unp
 
 local _M = { MAX_HEADERS = 100 }
 
-local OWN_PREFIX = "x-spillway-"
+local OWN_PREFIX = C.HEADER.own_prefix
 -- nginx frames a body by these, in their "-" spelling only (header_names.FRAMING).
-local FRAMING = { ["content-length"] = true, ["transfer-encoding"] = true }
+local FRAMING = {}
+for _, name in ipairs(C.FRAMING) do
+    FRAMING[name] = true
+end
+local LOCAL, SHED, AUDIT = C.TARGET["local"], C.TARGET.shed, C.AUDIT
 
-core.ctx.register_var("spillway_upstream", function(ctx) return ctx.spillway_upstream end)
-core.ctx.register_var("spillway_worker", function(ctx) return ctx.spillway_worker end)
-core.ctx.register_var("spillway_decision_tenant", function(ctx) return ctx.spillway_decision_tenant end)
+core.ctx.register_var(C.VAR.upstream, function(ctx) return ctx.spillway_upstream end)
+core.ctx.register_var(C.VAR.worker, function(ctx) return ctx.spillway_worker end)
+core.ctx.register_var(C.VAR.decision_tenant, function(ctx) return ctx.spillway_decision_tenant end)
 
 -- The audit trail (gateway_plugin/request/audit.py): the decision as a logger's log_format reads
 -- it, built only when a logger asks. The fast path's plugin leaves its decision in ctx.spillway;
 -- on the ext-plugin route the runner's X-Spillway-Audit (taken in the header filter, below) holds
 -- the fields percent-encoded, joined by ";"; a request refused at the edge has ctx.spillway_refused.
-local AUDIT_FIELDS = { "decision", "target", "reason", "tenant", "class", "model", "cost" }
-_M.AUDIT_HEADER = "X-Spillway-Audit"
+local AUDIT_FIELDS = AUDIT.fields
+_M.AUDIT_HEADER = C.HEADER.audit
 
 local function fast_path_audit(seen)
     local target = seen.target
     return {
-        via = "fast_path",
-        decision = (target == "local" or target == "shed") and target or "cloud",
+        via = AUDIT.fast_path,
+        decision = (target == LOCAL or target == SHED) and target or AUDIT.cloud,
         target = target, reason = seen.label, tenant = seen.tenant,
         class = counters.tenant_key(seen.class), model = counters.tenant_key(seen.request_model),
         cost = format("%.10g", seen.cost or 0),
     }
 end
 
+local AUDIT_FIELD = "([^" .. AUDIT.sep .. "]*)" .. AUDIT.sep
 local function runner_audit(raw)
-    local audit, i = { via = "ext_plugin" }, 0
-    for field in (raw .. ";"):gmatch("([^;]*);") do
+    local audit, i = { via = AUDIT.ext_plugin }, 0
+    for field in (raw .. AUDIT.sep):gmatch(AUDIT_FIELD) do
         i = i + 1
         local name = AUDIT_FIELDS[i]
         if name == nil then
@@ -89,7 +95,7 @@ local function audit_of(ctx)
 end
 
 for _, name in ipairs({ "via", unpack(AUDIT_FIELDS) }) do
-    core.ctx.register_var("spillway_" .. name, function(ctx)
+    core.ctx.register_var(AUDIT.var_prefix .. name, function(ctx)
         local audit = audit_of(ctx)
         return audit and audit[name]
     end)

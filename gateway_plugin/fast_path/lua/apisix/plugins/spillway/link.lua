@@ -53,7 +53,7 @@ local attr_schema = {
 -- plugin_attr.spillway, checked, and the Authorization the runner's endpoint wants; nil when the
 -- attributes are invalid (logged).
 function _M.settings()
-    local attr = core.table.deepcopy(plugin.plugin_attr("spillway") or {})
+    local attr = core.table.deepcopy(plugin.plugin_attr(contract.PLUGIN) or {})
     local ok, err = core.schema.check(attr_schema, attr)
     if not ok then
         core.log.error("spillway: plugin_attr.spillway is invalid: ", err)

@@ -15,6 +15,13 @@
 -- runner reads each map to the same bound (fast_path/summary.py MAX_KEYS).
 
 local array_mt = require("cjson.safe").array_mt
+local C = require("apisix.plugins.spillway.contract")
+local S, SPELLING = C.SUMMARY, C.SPELLING
+local LOCAL, SHED = C.TARGET["local"], C.TARGET.shed
+local USAGE_SEP, DECISION_SEP = SPELLING.usage_sep, SPELLING.decision_sep
+-- The function's answer: the instance that served it, and whether it started cold for it.
+local INSTANCE_VAR = "upstream_http_" .. C.HEADER.instance:gsub("-", "_")
+local COLD_VAR = "upstream_http_" .. C.HEADER.cold:gsub("-", "_")
 local tonumber, tostring, pairs, setmetatable, type = tonumber, tostring, pairs, setmetatable, type
 local find, gmatch, gsub, sub = string.find, string.gmatch, string.gsub, string.sub
 
@@ -41,7 +48,7 @@ function _M.new()
     return { n = 0, keys = 0, dropped = 0, decisions = {}, sent_local = {}, on_prem = {}, local_s = {},
              sizes = { sent_local = 0, on_prem = 0, local_s = 0, local_answers = 0, cloud = 0, members = 0 },
              local_answers = {}, members = {}, cloud = {}, instances = {}, usage = {}, usage_by = {}, usage_other = {},
-             tenants = {}, residency = setmetatable({}, array_mt), ages = ages, age_sum = 0 }
+             tenants = {}, residency = setmetatable({}, array_mt), table_ages = ages, table_age_sum = 0 }
 end
 
 -- The last of nginx's comma-separated values (one per upstream tried), as a number.
@@ -106,7 +113,7 @@ end
 -- batches and the batch's order is known here, so an ok answer before a wedge does not hide it).
 local function member(agg, address, code)
     if code and sub(address, 1, 5) ~= "unix:" then
-        local m = bounded(agg, "members", address, triple)
+        local m = bounded(agg, S.members, address, triple)
         if m then
             answered(m, code)
             m[3] = (code > 0 and code < 500) and 0 or m[3] + 1
@@ -146,8 +153,8 @@ function _M.add(agg, seen, var, status)
     local age = seen.table_age_s
     if age then
         local i = bucket(age)
-        agg.ages[i] = agg.ages[i] + 1
-        agg.age_sum = agg.age_sum + age
+        agg.table_ages[i] = agg.table_ages[i] + 1
+        agg.table_age_sum = agg.table_age_sum + age
     end
     if seen.tenant_counted then
         local t = agg.tenants[seen.tenant]
@@ -162,7 +169,7 @@ function _M.add(agg, seen, var, status)
             t[1], t[2] = t[1] + 1, t[2] + (seen.cost or 0)
         end
     end
-    if seen.target ~= "shed" then
+    if seen.target ~= SHED then
         -- A tab is in no tenant key (printable ASCII) nor model: the key splits back unambiguously.
         -- Found through a map per target and tenant: no key string made per request.
         local target, tenant, model = seen.target, seen.tenant or "", seen.usage_model or ""
@@ -181,7 +188,7 @@ function _M.add(agg, seen, var, status)
                 by_tenant[tenant] = by_model
             end
             by_model[model] = u
-            agg.usage[target .. "\t" .. tenant .. "\t" .. model] = u
+            agg.usage[target .. USAGE_SEP .. tenant .. USAGE_SEP .. model] = u
         elseif u == nil then
             u = agg.usage_other[seen.target]
             if u == nil then
@@ -194,12 +201,12 @@ function _M.add(agg, seen, var, status)
     local upstream_status = last_number(var.upstream_status)
     if seen.cloud then
         upstream_status = upstream_status or status
-        local c = bounded(agg, "cloud", seen.target, triple)
+        local c = bounded(agg, S.cloud, seen.target, triple)
         if c then
             answered(c, upstream_status)
             c[3] = c[3] + (last_number(var.upstream_response_time) or 0)
         end
-        local instance = var.upstream_http_x_spillway_instance
+        local instance = var[INSTANCE_VAR]
         if instance then
             local seen_here = agg.instances[seen.target]
             if seen_here == nil then
@@ -208,18 +215,18 @@ function _M.add(agg, seen, var, status)
             end
             if seen_here[instance] == nil and seen_here[0] < MAX_INSTANCES then
                 seen_here[0] = seen_here[0] + 1
-                seen_here[instance] = var.upstream_http_x_spillway_cold == "1"
+                seen_here[instance] = var[COLD_VAR] == "1"
             end
         end
-    elseif seen.target == "local" and upstream_status then
-        local a = bounded(agg, "local_answers", seen.model or "", pair)
+    elseif seen.target == LOCAL and upstream_status then
+        local a = bounded(agg, S.local_answers, seen.model or "", pair)
         if a then
             answered(a, upstream_status)
         end
         tried(agg, var.upstream_addr, var.upstream_status)
         local seconds = last_number(var.upstream_response_time)
         if seconds then
-            local l = bounded(agg, "local_s", seen.model or "", pair)
+            local l = bounded(agg, S.local_s, seen.model or "", pair)
             if l then
                 l[1], l[2] = l[1] + 1, l[2] + seconds
             end
@@ -242,12 +249,12 @@ end
 
 -- Requests sent local, per model: the runner adds them to the cluster's backlog estimate.
 function _M.sent_local(agg, model)
-    count(agg, "sent_local", model)
+    count(agg, S.sent_local, model)
 end
 
 -- Requests that may not leave, per model: the runner measures the headroom they need from them.
 function _M.on_prem(agg, model)
-    count(agg, "on_prem", model)
+    count(agg, S.on_prem, model)
 end
 
 local function clipped(text)
@@ -277,7 +284,7 @@ function _M.decision_text(target, label)
     end
     local text = by_label[label]
     if text == nil then
-        text = target .. ";" .. label
+        text = target .. DECISION_SEP .. label
         by_label[label] = text
     end
     return text
@@ -295,13 +302,12 @@ function _M.body(agg)
         end
         instances[target] = ids
     end
-    return {
-        decisions = agg.decisions, sent_local = agg.sent_local, on_prem = agg.on_prem, local_s = agg.local_s,
-        local_answers = agg.local_answers, members = agg.members, cloud = agg.cloud, instances = instances,
-        tenants = agg.tenants, residency = agg.residency, table_ages = agg.ages,
-        usage = agg.usage, usage_other = agg.usage_other,
-        table_age_sum = agg.age_sum, dropped = agg.dropped,
-    }
+    local body = {}
+    for _, name in pairs(S) do
+        body[name] = agg[name]
+    end
+    body[S.instances] = instances
+    return body
 end
 
 return _M

@@ -87,10 +87,10 @@ function _M.new(dict, tbl, keys)
             return false
         end
         local spent = counters.since_mark(total, spec.spent_mark)
-        local probe_ok = spec.breaker ~= "half_open" or d_:safe_add(dkey(ring.probe, d.target), true, 1)
+        local probe_ok = spec.breaker ~= contract.BREAKER.half_open or d_:safe_add(dkey(ring.probe, d.target), true, 1)
         if within(spec.spent_hour_usd + spent, spec.hourly_usd)
             and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then
-            if d.reason == "overflow_cold" and counters.add(d_, dkey(ring.cold, d.target), 1) then
+            if d.reason == contract.REASON.overflow_cold and counters.add(d_, dkey(ring.cold, d.target), 1) then
                 d.cold_counted = true
             end
             return true
@@ -125,7 +125,7 @@ function _M.new(dict, tbl, keys)
         local count, err = counters.take_tenant(dict(), PREFIX.tenant_in_flight .. tenant)
         if count == nil then
             -- Clients choose tenant names: a full dict stops counting new tenants, nothing else.
-            log_sometimes("tenants", "spillway: shared dict ", contract.DICT, " full: tenant in-flight ",
+            log_sometimes("tenant_slots", "spillway: shared dict ", contract.DICT, " full: tenant in-flight ",
                           "counts not kept for new tenants (", err, "); make it larger")
             return nil
         end

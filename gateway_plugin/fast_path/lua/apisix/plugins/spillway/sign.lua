@@ -19,7 +19,7 @@ local concat, sort = table.concat, table.sort
 local type, ipairs, pairs, next, tostring = type, ipairs, pairs, next, tostring
 
 local _M = { UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD" }
-local SIGNATURE_HEADER = "X-Spillway-Signature"
+local SIGNATURE_HEADER = require("apisix.plugins.spillway.contract").HEADER.signature
 
 local function plain(path)
     if path == "/" then
@@ -207,7 +207,7 @@ function _M.request(ctx, spec)
     ngx.req.set_header(SIGNATURE_HEADER, value)
     ctx.var.http_x_spillway_signature = nil
     if ctx.headers then
-        ctx.headers["x-spillway-signature"] = value
+        ctx.headers[SIGNATURE_HEADER] = value
     end
 end
 
