@@ -6,6 +6,9 @@ standalone YAML, ``--workers`` nginx workers, 1 by default) with one route on ``
 MAC'd value) and whose default upstream is the "local" one:
 
     split            traffic-split only: no ext-plugin; the client never sends the header
+    plain            the route's upstream alone: no plugin at all
+    noop             the route's upstream and bench/lua's ``spillway-noop``: the fast path's three
+                     phases at its priority, doing nothing (what any per-request Lua plugin costs)
     trivial          ext-plugin-pre-req + third_party/apisix-testbed/runner/runner.py (asyncio,
                      the a6pluginprotos FlatBuffers classes; sets X-Spillway-Target: local)
     go-noop          ext-plugin-pre-req + apache/apisix-go-plugin-runner's ``say`` with conf {}
@@ -23,6 +26,7 @@ MAC'd value) and whose default upstream is the "local" one:
                      (the ``spillway`` Lua plugin + traffic-split), the runner as ext-plugin.cmd
                      serving the decision table; calm feed, every request ``local;local_ok``
     fast-cloud       the same with the overloaded feed: every request spills to "aws", signed in Lua
+    fast-content     fast-cloud on a route with content checks: each body read before it leaves
     fast-local-split, fast-cloud-split   optional: the same with a route made without the plugin's
                      ``upstreams``, where traffic-split picks the upstream from spillway_upstream
 
@@ -136,6 +140,8 @@ BASELINE = "split"
 SECOND_BASELINE = "trivial"
 ALL_CASES = (
     "split",
+    "plain",
+    "noop",
     "trivial",
     "go-noop",
     "spillway-local",
@@ -143,10 +149,21 @@ ALL_CASES = (
     "spillway-local-nologger",
     "fast-local",
     "fast-cloud",
+    "fast-content",
     "fast-local-split",
     "fast-cloud-split",
 )
-DEFAULT_CASES = (*ALL_CASES[:5], "fast-local", "fast-cloud")
+DEFAULT_CASES = (
+    "split",
+    "trivial",
+    "go-noop",
+    "spillway-local",
+    "spillway-cloud",
+    "fast-local",
+    "fast-cloud",
+)
+NOOP_PLUGIN = "spillway-noop"
+BENCH_LUA = ROOT / "bench" / "lua"
 FAST_PLUGINS = ("spillway", "traffic-split", "ext-plugin-pre-req", "http-logger", "proxy-rewrite")
 
 
@@ -415,6 +432,8 @@ def make_case(name: str, setup: Setup) -> Case:
             lua=None if outcomes_port is None else config_snippet(SpillwayConfig.model_validate(config)),
         )
     plugins: dict[str, Any] = {"traffic-split": made["plugins"]["traffic-split"]}
+    if name in ("plain", "noop"):
+        plugins = {NOOP_PLUGIN: {}} if name == "noop" else {}
     runner_cmd: list[str] | None = None
     if name == "trivial":
         runner_cmd, plugin = [sys.executable, str(TESTBED_RUNNER)], "trivial"
@@ -437,9 +456,12 @@ def fast_case(name: str, setup: Setup, config: dict[str, Any], metrics_port: int
     config_path = setup.work / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     validated = SpillwayConfig.model_validate(config)
-    cloud = name.startswith("fast-cloud")
-    layout = split_fast_route if name.endswith("-split") else fast_route
-    made = layout(validated, setup.token.encode())
+    cloud = name.startswith(("fast-cloud", "fast-content"))
+    if name.endswith("-split"):
+        made = split_fast_route(validated, setup.token.encode())
+    else:
+        checks = {"content_checks": True} if name == "fast-content" else None
+        made = fast_route(validated, setup.token.encode(), overrides=checks)
     return Case(
         name,
         [sys.executable, "-m", "gateway_plugin", "run", "--config", str(config_path)],
@@ -463,6 +485,8 @@ def apisix_settings(case: Case, setup: Setup, workers: int, port: int) -> apisix
         }
     if case.name.startswith("fast-"):
         extra["plugins"] = FAST_PLUGINS
+    elif case.name == "noop":
+        extra |= {"plugins": (*FAST_PLUGINS, NOOP_PLUGIN), "more_lua_paths": [BENCH_LUA]}
     return apisix.ApisixSettings(
         port=port,
         routes_yaml=case.routes_yaml,
@@ -854,6 +878,8 @@ def summarise(samples: list[Sample], cases: Sequence[str]) -> list[dict[str, Any
     rows = []
     split = {s.round: s for s in samples if s.case == BASELINE}
     trivial = {s.round: s for s in samples if s.case == SECOND_BASELINE}
+    noop = {s.round: s for s in samples if s.case == "noop"}
+    go = {s.round: s for s in samples if s.case == "go-noop"}
     for name in cases:
         mine = [s for s in samples if s.case == name]
         if not mine:
@@ -880,6 +906,19 @@ def summarise(samples: list[Sample], cases: Sequence[str]) -> list[dict[str, Any
                 "table_age": [table_age(s.runner_gauges) for s in mine if table_age(s.runner_gauges)],
                 "runner_cpu_us_per_req": median([s.runner_cpu_us_per_req for s in mine]),
                 "runner_cpu_of_trivial": _ratios(mine, trivial, lambda s: s.runner_cpu_us_per_req),
+                "of_noop": _ratios(mine, noop, lambda s: s.req_per_s),
+                "p99_minus_noop_us": median(
+                    [s.p99_us - noop[s.round].p99_us for s in mine if s.round in noop]
+                ),
+                "apisix_cpu_minus_noop_us": median(
+                    [
+                        s.apisix_cpu_us_per_req - noop[s.round].apisix_cpu_us_per_req
+                        for s in mine
+                        if s.round in noop
+                    ]
+                ),
+                "of_go": _ratios(mine, go, lambda s: s.req_per_s),
+                "runner_cpu_of_go": _ratios(mine, go, lambda s: s.runner_cpu_us_per_req),
                 "apisix_cpu_us_per_req": median([s.apisix_cpu_us_per_req for s in mine]),
                 "upstream_cpu_us_per_req": median([s.upstream_cpu_us_per_req for s in mine]),
                 "wrk_cpu_us_per_req": median([s.wrk_cpu_us_per_req for s in mine]),
@@ -978,6 +1017,9 @@ DESCRIPTIONS = {
     "fast-local-split": "fast path, local, traffic-split picks the upstream",
     "fast-cloud-split": "fast path, cloud, traffic-split picks the upstream",
     "split": "traffic-split only",
+    "plain": "the upstream alone, no plugin",
+    "noop": "no-op Lua plugin (three phases)",
+    "fast-content": "fast path (Lua), decides cloud, content checks",
     "trivial": "trivial Python runner (testbed)",
     "go-noop": "Go runner, no-op `say`",
     "spillway-local": "Spillway, decides local",
@@ -1036,6 +1078,20 @@ def markdown(
             f"{_fmt(r['p99_minus_split_us'])} | "
             f"{_fmt(r['runner_cpu_us_per_req'])} | {_fmt(r['runner_cpu_of_trivial'], 2)} | {r['errors']} |"
         )
+    if any(r["case"] in ("noop", "go-noop") for r in rows):
+        lines += [
+            "",
+            "Against the no-op Lua plugin and the Go runner's no-op plugin, in the same rounds:",
+            "",
+            "| case | of noop | p99 minus noop µs | APISIX cpu minus noop µs | of Go | runner cpu of Go |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {describe(r['case'])} | {_fmt(r['of_noop'], 2)} | {_fmt(r['p99_minus_noop_us'])} | "
+                f"{_fmt(r['apisix_cpu_minus_noop_us'])} | {_fmt(r['of_go'], 2)} | "
+                f"{_fmt(r['runner_cpu_of_go'], 2)} |"
+            )
     lines += [
         "",
         "CPU per request by process (µs, user+system over the measured window), and cores kept busy:",

@@ -9,7 +9,7 @@ so every unsigned offset points forward as the format requires.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 _U8 = struct.Struct("<B").unpack_from
 _U16 = struct.Struct("<H").unpack_from
@@ -18,6 +18,8 @@ _I32 = struct.Struct("<i").unpack_from
 _PACK_U32 = struct.Struct("<I").pack_into
 
 Entries = Sequence[tuple[str, str | None]]
+# Spillway's own header names begin so (request.header_names.OWN_PREFIX, as bytes).
+OWN_PREFIX = b"x-spillway-"
 
 
 class Malformed(ValueError):
@@ -111,40 +113,61 @@ class EntryMap(Mapping[str, str]):
     ", " (spellings in sorted order, values in the order they came).
 
     The vector is read and checked at once, but no text is decoded until asked for: a filter
-    usually wants three or four of a request's headers.
+    usually wants three or four of a request's headers. ``regular``: every name came once, in one
+    spelling, and none is Spillway's own (``OWN_PREFIX``): nothing to settle, the usual request.
     """
 
-    __slots__ = ("_spellings", "_values")
+    __slots__ = ("_spellings", "_values", "regular")
 
     def __init__(self, buf: bytes, at: int) -> None:
         values: dict[bytes, list[bytes]] = {}
         self._values = values
         self._spellings: dict[bytes, list[bytes]] = {}
+        self.regular = True
         if not at:
             return
-        underscores = False
-        # One loop with everything inlined: it runs for every header of every call.
-        u32, i32, vtable, size = _U32, _I32, _VTABLE_2, len(buf)
-        for item in _vector(buf, at):
-            pos = item + u32(buf, item)[0]
-            vt = pos - i32(buf, pos)[0]
-            if vt >= 0 and vt + 8 <= size:
-                vlen, _, name_off, value_off = vtable(buf, vt)
-                if vlen <= 6:
+        underscores = irregular = False
+        # One loop with everything inlined: it runs for every header of every call. An entry laid
+        # out as builders lay it (its two references right after its vtable offset) is read with
+        # one unpack; any other layout field by field.
+        u32, head, vtable, size = _U32, _ENTRY_HEAD, _VTABLE_2, len(buf)
+        item = at + 4
+        for off in _offsets(buf, at):
+            pos = item + off
+            item += 4
+            first = second = -1
+            if pos + 12 <= size:
+                soff, first, second = head(buf, pos)
+                vt = pos - soff
+                if vt >= 0 and vt + 8 <= size:
+                    vlen, _, name_off, value_off = vtable(buf, vt)
+                    if vlen < 8:
+                        name_off, value_off = _entry_fields(buf, pos)
+                else:
                     name_off, value_off = _entry_fields(buf, pos)
             else:
                 name_off, value_off = _entry_fields(buf, pos)
             if not value_off:
                 continue
             ref = pos + value_off
-            start = ref + u32(buf, ref)[0]
+            if value_off == 8 and second >= 0:
+                start = ref + second
+            elif value_off == 4 and first >= 0:
+                start = ref + first
+            else:
+                start = ref + u32(buf, ref)[0]
             end = start + 4 + u32(buf, start)[0]
             if end > size:
                 raise Malformed(f"string at {start} runs past the end of the buffer")
             value = buf[start + 4 : end]
             if name_off:
                 ref = pos + name_off
-                start = ref + u32(buf, ref)[0]
+                if name_off == 4 and first >= 0:
+                    start = ref + first
+                elif name_off == 8 and second >= 0:
+                    start = ref + second
+                else:
+                    start = ref + u32(buf, ref)[0]
                 end = start + 4 + u32(buf, start)[0]
                 if end > size:
                     raise Malformed(f"string at {start} runs past the end of the buffer")
@@ -152,6 +175,8 @@ class EntryMap(Mapping[str, str]):
                 name = name.lower() if name.isascii() else _lower(name)
                 if b"_" in name:
                     underscores = True
+                elif name[:11] == OWN_PREFIX:
+                    irregular = True
             else:
                 name = b""
             found = values.get(name)
@@ -159,8 +184,10 @@ class EntryMap(Mapping[str, str]):
                 values[name] = [value]
             else:
                 found.append(value)
+                irregular = True
         if underscores:
             self._fold()
+        self.regular = not (underscores or irregular)
 
     def _fold(self) -> None:
         """Merge the spellings that differ only in ``_`` and ``-`` (rare: only then is this paid)."""
@@ -214,6 +241,22 @@ def _joined(values: list[bytes]) -> str:
 
 
 _VTABLE_2 = struct.Struct("<HHHH").unpack_from
+# A table's vtable offset and the two fields after it.
+_ENTRY_HEAD = struct.Struct("<iII").unpack_from
+_OFFSETS: dict[int, Callable[[bytes, int], tuple[int, ...]]] = {}
+
+
+def _offsets(buf: bytes, at: int) -> tuple[int, ...]:
+    """A vector's u32 elements, read at once."""
+    count = _U32(buf, at)[0]
+    if at + 4 + 4 * count > len(buf):
+        raise Malformed(f"vector at {at} runs past the end of the buffer")
+    read = _OFFSETS.get(count)
+    if read is None:
+        read = struct.Struct(f"<{count}I").unpack_from
+        if count <= 128:
+            _OFFSETS[count] = read
+    return read(buf, at + 4)
 
 
 def _entry_fields(buf: bytes, pos: int) -> tuple[int, int]:

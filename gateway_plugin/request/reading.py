@@ -56,6 +56,8 @@ def settle(
     and remove every spelling of Spillway's own; refuse a tenant named twice differently (which
     of them would the quota count?)."""
     headers = request.headers
+    if headers.regular:
+        return None
     for name in FRAMING:
         if any("_" in spelling for spelling in headers.spellings(name)):
             return Refusal(

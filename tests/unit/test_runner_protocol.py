@@ -11,8 +11,9 @@ from A6.PrepareConf.Req import Req as PrepareConfReq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway_plugin.protocol import encode, messages, schema
+from gateway_plugin.protocol import encode, flat, messages, schema
 from gateway_plugin.protocol.frames import MAX_PAYLOAD, FrameReader, FrameTooLarge, FrameType, frame
+from gateway_plugin.request.header_names import OWN_PREFIX
 
 
 def test_frame_header_is_type_then_big_endian_length() -> None:
@@ -206,3 +207,19 @@ def test_header_map_agrees_with_the_entry_list(headers: list[tuple[str, str | No
     for key, names in spellings.items():
         assert call.header_map.spellings(key) == ([] if names == [key] else names)
         assert call.header_map.count(key) == len(joined[key])
+    # Regular (nothing to settle): every name once, in one spelling, none of Spillway's own.
+    regular = all(names == [key] and len(joined[key]) == 1 for key, names in spellings.items()) and not any(
+        key.startswith(OWN_PREFIX) for key in joined
+    )
+    assert call.header_map.regular == regular
+
+
+def test_a_header_map_with_spillways_own_name_or_a_repeat_is_not_regular() -> None:
+    for headers in ([("X-Spillway-Target", "aws")], [("x-a", "1"), ("X-A", "2")], [("x_a", "1")]):
+        assert not messages.HttpReqCall(
+            encode.req_call(1, 1, 0, "/", [], headers, bytes(4))
+        ).header_map.regular
+    assert messages.HttpReqCall(
+        encode.req_call(1, 1, 0, "/", [], [("x-a", "1")], bytes(4))
+    ).header_map.regular
+    assert OWN_PREFIX.encode() == flat.OWN_PREFIX

@@ -1,0 +1,22 @@
+-- Bench-only plugin (bench/apisix_gateway.py, case noop): the fast path's three phases (access,
+-- header_filter, log) at its priority, doing nothing. What any per-request Lua plugin costs is
+-- measured by it; what the spillway plugin costs beyond that is Spillway's own work.
+
+local core = require("apisix.core")
+
+local _M = { version = 0.1, priority = 12005, name = "spillway-noop", schema = { type = "object" } }
+
+function _M.check_schema(conf)
+    return core.schema.check(_M.schema, conf)
+end
+
+function _M.access(conf, ctx)
+end
+
+function _M.header_filter(conf, ctx)
+end
+
+function _M.log(conf, ctx)
+end
+
+return _M
