@@ -124,6 +124,9 @@ def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -
         async def fresh() -> bool:
             return app.state.load.fresh
 
+        async def drained() -> bool:
+            return all(m.queue_ms == 0 and m.pending == 0 for m in app.state.load.snapshot("slow").values())
+
         async def public_goes(where: str) -> bool:
             return (await decide("between", "public")).partition(":")[0] == where
 
@@ -139,7 +142,10 @@ def test_overflow_follows_real_triton_load_and_residency_holds(tmp_path: Path) -
             await sample("loaded", 3.0)
             stop.set()
             await asyncio.to_thread(lambda: [w.join(30) for w in workers])
-            await until(lambda: public_goes("local"), "the drained queue seen by the runner")
+            # The last requests to finish waited longest: a round's average says so a round after
+            # the queue emptied. Drained is a round with nothing pending and nothing done.
+            await until(drained, "the drained queue seen by the runner")
+            await until(lambda: public_goes("local"), "public requests local again")
             await sample("after", 2.0)
         finally:
             stop.set()
