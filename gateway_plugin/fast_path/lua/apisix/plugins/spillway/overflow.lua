@@ -45,4 +45,86 @@ local function overflowing(load, target_ms, policy, latency)
 end
 _M.reserve_of, _M.overflowing = reserve_of, overflowing
 
+-- policy/overflow.py's saturated: local is past what it can take at all.
+local function saturated(load, policy, latency)
+    return latency - load.compute_ms > policy.max_queue_ms
+        or latency > policy.latency_target_ms * policy.saturation_ratio
+end
+_M.saturated = saturated
+
+-- The verdicts, as counts: latency_of grows with the requests this node has at the cluster, so
+-- each condition on it holds from some count on. A model's load under a route's policy gives the
+-- counts from which it is hot (enter; and stays hot from stay), saturated, worth growing a cold
+-- target for, and past each cold start (cold_at): a request compares its count with them instead
+-- of estimating its latency. Found once per table, route and model by bisection over the same
+-- expressions a request would evaluate, so the two agree at every count.
+local HIGHEST = 2 ^ 40
+
+local function from(holds)
+    if not holds(HIGHEST) then
+        return math.huge
+    end
+    if holds(0) then
+        return 0
+    end
+    local low, high = 0, HIGHEST  -- not holds(low), holds(high)
+    while high - low > 1 do
+        local mid = math.floor((low + high) / 2)
+        if holds(mid) then
+            high = mid
+        else
+            low = mid
+        end
+    end
+    return high
+end
+
+local function cold_at(v, cold_start_ms)
+    local at = v.cold[cold_start_ms]
+    if at == nil then
+        local load, latency = v.load, v.latency
+        at = from(function(n) return latency(n) - load.compute_ms >= cold_start_ms end)
+        v.cold[cold_start_ms] = at
+    end
+    return at
+end
+_M.cold_at = cold_at
+
+-- counted: whether the request's count is this node's (else the table's estimate alone).
+local function verdict(load, policy, target_ms, counted)
+    local latency = function(n)
+        return latency_of(load, policy, counted and n or nil)
+    end
+    local reserve = reserve_of(load, policy)
+    local v = { load = load, latency = latency, cold = {} }
+    v.enter = from(function(n) return latency(n) + reserve > target_ms * policy.enter_ratio end)
+    v.stay = from(function(n) return not (latency(n) + reserve < target_ms * policy.exit_ratio) end)
+    v.saturated = from(function(n) return saturated(load, policy, latency(n)) end)
+    v.grow = from(function(n) return latency(n) > target_ms or saturated(load, policy, latency(n)) end)
+    return v
+end
+
+-- The verdicts for a request that counts in_flight (nil or negative: not counted) and the count
+-- to compare with them, from the route policy's own cache (a policy lives as long as its table).
+function _M.verdicts(policy, load, target_ms, in_flight)
+    local counted = in_flight ~= nil and in_flight >= 0
+    local cache = policy.verdicts
+    if cache == nil then
+        cache = setmetatable({}, { __mode = "k" })
+        policy.verdicts = cache
+    end
+    local by_count = cache[load]
+    if by_count == nil then
+        by_count = { [true] = {}, [false] = {} }
+        cache[load] = by_count
+    end
+    local by_target = by_count[counted]
+    local v = by_target[target_ms]
+    if v == nil then
+        v = verdict(load, policy, target_ms, counted)
+        by_target[target_ms] = v
+    end
+    return v, counted and in_flight or 0
+end
+
 return _M

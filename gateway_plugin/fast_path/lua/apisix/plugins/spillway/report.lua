@@ -198,7 +198,8 @@ function _M.add(agg, seen, var, status)
         end
         u[1], u[2] = u[1] + 1, u[2] + (seen.cost or 0)
     end
-    local upstream_status = last_number(var.upstream_status)
+    local statuses = var.upstream_status  -- each read of an nginx variable evaluates it anew
+    local upstream_status = last_number(statuses)
     if seen.cloud then
         upstream_status = upstream_status or status
         local c = bounded(agg, S.cloud, seen.target, triple)
@@ -223,7 +224,7 @@ function _M.add(agg, seen, var, status)
         if a then
             answered(a, upstream_status)
         end
-        tried(agg, var.upstream_addr, var.upstream_status)
+        tried(agg, var.upstream_addr, statuses)
         local seconds = last_number(var.upstream_response_time)
         if seconds then
             local l = bounded(agg, S.local_s, seen.model or "", pair)
