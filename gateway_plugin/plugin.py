@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel
 
 from gateway_plugin.protocol import encode
-from gateway_plugin.protocol.flat import EntryMap
+from gateway_plugin.protocol.entry_map import EntryMap
 from gateway_plugin.protocol.messages import HttpReqCall, HttpRespCall, TextEntries
 
 ConfT = TypeVar("ConfT")

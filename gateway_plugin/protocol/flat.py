@@ -9,7 +9,7 @@ so every unsigned offset points forward as the format requires.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Sequence
 
 _U8 = struct.Struct("<B").unpack_from
 _U16 = struct.Struct("<H").unpack_from
@@ -18,8 +18,6 @@ _I32 = struct.Struct("<i").unpack_from
 _PACK_U32 = struct.Struct("<I").pack_into
 
 Entries = Sequence[tuple[str, str | None]]
-# Spillway's own header names begin so (request.header_names.OWN_PREFIX, as bytes).
-OWN_PREFIX = b"x-spillway-"
 
 
 class Malformed(ValueError):
@@ -96,170 +94,25 @@ class Table:
         if not at:
             return []
         buf, out = self._buf, []
-        for item in _vector(buf, at):
+        for item in vector(buf, at):
             pos = item + _U32(buf, item)[0]
-            name_off, value_off = _entry_fields(buf, pos)
+            name_off, value_off = entry_fields(buf, pos)
             out.append((_string(buf, pos, name_off) or "", _string(buf, pos, value_off)))
         return out
 
-    def entry_map(self, slot: int) -> EntryMap:
-        """A ``[TextEntry]`` vector as a read-only mapping (``EntryMap``)."""
-        return EntryMap(self._buf, self._ref(slot))
+    def ref(self, slot: int) -> int:
+        """Where the table, string or vector a reference field points to sits (0 when absent)."""
+        return self._ref(slot)
 
-
-class EntryMap(Mapping[str, str]):
-    """A ``[TextEntry]`` vector as a mapping of header names read one way: lower-cased, ``_`` read
-    as ``-`` (nginx's ``$http_*`` variables take either), every value of every spelling joined with
-    ", " (spellings in sorted order, values in the order they came).
-
-    The vector is read and checked at once, but no text is decoded until asked for: a filter
-    usually wants three or four of a request's headers. ``regular``: every name came once, in one
-    spelling, and none is Spillway's own (``OWN_PREFIX``): nothing to settle, the usual request.
-    """
-
-    __slots__ = ("_spellings", "_values", "regular")
-
-    def __init__(self, buf: bytes, at: int) -> None:
-        values: dict[bytes, list[bytes]] = {}
-        self._values = values
-        self._spellings: dict[bytes, list[bytes]] = {}
-        self.regular = True
-        if not at:
-            return
-        underscores = irregular = False
-        # One loop with everything inlined: it runs for every header of every call. An entry laid
-        # out as builders lay it (its two references right after its vtable offset) is read with
-        # one unpack; any other layout field by field.
-        u32, head, vtable, size = _U32, _ENTRY_HEAD, _VTABLE_2, len(buf)
-        item = at + 4
-        for off in _offsets(buf, at):
-            pos = item + off
-            item += 4
-            first = second = -1
-            if pos + 12 <= size:
-                soff, first, second = head(buf, pos)
-                vt = pos - soff
-                if vt >= 0 and vt + 8 <= size:
-                    vlen, _, name_off, value_off = vtable(buf, vt)
-                    if vlen < 8:
-                        name_off, value_off = _entry_fields(buf, pos)
-                else:
-                    name_off, value_off = _entry_fields(buf, pos)
-            else:
-                name_off, value_off = _entry_fields(buf, pos)
-            if not value_off:
-                continue
-            ref = pos + value_off
-            if value_off == 8 and second >= 0:
-                start = ref + second
-            elif value_off == 4 and first >= 0:
-                start = ref + first
-            else:
-                start = ref + u32(buf, ref)[0]
-            end = start + 4 + u32(buf, start)[0]
-            if end > size:
-                raise Malformed(f"string at {start} runs past the end of the buffer")
-            value = buf[start + 4 : end]
-            if name_off:
-                ref = pos + name_off
-                if name_off == 4 and first >= 0:
-                    start = ref + first
-                elif name_off == 8 and second >= 0:
-                    start = ref + second
-                else:
-                    start = ref + u32(buf, ref)[0]
-                end = start + 4 + u32(buf, start)[0]
-                if end > size:
-                    raise Malformed(f"string at {start} runs past the end of the buffer")
-                name = buf[start + 4 : end]
-                name = name.lower() if name.isascii() else _lower(name)
-                if b"_" in name:
-                    underscores = True
-                elif name[:11] == OWN_PREFIX:
-                    irregular = True
-            else:
-                name = b""
-            found = values.get(name)
-            if found is None:
-                values[name] = [value]
-            else:
-                found.append(value)
-                irregular = True
-        if underscores:
-            self._fold()
-        self.regular = not (underscores or irregular)
-
-    def _fold(self) -> None:
-        """Merge the spellings that differ only in ``_`` and ``-`` (rare: only then is this paid)."""
-        folded: dict[bytes, list[bytes]] = {}
-        for name in sorted(self._values):
-            key = name.replace(b"_", b"-")
-            folded.setdefault(key, []).extend(self._values[name])
-            self._spellings.setdefault(key, []).append(name)
-        self._values = folded
-        self._spellings = {k: v for k, v in self._spellings.items() if v != [k]}
-
-    def spellings(self, key: str) -> list[str]:
-        """The names (lower-cased) under which ``key``'s values came, when any differs from ``key``."""
-        found = self._spellings.get(key.encode("utf-8", "surrogateescape"))
-        return [name.decode("utf-8", "surrogateescape") for name in found] if found else []
-
-    def count(self, key: str) -> int:
-        """How many values ``key`` has, over all its spellings."""
-        return len(self._values.get(key.encode("utf-8", "surrogateescape"), ()))
-
-    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        found = self._values.get(key.encode("utf-8", "surrogateescape"))
-        return default if found is None else _joined(found)
-
-    def __getitem__(self, key: str) -> str:
-        found = self._values.get(key.encode("utf-8", "surrogateescape"))
-        if found is None:
-            raise KeyError(key)
-        return _joined(found)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key.encode("utf-8", "surrogateescape") in self._values
-
-    def __iter__(self) -> Iterator[str]:
-        return (name.decode("utf-8", "surrogateescape") for name in self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
-def _lower(name: bytes) -> bytes:
-    if name.isascii():
-        return name.lower()
-    return name.decode("utf-8", "surrogateescape").lower().encode("utf-8", "surrogateescape")
-
-
-def _joined(values: list[bytes]) -> str:
-    if len(values) == 1:
-        return values[0].decode("utf-8", "surrogateescape")
-    return ", ".join(v.decode("utf-8", "surrogateescape") for v in values)
+    @property
+    def buffer(self) -> bytes:
+        return self._buf
 
 
 _VTABLE_2 = struct.Struct("<HHHH").unpack_from
-# A table's vtable offset and the two fields after it.
-_ENTRY_HEAD = struct.Struct("<iII").unpack_from
-_OFFSETS: dict[int, Callable[[bytes, int], tuple[int, ...]]] = {}
 
 
-def _offsets(buf: bytes, at: int) -> tuple[int, ...]:
-    """A vector's u32 elements, read at once."""
-    count = _U32(buf, at)[0]
-    if at + 4 + 4 * count > len(buf):
-        raise Malformed(f"vector at {at} runs past the end of the buffer")
-    read = _OFFSETS.get(count)
-    if read is None:
-        read = struct.Struct(f"<{count}I").unpack_from
-        if count <= 128:
-            _OFFSETS[count] = read
-    return read(buf, at + 4)
-
-
-def _entry_fields(buf: bytes, pos: int) -> tuple[int, int]:
+def entry_fields(buf: bytes, pos: int) -> tuple[int, int]:
     """A TextEntry's field offsets (name, value) from its vtable, 0 where absent."""
     vt = pos - _I32(buf, pos)[0]
     if vt < 0:
@@ -271,7 +124,7 @@ def _entry_fields(buf: bytes, pos: int) -> tuple[int, int]:
     return (name if vlen > 4 else 0), (value if vlen > 6 else 0)
 
 
-def _vector(buf: bytes, at: int) -> range:
+def vector(buf: bytes, at: int) -> range:
     count = _U32(buf, at)[0]
     if at + 4 + 4 * count > len(buf):
         raise Malformed(f"vector at {at} runs past the end of the buffer")

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
 from gateway_plugin.protocol import schema
-from gateway_plugin.protocol.flat import EntryMap, Malformed, Table
+from gateway_plugin.protocol.entry_map import EntryMap, entry_map
+from gateway_plugin.protocol.flat import Malformed, Table
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -104,7 +105,7 @@ class HttpReqCall:
     def header_map(self) -> EntryMap:
         """Lower-cased names; repeated headers joined with ``", "``."""
         if self._header_map is None:
-            self._header_map = _read(self._t.entry_map, _REQ.HEADERS)
+            self._header_map = _read(functools.partial(entry_map, self._t), _REQ.HEADERS)
         return self._header_map
 
     @property
@@ -144,7 +145,7 @@ class HttpRespCall:
     def header_map(self) -> EntryMap:
         """Lower-cased names; repeated headers joined with ``", "``."""
         if self._header_map is None:
-            self._header_map = _read(self._t.entry_map, _RESP_CALL.HEADERS)
+            self._header_map = _read(functools.partial(entry_map, self._t), _RESP_CALL.HEADERS)
         return self._header_map
 
 

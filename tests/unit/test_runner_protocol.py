@@ -11,7 +11,7 @@ from A6.PrepareConf.Req import Req as PrepareConfReq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway_plugin.protocol import encode, flat, messages, schema
+from gateway_plugin.protocol import encode, entry_map, messages, schema
 from gateway_plugin.protocol.frames import MAX_PAYLOAD, FrameReader, FrameTooLarge, FrameType, frame
 from gateway_plugin.request.header_names import OWN_PREFIX
 
@@ -222,4 +222,4 @@ def test_a_header_map_with_spillways_own_name_or_a_repeat_is_not_regular() -> No
     assert messages.HttpReqCall(
         encode.req_call(1, 1, 0, "/", [], [("x-a", "1")], bytes(4))
     ).header_map.regular
-    assert OWN_PREFIX.encode() == flat.OWN_PREFIX
+    assert OWN_PREFIX.encode() == entry_map.OWN_PREFIX
