@@ -57,20 +57,37 @@ _M.saturated = saturated
 -- counts from which it is hot (enter; and stays hot from stay), saturated, worth growing a cold
 -- target for, and past each cold start (cold_at): a request compares its count with them instead
 -- of estimating its latency. Found once per table, route and model by bisection over the same
--- expressions a request would evaluate, so the two agree at every count.
+-- expressions a request would evaluate, so the two agree at every count. (No closures: a function
+-- that makes one is not compiled, and would cost decide() its trace.)
 local HIGHEST = 2 ^ 40
+local ENTER, STAY, SATURATED, GROW, COLD = 1, 2, 3, 4, 5
 
-local function from(holds)
-    if not holds(HIGHEST) then
+local function holds(v, kind, n, cold_start_ms)
+    local load, policy = v.load, v.policy
+    local latency = latency_of(load, policy, v.counted and n or nil)
+    if kind == ENTER then
+        return latency + v.reserve > v.target_ms * policy.enter_ratio
+    elseif kind == STAY then
+        return not (latency + v.reserve < v.target_ms * policy.exit_ratio)
+    elseif kind == SATURATED then
+        return saturated(load, policy, latency)
+    elseif kind == GROW then
+        return latency > v.target_ms or saturated(load, policy, latency)
+    end
+    return latency - load.compute_ms >= cold_start_ms
+end
+
+local function from(v, kind, cold_start_ms)
+    if not holds(v, kind, HIGHEST, cold_start_ms) then
         return math.huge
     end
-    if holds(0) then
+    if holds(v, kind, 0, cold_start_ms) then
         return 0
     end
-    local low, high = 0, HIGHEST  -- not holds(low), holds(high)
+    local low, high = 0, HIGHEST  -- not holds at low, holds at high
     while high - low > 1 do
         local mid = math.floor((low + high) / 2)
-        if holds(mid) then
+        if holds(v, kind, mid, cold_start_ms) then
             high = mid
         else
             low = mid
@@ -82,8 +99,7 @@ end
 local function cold_at(v, cold_start_ms)
     local at = v.cold[cold_start_ms]
     if at == nil then
-        local load, latency = v.load, v.latency
-        at = from(function(n) return latency(n) - load.compute_ms >= cold_start_ms end)
+        at = from(v, COLD, cold_start_ms)
         v.cold[cold_start_ms] = at
     end
     return at
@@ -92,15 +108,10 @@ _M.cold_at = cold_at
 
 -- counted: whether the request's count is this node's (else the table's estimate alone).
 local function verdict(load, policy, target_ms, counted)
-    local latency = function(n)
-        return latency_of(load, policy, counted and n or nil)
-    end
-    local reserve = reserve_of(load, policy)
-    local v = { load = load, latency = latency, cold = {} }
-    v.enter = from(function(n) return latency(n) + reserve > target_ms * policy.enter_ratio end)
-    v.stay = from(function(n) return not (latency(n) + reserve < target_ms * policy.exit_ratio) end)
-    v.saturated = from(function(n) return saturated(load, policy, latency(n)) end)
-    v.grow = from(function(n) return latency(n) > target_ms or saturated(load, policy, latency(n)) end)
+    local v = { load = load, policy = policy, target_ms = target_ms, counted = counted,
+                reserve = reserve_of(load, policy), cold = {} }
+    v.enter, v.stay = from(v, ENTER), from(v, STAY)
+    v.saturated, v.grow = from(v, SATURATED), from(v, GROW)
     return v
 end
 
