@@ -9,7 +9,7 @@
 local C = require("apisix.plugins.spillway.contract")
 local overflow = require("apisix.plugins.spillway.overflow")
 local route = require("apisix.plugins.spillway.route")
-local verdicts, cold_at, saturated = overflow.verdicts, overflow.cold_at, overflow.saturated
+local latency_of, reserve_of, overflowing = overflow.latency_of, overflow.reserve_of, overflow.overflowing
 
 local re_find = ngx.re.find
 local str_lower = string.lower
@@ -91,14 +91,12 @@ local function decision(target, reason, extra)
     return d
 end
 
--- full: whether local is saturated, as decide() found it (from the table's estimate alone when
--- nil, as on the fail-safe path).
-local function stay_local(load, policy, reason, tenant, hot, residency_kept, full)
+-- latency: the estimate decide() made (the table's alone when omitted, as on the fail-safe path).
+local function stay_local(load, policy, reason, tenant, hot, residency_kept, latency)
     if load.fresh then
-        if full == nil then
-            full = saturated(load, policy, load.latency_ms)
-        end
-        if full then
+        latency = latency or load.latency_ms
+        if latency - load.compute_ms > policy.max_queue_ms
+            or latency > policy.latency_target_ms * policy.saturation_ratio then
             return decision(SHED, reason, { status = 503, retry_after_s = policy.retry_after_s,
                 residency_kept = residency_kept, overflowing = hot, tenant = tenant,
                 local_saturated = true })
@@ -182,9 +180,7 @@ end
 -- is not worth it, except the first such target of the chain when grow (local would miss the
 -- target anyway, or is saturated): policy.py's _pick_target. A warm instance is free when the
 -- warm ones' slots outnumber the requests in flight that were not sent there cold.
--- v, count: the request's verdicts and its count (overflow.verdicts), where a cold target must be
--- worth its start; nil where waiting for local is waiting for ever (any target may start).
-local function pick_target(chain, tbl, policy, tenant, v, count, live, f, grow)
+local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, grow)
     local first, first_cost, best, best_cost, best_price
     for _, name in ipairs(chain) do
         local spec = tbl.targets[name]
@@ -195,7 +191,7 @@ local function pick_target(chain, tbl, policy, tenant, v, count, live, f, grow)
             local in_flight = live:in_flight(name)
             if not blocked and in_flight < spec.cap then
                 local warm = (spec.warm or 0) * spec.slots > in_flight - live:starting(name)
-                local startable = warm or v == nil or count >= cold_at(v, spec.cold_start_ms)
+                local startable = warm or local_wait_ms >= spec.cold_start_ms
                 if not startable then
                     startable = grow
                     grow = false
@@ -233,7 +229,7 @@ end
 local function local_failing(f, policy, action, chain, tbl, tenant, live)
     local leaves = may_leave(f, policy)
     if leaves and #chain > 0 and action ~= ACTION["local"] then
-        local name, reason, cost = pick_target(chain, tbl, policy, tenant, nil, 0, live, f, true)
+        local name, reason, cost = pick_target(chain, tbl, policy, tenant, math.huge, live, f, true)
         if name then
             return decision(name, reason, { overflowing = true, cost_usd = cost, tenant = tenant })
         end
@@ -274,12 +270,11 @@ function _M.decide(f, tbl, policy, live)
         load = tbl["local"][""] or NO_LOAD
     end
     local target_ms = policy.model_targets_ms[f.model or ""] or policy.latency_target_ms
-    local hot, v, count = false, nil, 0
+    local hot, latency = false, 0
     if load.fresh then
-        v, count = verdicts(policy, load, target_ms, live:local_in_flight(model_key))
-        hot = count >= v.enter or (load.overflowing and count >= v.stay)
+        latency = latency_of(load, policy, live:local_in_flight(model_key))
+        hot = overflowing(load, target_ms, policy, latency)
     end
-    local full = v ~= nil and count >= v.saturated
     if action == ACTION.shed then
         return decision(SHED, R.rule, { status = 503, retry_after_s = policy.retry_after_s,
                                          tenant = tenant, rule = rule_name })
@@ -294,7 +289,7 @@ function _M.decide(f, tbl, policy, live)
     if not may_leave(f, policy) then
         local d
         if wants_out then
-            d = stay_local(load, policy, R.residency, tenant, hot, true, full)
+            d = stay_local(load, policy, R.residency, tenant, hot, true, latency)
         else
             d = decision(LOCAL, load.fresh and R.local_ok or R.signals_missing,
                          { overflowing = hot, tenant = tenant })
@@ -311,14 +306,18 @@ function _M.decide(f, tbl, policy, live)
     if not wants_out then
         return decision(LOCAL, R.local_ok, { tenant = tenant })
     end
-    -- A cold start must beat the wait for local only where the request overflows.
-    local wait = action == ACTION.overflow and v or nil
-    local grow = v ~= nil and count >= v.grow
-    local name, reason, cost = pick_target(chain, tbl, policy, tenant, wait, count, live, f, grow)
+    local local_wait = math.huge
+    if action == ACTION.overflow then
+        local_wait = latency - load.compute_ms
+    end
+    local grow = latency > target_ms
+        or latency - load.compute_ms > policy.max_queue_ms
+        or latency > policy.latency_target_ms * policy.saturation_ratio
+    local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live, f, grow)
     if name then
         return decision(name, reason, { overflowing = hot, cost_usd = cost, tenant = tenant })
     end
-    return stay_local(load, policy, R.no_target, tenant, hot, false, full)
+    return stay_local(load, policy, R.no_target, tenant, hot, false, latency)
 end
 
 -- What operators see in X-Spillway-Decision after the target: rule:<name>, +local_saturated.
