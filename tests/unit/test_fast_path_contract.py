@@ -42,6 +42,9 @@ def _values(value: object) -> list[str]:
     return []
 
 
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r"}
+
+
 def _literals(code: str) -> list[str]:
     """The Lua string literals of ``code`` (comments gone), but a table's field named as one
     (``tbl["local"]``: the table's shape, which its generated schema checks)."""
@@ -49,7 +52,7 @@ def _literals(code: str) -> list[str]:
     found = []
     for match in re.finditer(r"""(\[?)\s*(["'])((?:\\.|(?!\2).)*)\2""", code):
         if not match.group(1):
-            found.append(match.group(3).encode().decode("unicode_escape"))
+            found.append(re.sub(r"\\(.)", lambda e: _ESCAPES.get(e.group(1), e.group(1)), match.group(3)))
     return found
 
 
