@@ -47,15 +47,18 @@ LOCAL = {
 @dataclass
 class Member:
     """One tritonserver on ports of its own, which it keeps across a stop and a start (a pod
-    replaced behind the same Service address). ``log_path``: its log there, not on stderr."""
+    replaced behind the same Service address). ``log_path``: its log there, not on stderr;
+    ``host``: the loopback address it listens on (a pod's own, where several share the ports)."""
 
     repo: Path
     http_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     log_path: Path | None = None
+    host: str = "127.0.0.1"
     server: Sidecar | None = None
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start it; ``wait``: until it is ready (else ``wait_ready``, to start several at once)."""
         options = SidecarOptions(
             self.repo,
             ("slow",),
@@ -64,9 +67,15 @@ class Member:
             metrics_port=self.metrics_port,
             log_prefix="",
             log_path=self.log_path,
+            host=self.host,
         )
         self.server = Sidecar(options)
         self.server.start()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        assert self.server is not None
         self.server.wait_ready(60)
 
     def stop(self) -> None:

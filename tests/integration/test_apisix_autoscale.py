@@ -27,12 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from devtools import apisix
-from functions.sidecar import Sidecar, SidecarOptions, free_port
+from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
@@ -41,6 +40,7 @@ from testing.dns import Dns, dnsmasq, needs_dnsmasq
 from testing.http import http, wait_until
 from testing.paths import TEST_MODELS
 from testing.standins import Upstream, upstream
+from testing.tritons import Member
 
 pytestmark = [pytest.mark.integration, needs_apisix(), needs_dnsmasq()]
 
@@ -62,39 +62,6 @@ UPSTREAM_HEADER = "x-test-upstream"
 # How long each measured phase runs once settled, and the window a share is read over.
 PHASE_S = 3.0
 WINDOW_S = 1.0
-
-
-@dataclass
-class Member:
-    """One pod: a tritonserver on its own loopback address, with the ports every pod has."""
-
-    address: str
-    repo: Path
-    http_port: int
-    metrics_port: int
-    server: Sidecar | None = None
-
-    def start(self) -> None:
-        options = SidecarOptions(
-            self.repo,
-            ("slow",),
-            60,
-            http_port=self.http_port,
-            metrics_port=self.metrics_port,
-            log_path=self.repo.parent / f"triton-{self.address}.log",
-            host=self.address,
-        )
-        self.server = Sidecar(options)
-        self.server.start()
-
-    def wait_ready(self) -> None:
-        assert self.server is not None
-        self.server.wait_ready(60)
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +160,7 @@ class Cluster:
     def publish(self, count: int) -> float:
         """The first ``count`` members' records from now on; when they changed."""
         changed = time.monotonic()
-        self.dns.set_hosts(NAME, [m.address for m in self.members[:count]])
+        self.dns.set_hosts(NAME, [m.host for m in self.members[:count]])
         return changed
 
 
@@ -213,10 +180,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     http_port, metrics_port = free_port(), free_port()
     with ExitStack() as stack:
         dns = stack.enter_context(dnsmasq(tmp))
-        members = [Member(a, repo, http_port, metrics_port) for a in ADDRESSES]
+        members = [
+            Member(repo, http_port, metrics_port, repo.parent / f"triton-{a}.log", a) for a in ADDRESSES
+        ]
         stack.callback(_stop_all, members)
         for member in members[:2]:
-            member.start()
+            member.start(wait=False)
         for member in members[:2]:
             member.wait_ready()
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
@@ -292,7 +261,7 @@ def _scale(cluster: Cluster, load: Load) -> tuple[dict[str, dict[str, object]], 
         assert load.local_nodes(r, start) <= set(ADDRESSES[:2]), (r, load.local_nodes(r, start))
 
     for member in cluster.members[2:]:
-        member.start()
+        member.start(wait=False)
     for member in cluster.members[2:]:
         member.wait_ready()
     joined = cluster.publish(4)
