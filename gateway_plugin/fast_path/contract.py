@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Final
 
 from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
-from gateway_plugin.books.cost_series import UNNAMED
 from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, UPSTREAM_VAR, WORKER_VAR
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
@@ -116,14 +115,13 @@ REASONS: Final = {r.name.lower(): r.value for r in Reason}
 ACTIONS: Final = {a.name.lower(): a.value for a in RuleAction}
 BREAKER: Final = {s.name.lower(): s.value for s in BreakerState}
 # How a decision is spelled (``X-Spillway-Decision``, the summary's ``decisions`` keys) and how a
-# usage entry's key joins target, tenant and model (``UNNAMED``: a name not known).
+# usage entry's key joins target, tenant and model.
 SPELLING: Final = {
     "decision_sep": DECISION_SEP,
     "label_sep": LABEL_SEP,
     "saturated": SATURATED,
     "rule_prefix": RULE_PREFIX,
     "usage_sep": USAGE_SEP,
-    "unnamed": UNNAMED,
 }
 # The audit trail's fields, in the order X-Spillway-Audit joins them, and its words.
 AUDIT: Final = {

@@ -19,7 +19,7 @@ return {
     REASON = { local_ok = "local_ok", signals_missing = "signals_missing", rule = "rule", residency = "residency", no_target = "no_target", overflow_warm = "overflow_warm", overflow_cold = "overflow_cold", tenant_rate = "tenant_rate", tenant_concurrency = "tenant_concurrency", invoke_failed = "invoke_failed", local_failing = "local_failing" },
     ACTION = { ["local"] = "local", overflow = "overflow", target = "target", shed = "shed" },
     BREAKER = { closed = "closed", open = "open", half_open = "half_open" },
-    SPELLING = { decision_sep = ";", label_sep = "+", saturated = "local_saturated", rule_prefix = "rule:", usage_sep = "\t", unnamed = "\t" },
+    SPELLING = { decision_sep = ";", label_sep = "+", saturated = "local_saturated", rule_prefix = "rule:", usage_sep = "\t" },
     AUDIT = {
         fields = { "decision", "target", "reason", "tenant", "class", "model", "cost" },
         sep = ";",
