@@ -280,6 +280,7 @@ COLUMNS = (
     ("p99_ms", "{:.0f}"),
     ("cloud_share", "{:.1%}"),
     ("cloud_cost_usd", "{:.4f}"),
+    ("warmup_cost_usd", "{:.4f}"),
     ("usd_per_1000_requests", "{:.4f}"),
     ("bursting_saved_pct", "{:.1f}%"),
     ("cold_hits", "{}"),

@@ -27,8 +27,10 @@ class Measures:
     residency_breaches: int = 0
     flaps: int = 0
     spilling: bool = False
+    # The cloud bill per target: the requests routed there and the warm-up's pings together.
     cost_by_target: dict[str, float] = field(default_factory=dict)
     cost_by_second: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    # The warm-up's part of ``cost_by_target`` (already in it: never added to it again).
     warmup_cost_usd: float = 0.0
     seconds: float = 0.0
     local_cost: LocalCost = field(default_factory=LocalCost)
@@ -61,6 +63,7 @@ class Measures:
             "cloud_share": round(self.kinds.count(CLOUD_KIND) / n, 5) if n else 0.0,
             "cloud_cost_usd": round(sum(self.cost_by_target.values()), 6),
             "warmup_cost_usd": round(self.warmup_cost_usd, 6),
+            "routed_cost_usd": round(sum(self.cost_by_target.values()) - self.warmup_cost_usd, 6),
             "cold_hits": self.cold_hits,
             "flaps_per_min": round(self.flaps / minutes, 3),
             "shed": self.kinds.count(SHED_KIND),
@@ -71,10 +74,11 @@ class Measures:
 
     def costs(self) -> dict[str, Any]:
         """The on-prem cluster's cost over the run, the cost per 1,000 requests, and what bursting
-        saved against GPUs for the peak, as ``python -m gateway_plugin costs`` reckons them."""
+        saved against GPUs for the peak, as ``python -m gateway_plugin costs`` reckons them. The
+        total is the cluster plus the cloud bill, which holds the warm-up's pings once."""
         hours = self.seconds / 3600
         onprem = self.local_cost.usd_per_hour * hours
-        total = onprem + sum(self.cost_by_target.values()) + self.warmup_cost_usd
+        total = onprem + sum(self.cost_by_target.values())
         served = sum(1 for k in self.kinds if k in (LOCAL_KIND, CLOUD_KIND))
         windows: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         for at, kind in zip(self.at, self.kinds, strict=True):
@@ -88,6 +92,7 @@ class Measures:
         fleet = peak_fleet(total, hours, cost.gpus, cost.usd_per_gpu_hour, peak, local_peak)
         return {
             "onprem_cost_usd": round(onprem, 6),
+            "total_cost_usd": round(total, 6),
             "usd_per_1000_requests": round(1000 * total / served, 6) if served else None,
             "gpus_for_peak": fleet.gpus if fleet and self.cost_by_target else None,
             "bursting_saved_pct": round(fleet.saved_pct, 2) if fleet and self.cost_by_target else None,

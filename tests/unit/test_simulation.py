@@ -66,6 +66,29 @@ def test_requests_too_big_for_lambda_go_to_fc_in_the_simulation_too() -> None:
     assert runs["spillway"].summary()["cloud_share"] > 0
 
 
+def test_every_policys_bill_adds_up_with_the_warmup_counted_once() -> None:
+    """The cloud bill holds the warm-up's pings; the total is the cluster plus that bill, and the
+    cost per 1,000 requests is that total over what was served."""
+    runs = run_policies(BURSTY, SHORT, Shaping(confidential_share=0.2), 5)
+    for name, measures in runs.items():
+        figures = measures.summary()
+        served = figures["requests"] - figures["shed"] - figures["failed"]
+        assert figures["warmup_cost_usd"] > 0, name
+        assert figures["routed_cost_usd"] + figures["warmup_cost_usd"] == pytest.approx(
+            figures["cloud_cost_usd"], abs=2e-6
+        ), name
+        assert figures["onprem_cost_usd"] + figures["cloud_cost_usd"] == pytest.approx(
+            figures["total_cost_usd"], abs=2e-6
+        ), name
+        # Each figure is rounded to 6 decimals: the per-1,000 one's rounding grows with the count.
+        assert figures["usd_per_1000_requests"] * served / 1000 == pytest.approx(
+            figures["total_cost_usd"], abs=(served / 1000 + 1) * 1e-6
+        ), name
+    local = runs["all_local"].summary()
+    assert local["cloud_cost_usd"] == pytest.approx(local["warmup_cost_usd"], abs=2e-6)
+    assert local["routed_cost_usd"] == pytest.approx(0.0, abs=2e-6)
+
+
 def _cluster(servers: int, max_batch: int = 1) -> Cluster:
     return Cluster(servers, SimulatedCluster(max_batch=max_batch, batch_growth=0.5))
 
