@@ -73,6 +73,9 @@ CLASSES = (
     "public",
 )
 PRIORITIES = (None, "high", "low", "HIGH", "", "medium", "hx", "12", "b")
+# A request's deadline in seconds and its priority (``admission:``), well formed or not.
+DEADLINES = (None, None, "0.05", "0.2", " 1.5 ", "10", "0", "007.25", "99999", "1e3", "-1", "1.2345", "")
+CRITICALITY = (None, None, "critical", "sheddable", "Sheddable ", "CRITICAL", "urgent", "")
 
 
 def _maybe(rng: random.Random, value: Any, p: float = 0.5) -> Any:
@@ -144,6 +147,12 @@ def random_config(rng: random.Random) -> dict[str, Any]:
             "cloud_allowed": rng.sample(["public", "internal", "PUBLIC"], rng.randint(0, 2))
             + ["public"] * (rng.random() < 0.7),
             "unclassified_may_leave": rng.random() < 0.3,
+        },
+        "admission": {
+            "deadline_header": rng.choice(["x-request-deadline-s", "x-deadline", None]),
+            "priority_header": rng.choice(["x-request-priority", "x-criticality", None]),
+            "max_deadline_s": rng.choice([0.1, 2.0, 60.0]),
+            "default_priority": rng.choice(["critical", "sheddable"]),
         },
         "overflow": {
             "enter_ratio": enter,
@@ -236,7 +245,13 @@ def random_route(rng: random.Random, policy: Policy) -> dict[str, Any]:
 
 def random_request(rng: random.Random, residency_header: str) -> dict[str, Any]:
     headers: dict[str, Any] = {}
-    for name, choices in ((residency_header.lower(), CLASSES), ("x-priority", PRIORITIES)):
+    named = (
+        (residency_header.lower(), CLASSES),
+        ("x-priority", PRIORITIES),
+        (rng.choice(("x-request-deadline-s", "x-deadline")), DEADLINES),
+        (rng.choice(("x-request-priority", "x-criticality")), CRITICALITY),
+    )
+    for name, choices in named:
         value = rng.choice(choices)
         if value is not None:
             headers[name] = [value, rng.choice(PRIORITIES[1:])] if rng.random() < 0.05 else value

@@ -15,6 +15,7 @@ from gateway_plugin.config.cluster import LocalCluster, LocalCost, LocalEndpoint
 from gateway_plugin.config.content import ContentChecks
 from gateway_plugin.config.model import Model
 from gateway_plugin.config.policy import (
+    Admission,
     BreakerSettings,
     Budgets,
     Match,
@@ -92,6 +93,9 @@ class SpillwayConfig(Model):
         description="what keeps a request home by its text (routes and rules with content_checks)",
     )
     overflow: Overflow = Field(default_factory=Overflow)
+    admission: Admission = Field(
+        default_factory=Admission, description="deadlines and priorities the requests carry"
+    )
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     budgets: Budgets = Field(default_factory=Budgets)
     tenants: Tenants = Field(default_factory=Tenants)

@@ -1,5 +1,5 @@
-"""``rules:``, ``residency:``, ``overflow:``, ``breaker:``, ``budgets:`` and ``tenants:``: what the
-routing policy is built from (``policy.build``)."""
+"""``rules:``, ``residency:``, ``overflow:``, ``admission:``, ``breaker:``, ``budgets:`` and
+``tenants:``: what the routing policy is built from (``policy.build``)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,28 @@ class Overflow(Model):
         if self.exit_ratio > self.enter_ratio:
             raise ValueError("exit_ratio must not exceed enter_ratio, or overflow would flap")
         return self
+
+
+class Admission(Model):
+    """A client's deadline and priority, read from its headers (input to check, not identity: a
+    client may say it is in a hurry, which only gets it refused sooner)."""
+
+    deadline_header: HeaderName | None = Field(
+        default="x-request-deadline-s",
+        description="seconds the client will wait for its answer (e.g. 2.5): a request that cannot be "
+        "answered in time anywhere is refused at once with 503 and Retry-After; none: not read",
+    )
+    priority_header: HeaderName | None = Field(
+        default="x-request-priority",
+        description="critical or sheddable: a sheddable request without a deadline takes its model's "
+        "latency target as one; none: not read",
+    )
+    max_deadline_s: float = Field(
+        default=60.0, gt=0, le=3600, description="a longer deadline is read as this one"
+    )
+    default_priority: Literal["critical", "sheddable"] = Field(
+        default="critical", description="the priority of a request that names none"
+    )
 
 
 class BreakerSettings(Model):

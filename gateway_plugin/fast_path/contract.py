@@ -17,6 +17,7 @@ from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, UPSTREAM_VAR, 
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
 from gateway_plugin.fast_path.summary import FastOutcomes
+from gateway_plugin.policy.admission import CRITICAL, DEADLINE_SYNTAX, SHEDDABLE
 from gateway_plugin.policy.model import (
     DECISION_SEP,
     LABEL_SEP,
@@ -38,7 +39,7 @@ from gateway_plugin.request.header_names import (
 )
 
 # The decision table's format: a plugin refuses a table of any other.
-FORMAT: Final = 7
+FORMAT: Final = 8
 # The reason of a decision made without a usable table (the plugin's fail-safe).
 FAIL_SAFE: Final = "table_stale"
 
@@ -114,6 +115,8 @@ REASONS: Final = {r.name.lower(): r.value for r in Reason}
 # What a rule does with the requests it matches (the table's rules carry it).
 ACTIONS: Final = {a.name.lower(): a.value for a in RuleAction}
 BREAKER: Final = {s.name.lower(): s.value for s in BreakerState}
+# A request's priority, and the syntax of its deadline's seconds (``policy.admission``).
+ADMISSION: Final = {"critical": CRITICAL, "sheddable": SHEDDABLE, "deadline_syntax": DEADLINE_SYNTAX}
 # How a decision is spelled (``X-Spillway-Decision``, the summary's ``decisions`` keys) and how a
 # usage entry's key joins target, tenant and model.
 SPELLING: Final = {
@@ -154,6 +157,7 @@ def constants() -> dict[str, object]:
         "REASON": dict(REASONS),
         "ACTION": dict(ACTIONS),
         "BREAKER": dict(BREAKER),
+        "ADMISSION": dict(ADMISSION),
         "SPELLING": dict(SPELLING),
         "AUDIT": dict(AUDIT),
         "SUMMARY": dict(SUMMARY_FIELDS),

@@ -99,6 +99,10 @@ def _policy(policy: Policy) -> PolicyRow:
         onprem_headroom=policy.onprem_headroom,
         default_chain=list(policy.default_chain),
         rules=[_rule(r) for r in policy.rules],
+        deadline_header=policy.deadline_header,
+        priority_header=policy.priority_header,
+        max_deadline_ms=policy.max_deadline_ms,
+        default_sheddable=policy.default_sheddable,
     )
 
 

@@ -62,6 +62,11 @@ class PolicyRow:
     onprem_headroom: float
     default_chain: list[str]
     rules: list[RuleRow]
+    # policy.admission: "" where a header is not read.
+    deadline_header: str
+    priority_header: str
+    max_deadline_ms: float
+    default_sheddable: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,5 +64,9 @@ def build_policy(config: SpillwayConfig) -> Policy:
         saturation_ratio=config.overflow.saturation_ratio,
         retry_after_s=config.overflow.retry_after_s,
         onprem_headroom=config.overflow.onprem_headroom,
+        deadline_header=config.admission.deadline_header or "",
+        priority_header=config.admission.priority_header or "",
+        max_deadline_ms=config.admission.max_deadline_s * 1000,
+        default_sheddable=config.admission.default_priority == "sheddable",
         thresholds=compiled(config.thresholds(), config.overflow.enter_ratio, config.overflow.exit_ratio)[1],
     )

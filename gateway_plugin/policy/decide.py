@@ -20,6 +20,12 @@ The order of concerns, each able only to narrow the choice:
    target goes to the next, else stays local);
 7. nothing eligible: local, or shed with 503 and Retry-After when local is saturated too.
 
+Deadlines (``policy.admission``): a request with one that may leave and that the cluster would
+answer too late looks for a target as a hot cluster's would; one that stays local although the
+cluster cannot answer it in time is answered 503 and Retry-After at once rather than queued past
+its deadline (delaying every request behind it). A deadline or priority header that says neither
+is refused with 400.
+
 When the cluster itself fails (its breaker open, ``health.local_health``), steps 4 to 7 give way:
 a request that may leave goes to the chain's first eligible target, warm or cold (waiting for
 local is waiting for ever), and one that may not, or that no target takes, is shed at once with
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import math
 
+from gateway_plugin.policy.admission import InvalidAdmission, deadline_ms
 from gateway_plugin.policy.model import (
     LOCAL,
     SHED,
@@ -66,15 +73,46 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
     shed = _over_quota(tenant, snapshot, policy)
     if shed is not None:
         return shed
+    load = snapshot.local.get(features.model or "") or snapshot.local.get("") or _NO_LOAD
+    target_ms = policy.model_targets_ms.get(features.model or "", policy.latency_target_ms)
+    try:
+        deadline = deadline_ms(features, policy, target_ms)
+    except InvalidAdmission:
+        return Decision(SHED, Reason.ADMISSION_INVALID, 400, tenant=tenant)
+    latency = estimated_latency_ms(load, policy) if load.fresh else 0.0
+    late = deadline is not None and load.fresh and latency > deadline
+    decision = _route(features, snapshot, policy, tenant, load, target_ms, latency, late)
+    if late and decision.target == LOCAL:
+        return Decision(
+            SHED,
+            Reason.DEADLINE,
+            503,
+            policy.retry_after_s,
+            decision.residency_kept,
+            decision.overflowing,
+            tenant=tenant,
+            on_prem_only=decision.on_prem_only,
+        )
+    return decision
+
+
+def _route(
+    features: RequestFeatures,
+    snapshot: Snapshot,
+    policy: Policy,
+    tenant: str | None,
+    load: LocalLoad,
+    target_ms: float,
+    latency: float,
+    late: bool,
+) -> Decision:
+    """Steps 3 to 7; ``late``: the cluster would answer past the request's deadline."""
     rule = next((r for r in policy.rules if r.matches(features)), None)
     action = rule.action if rule else RuleAction.OVERFLOW
     chain = rule.targets if rule and rule.targets else policy.default_chain
     rule_name = rule.name if rule else None
-    load = snapshot.local.get(features.model or "") or snapshot.local.get("") or _NO_LOAD
-    target_ms = policy.model_targets_ms.get(features.model or "", policy.latency_target_ms)
-    latency = estimated_latency_ms(load, policy) if load.fresh else 0.0
     hot = overflowing(load, target_ms, policy, latency) if load.fresh else False
-    spill = hot or (load.fresh and load.gauges_hot)
+    spill = hot or late or (load.fresh and load.gauges_hot)
     if action is RuleAction.SHED:
         return Decision(SHED, Reason.RULE, 503, policy.retry_after_s, tenant=tenant, rule=rule_name)
     if load.failing and not load.probe_allowed:

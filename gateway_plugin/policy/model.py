@@ -50,6 +50,10 @@ class Reason(StrEnum):
     TENANT_CONCURRENCY = "tenant_concurrency"
     INVOKE_FAILED = "invoke_failed"
     LOCAL_FAILING = "local_failing"
+    # Answered at once: it could not be answered by its deadline anywhere it may go.
+    DEADLINE = "deadline"
+    # Refused with 400: its deadline or priority header says neither.
+    ADMISSION_INVALID = "admission_invalid"
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,12 @@ class Policy:
     retry_after_s: int = 1
     onprem_headroom: float = 4.0
     thresholds: tuple[Threshold, ...] = ()
+    # ``admission:``: the headers that carry a deadline and a priority ("" is none), the longest
+    # deadline read, and whether a request that names no priority is sheddable.
+    deadline_header: str = ""
+    priority_header: str = ""
+    max_deadline_ms: float = 60_000.0
+    default_sheddable: bool = False
 
     def quota_of(self, tenant: str | None) -> Quota:
         return _NO_QUOTA if tenant is None else self.quotas.get(tenant, self.default_quota)

@@ -30,10 +30,11 @@ from gateway_plugin.request.header_names import FRAMING, OWN_HEADERS, fold
 
 def read_headers(policy: Policy) -> frozenset[str]:
     """The headers a decision under ``policy`` reads: classification, tenant (unless the consumer
-    is), and what rules name."""
+    is), deadline and priority (where read), and what rules name."""
     named = {name for rule in policy.rules for name, _ in rule.headers}
     tenant = () if policy.tenant_from_consumer else (policy.tenant_header,)
-    return frozenset({policy.classification_header, *tenant, *named})
+    admission = {h for h in (policy.deadline_header, policy.priority_header) if h}
+    return frozenset({policy.classification_header, *tenant, *admission, *named})
 
 
 def forget(request: HttpRequest, name: str, action: RequestAction) -> None:

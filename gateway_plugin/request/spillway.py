@@ -46,6 +46,7 @@ from gateway_plugin.content.checks import (
     tightened,
 )
 from gateway_plugin.plugin import HttpRequest, Plugin, RequestAction
+from gateway_plugin.policy.admission import invalid_message
 from gateway_plugin.policy.decide import decide
 from gateway_plugin.policy.model import LOCAL, SHED, Decision, Policy, Reason
 from gateway_plugin.policy.snapshot import RequestFeatures
@@ -242,7 +243,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         if show if show is not None else self.state.decision_header:
             action.add_response_header(HEADER_DECISION, decision.shown)
         if decision.target == SHED:
-            _shed(decision, action)
+            _shed(decision, action, self.policy_for(conf))
         elif decision.target == LOCAL:
             action.set_header(HEADER_TARGET, LOCAL)
             action.delete_header(HEADER_SIGNATURE)
@@ -319,7 +320,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
                 status=503,
                 retry_after_s=self.state.policy.retry_after_s,
             )
-            _shed(shed, action)
+            _shed(shed, action, self.state.policy)
             return shed._replace(cost_usd=0.0)
         answer_headers = {k.lower(): v for k, v in answer.headers}
         seconds = time.perf_counter() - started
@@ -348,7 +349,12 @@ def body_bytes(headers: Mapping[str, str]) -> int | None:
     return int(declared) if declared.isascii() and declared.isdigit() else None
 
 
-def _shed(decision: Decision, action: RequestAction) -> None:
+def _shed(decision: Decision, action: RequestAction, policy: Policy) -> None:
+    """A refusal (a deadline or priority that says neither) or a shed the client may retry."""
+    if decision.reason is Reason.ADMISSION_INVALID:
+        body = json.dumps({"error": f"bad request ({decision.label}): {invalid_message(policy)}"})
+        action.stop(decision.status, body.encode(), [("content-type", "application/json")])
+        return
     body = json.dumps({"error": f"overloaded ({decision.label}); retry after {decision.retry_after_s} s"})
     action.stop(
         decision.status,

@@ -306,6 +306,10 @@ function _M.access(conf, ctx)
     if tbl then
         ctx.spillway.table_age_s = math.max(0, now - tbl.built_at)
     end
+    if d.reason == contract.REASON.admission_invalid then
+        return d.status, { error = "bad request (" .. ctx.spillway.label .. "): "
+                                   .. decide.invalid_message(policy) }
+    end
     if d.target == decide.SHED then
         core.response.set_header("Retry-After", tostring(d.retry_after_s))
         return d.status, { error = "overloaded (" .. ctx.spillway.label .. "); retry after "

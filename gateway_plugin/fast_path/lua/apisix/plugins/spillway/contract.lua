@@ -2,7 +2,7 @@
 -- do not edit; change the Python side and regenerate (a test fails while this file is stale).
 -- What the runner and this plugin agree on (see there for what each one means).
 return {
-    FORMAT = 7,
+    FORMAT = 8,
     FAIL_SAFE = "table_stale",
     PATH = { alive = "/spillway/alive", table = "/spillway/table", outcomes = "/spillway/fast-outcomes" },
     PLUGIN = "spillway",
@@ -16,9 +16,10 @@ return {
     FRAMING = { "content-length", "transfer-encoding" },
     VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant" },
     TARGET = { ["local"] = "local", shed = "shed" },
-    REASON = { local_ok = "local_ok", signals_missing = "signals_missing", rule = "rule", residency = "residency", no_target = "no_target", overflow_warm = "overflow_warm", overflow_cold = "overflow_cold", tenant_rate = "tenant_rate", tenant_concurrency = "tenant_concurrency", invoke_failed = "invoke_failed", local_failing = "local_failing" },
+    REASON = { local_ok = "local_ok", signals_missing = "signals_missing", rule = "rule", residency = "residency", no_target = "no_target", overflow_warm = "overflow_warm", overflow_cold = "overflow_cold", tenant_rate = "tenant_rate", tenant_concurrency = "tenant_concurrency", invoke_failed = "invoke_failed", local_failing = "local_failing", deadline = "deadline", admission_invalid = "admission_invalid" },
     ACTION = { ["local"] = "local", overflow = "overflow", target = "target", shed = "shed" },
     BREAKER = { closed = "closed", open = "open", half_open = "half_open" },
+    ADMISSION = { critical = "critical", sheddable = "sheddable", deadline_syntax = "[0-9]{1,6}(?:\\.[0-9]{1,3})?" },
     SPELLING = { decision_sep = ";", label_sep = "+", saturated = "local_saturated", rule_prefix = "rule:", usage_sep = "\t" },
     AUDIT = {
         fields = { "decision", "target", "reason", "tenant", "class", "model", "cost" },

@@ -3,8 +3,8 @@
 -- A pure function of the request's features, the runner's decision table, the route's policy
 -- and the live counters (in-flight requests and spend since the table was made). It reads no
 -- clock and does no I/O, so the equivalence test can run it on any case the Python policy runs.
--- Every step mirrors policy.py and keeps its order: residency, tenant quota, rules, overflow,
--- cold starts, targets, and local or shed when nothing is eligible.
+-- Every step mirrors policy.py and keeps its order: residency, tenant quota, the deadline, rules,
+-- overflow, cold starts, targets, and local or shed when nothing is eligible.
 
 local C = require("apisix.plugins.spillway.contract")
 local overflow = require("apisix.plugins.spillway.overflow")
@@ -19,7 +19,7 @@ local ipairs = ipairs
 local _M = {}
 
 local LOCAL, SHED = C.TARGET["local"], C.TARGET.shed
-local R, ACTION, BREAKER, SPELLING = C.REASON, C.ACTION, C.BREAKER, C.SPELLING
+local R, ACTION, BREAKER, SPELLING, ADMISSION = C.REASON, C.ACTION, C.BREAKER, C.SPELLING, C.ADMISSION
 local SATURATED = SPELLING.label_sep .. SPELLING.saturated
 _M.LOCAL, _M.SHED = LOCAL, SHED
 local NO_LOAD = { fresh = false, latency_ms = 0, backlog_ms = 0, compute_ms = 0, overflowing = false,
@@ -238,21 +238,48 @@ local function local_failing(f, policy, action, chain, tbl, tenant, live)
                     overflowing = true, tenant = tenant, on_prem_only = not leaves })
 end
 
--- f: {path, headers (lower-case names, string values), args (string values), model}
--- tbl: the decision table (compiled by the table module); policy: the route's policy;
--- live: in_flight(name), starting(name) (those sent there cold), spent(name),
--- tenant_in_flight(tenant), probe_allowed(name, spec), local_in_flight(model_key): this node's
--- requests at the cluster (nil: not counted), local_probe_allowed(model_key): whether this node
--- may send the half-open cluster its probe.
-function _M.decide(f, tbl, policy, live)
-    local tenant = f.headers[policy.tenant_header]
-    if tenant == "" then
-        tenant = nil
+-- policy/admission.py's deadline_ms: the request's deadline in ms (at most max_deadline_ms), nil
+-- when it has none; false when its deadline or priority header says neither.
+local function deadline_ms(f, policy, target_ms)
+    local sheddable = policy.default_sheddable
+    if policy.priority_header ~= "" then
+        local named = f.headers[policy.priority_header]
+        if named ~= nil then
+            local priority = str_lower(strip(named))
+            if priority ~= ADMISSION.critical and priority ~= ADMISSION.sheddable then
+                return false
+            end
+            sheddable = priority == ADMISSION.sheddable
+        end
     end
-    local shed = over_quota(tenant, tbl, policy, live)
-    if shed then
-        return shed
+    if policy.deadline_header ~= "" then
+        local given = f.headers[policy.deadline_header]
+        if given ~= nil then
+            local seconds = strip(given)
+            if not full_match(ADMISSION.deadline_syntax, seconds) then
+                return false
+            end
+            return math.min(tonumber(seconds) * 1000, policy.max_deadline_ms)
+        end
     end
+    if sheddable then
+        return target_ms
+    end
+    return nil
+end
+_M.deadline_ms = deadline_ms
+
+-- policy/admission.py's invalid_message: what a 400 for a bad deadline or priority says.
+function _M.invalid_message(policy)
+    local deadline, priority = policy.deadline_header, policy.priority_header
+    return (deadline ~= "" and deadline or "-") .. ": seconds to wait (digits, up to 3 decimals); "
+        .. (priority ~= "" and priority or "-") .. ": " .. ADMISSION.critical .. " or "
+        .. ADMISSION.sheddable
+end
+
+-- Steps 3 to 7 of policy/decide.py (its _route); late: the cluster would answer past the
+-- request's deadline.
+local function routed(f, tbl, policy, live, tenant, load, model_key, target_ms, latency, late)
     local rule
     for _, r in ipairs(policy.rules) do
         if rule_matches(r, f) then
@@ -263,16 +290,8 @@ function _M.decide(f, tbl, policy, live)
     local action = rule and rule.action or ACTION.overflow
     local chain = (rule and #rule.targets > 0) and rule.targets or policy.default_chain
     local rule_name = rule and rule.name
-    local model_key = f.model or ""
-    local load = tbl["local"][model_key]
-    if load == nil then
-        model_key = ""
-        load = tbl["local"][""] or NO_LOAD
-    end
-    local target_ms = policy.model_targets_ms[f.model or ""] or policy.latency_target_ms
-    local hot, latency = false, 0
+    local hot = false
     if load.fresh then
-        latency = latency_of(load, policy, live:local_in_flight(model_key))
         hot = overflowing(load, target_ms, policy, latency)
     end
     if action == ACTION.shed then
@@ -284,7 +303,7 @@ function _M.decide(f, tbl, policy, live)
     end
     -- A gauge of local.thresholds past its limit spills too (its own hysteresis, applied by the
     -- runner at each scrape: the table carries its verdict).
-    local spill = hot or (load.fresh and load.gauges_hot)
+    local spill = hot or late or (load.fresh and load.gauges_hot)
     local wants_out = #chain > 0 and (action == ACTION.target or (action == ACTION.overflow and spill))
     if not may_leave(f, policy) then
         local d
@@ -318,6 +337,46 @@ function _M.decide(f, tbl, policy, live)
         return decision(name, reason, { overflowing = hot, cost_usd = cost, tenant = tenant })
     end
     return stay_local(load, policy, R.no_target, tenant, hot, false, latency)
+end
+
+-- f: {path, headers (lower-case names, string values), args (string values), model}
+-- tbl: the decision table (compiled by the table module); policy: the route's policy;
+-- live: in_flight(name), starting(name) (those sent there cold), spent(name),
+-- tenant_in_flight(tenant), probe_allowed(name, spec), local_in_flight(model_key): this node's
+-- requests at the cluster (nil: not counted), local_probe_allowed(model_key): whether this node
+-- may send the half-open cluster its probe.
+function _M.decide(f, tbl, policy, live)
+    local tenant = f.headers[policy.tenant_header]
+    if tenant == "" then
+        tenant = nil
+    end
+    local shed = over_quota(tenant, tbl, policy, live)
+    if shed then
+        return shed
+    end
+    local model_key = f.model or ""
+    local load = tbl["local"][model_key]
+    if load == nil then
+        model_key = ""
+        load = tbl["local"][""] or NO_LOAD
+    end
+    local target_ms = policy.model_targets_ms[f.model or ""] or policy.latency_target_ms
+    local deadline = deadline_ms(f, policy, target_ms)
+    if deadline == false then
+        return decision(SHED, R.admission_invalid, { status = 400, retry_after_s = 0, tenant = tenant })
+    end
+    local latency = 0
+    if load.fresh then
+        latency = latency_of(load, policy, live:local_in_flight(model_key))
+    end
+    local late = deadline ~= nil and load.fresh and latency > deadline
+    local d = routed(f, tbl, policy, live, tenant, load, model_key, target_ms, latency, late)
+    if late and d.target == LOCAL then
+        return decision(SHED, R.deadline, { status = 503, retry_after_s = policy.retry_after_s,
+            residency_kept = d.residency_kept, overflowing = d.overflowing, tenant = tenant,
+            on_prem_only = d.on_prem_only })
+    end
+    return d
 end
 
 -- What operators see in X-Spillway-Decision after the target: rule:<name>, +local_saturated.

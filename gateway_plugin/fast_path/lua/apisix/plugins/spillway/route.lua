@@ -43,6 +43,11 @@ function _M.route_policy(tbl, conf)
     if not p.tenant_from_consumer then
         p.read[p.tenant_header] = true
     end
+    for _, h in ipairs({ p.deadline_header, p.priority_header }) do
+        if h ~= "" then
+            p.read[h] = true
+        end
+    end
     for _, r in ipairs(p.rules) do
         for _, h in ipairs(r.headers) do
             p.read[h[1]] = true

@@ -105,8 +105,12 @@ return {
                     },
                     type = "array",
                 },
+                deadline_header = { type = "string" },
+                priority_header = { type = "string" },
+                max_deadline_ms = { type = "number", minimum = -1e+308, maximum = 1e+308 },
+                default_sheddable = { type = "boolean" },
             },
-            required = { "classification_header", "cloud_allowed", "unclassified_may_leave", "tenant_header", "tenant_from_consumer", "consumer_ceilings", "quotas", "default_quota", "latency_target_ms", "model_targets_ms", "max_queue_ms", "enter_ratio", "exit_ratio", "saturation_ratio", "retry_after_s", "parallelism", "onprem_headroom", "default_chain", "rules" },
+            required = { "classification_header", "cloud_allowed", "unclassified_may_leave", "tenant_header", "tenant_from_consumer", "consumer_ceilings", "quotas", "default_quota", "latency_target_ms", "model_targets_ms", "max_queue_ms", "enter_ratio", "exit_ratio", "saturation_ratio", "retry_after_s", "parallelism", "onprem_headroom", "default_chain", "rules", "deadline_header", "priority_header", "max_deadline_ms", "default_sheddable" },
             type = "object",
         },
         content = {
