@@ -14,8 +14,8 @@ from pathlib import Path
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
 from warmup.pinger import TargetResult
-from warmup.report import line, prometheus_text, summary, write_atomically
-from warmup.rounds import PlanRow, measured_rates, plan, run_round
+from warmup.report import added_up, line, prometheus_text, spent_before, summary, write_atomically
+from warmup.rounds import PlanRow, measured_rates, plan, round_spend_usd, run_round
 from warmup.transports import check_signing_keys
 
 
@@ -107,7 +107,9 @@ def _round(config: SpillwayConfig, out: Output) -> bool:
     )
     results = run_round(config, rows, out.wave)
     if config.warmup.report_file:
-        write_atomically(Path(config.warmup.report_file), prometheus_text(results))
+        report = Path(config.warmup.report_file)
+        spent = added_up(spent_before(report), round_spend_usd(config, results))
+        write_atomically(report, prometheus_text(results, spent))
     for result in results:
         out.event("target", line(result), **summary(result))
     short = [r.target for r in results if not r.ok]

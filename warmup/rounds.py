@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import requests
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target, WarmTarget
-from gateway_plugin.costs import monthly_warm_cost_usd
+from gateway_plugin.costs import monthly_warm_cost_usd, warm_ping_cost_usd
 from gateway_plugin.targets.urls import masked_url
 from warmup import schedules
 from warmup.demand import overflow_rates
@@ -112,3 +112,11 @@ def run_round(
     for t in threads:
         t.join()
     return [results[row.target] for row in rows]
+
+
+def round_spend_usd(config: SpillwayConfig, results: list[TargetResult]) -> dict[str, float]:
+    """What a round's pings cost per target: every ping sent, in every wave, priced as the plan
+    prices it."""
+    costs = {t.name: t.cost for t in config.targets}
+    dwell = {name: spec.dwell_ms for name, spec in config.warmup.targets.items()}
+    return {r.target: r.pings * warm_ping_cost_usd(costs[r.target], dwell[r.target]) for r in results}
