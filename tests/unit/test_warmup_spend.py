@@ -1,6 +1,6 @@
 """What the warm-up's pings cost, as its report counts it: every ping sent in every wave, priced as
 the plan prices a month of them, added up across rounds from the last report, and from zero when
-there is no last report to read."""
+there is no last report to read; and the runner showing that counter again on its /metrics."""
 
 from __future__ import annotations
 
@@ -11,14 +11,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from functions.contract import WARMUP_SPEND_METRIC, WarmupReport
-from gateway_plugin.config import TargetCost
+from gateway_plugin.books.state import GatewayState
+from gateway_plugin.books.warm_instances import read_warm_counts
+from gateway_plugin.config import SpillwayConfig, TargetCost
 from gateway_plugin.costs import monthly_warm_cost_usd, warm_ping_cost_usd
+from testing.gateway import gateway_state
 from testing.http import QuietHandler, http_server_thread
 from warmup.cli import main
-from warmup.report import read_spent
+from warmup.pinger import TargetResult
+from warmup.report import prometheus_text, read_spent
 
 # One instance answers every ping: two wanted are never reached, so every wave is sent.
 ONE_INSTANCE = WarmupReport(
@@ -111,3 +116,28 @@ def test_without_a_readable_last_report_the_counter_starts_from_zero(
         _round(config, capsys)
     assert read_spent(report.read_text()) == {"fn": pytest.approx(2 * WAVES * PER_PING)}
     assert ("counts from zero" in caplog.text) == (last_report is not None)
+
+
+def _runner_shows(state: GatewayState, report: bytes) -> dict[str, float]:
+    state.warm_counts(*read_warm_counts(report.decode()))
+    text = generate_latest(state.metrics.registry).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == WARMUP_SPEND_METRIC]
+    assert family.type == "counter"
+    return {s.labels["target"]: s.value for s in family.samples}
+
+
+def test_the_runner_shows_the_reports_counter_as_reported() -> None:
+    """As the file says, each time: the same value in every runner that reads it, a lower one a
+    reset, a target the runner does not know left out, nothing before the first reading."""
+    config = SpillwayConfig.model_validate(
+        {
+            "targets": [{"name": "fn", "kind": "http", "url": "https://fn.example", "signing_key_env": None}],
+            "metrics": {"listen": None},
+        }
+    )
+    state = gateway_state(config)
+    assert _runner_shows(state, b"") == {}
+    report = prometheus_text([TargetResult("fn", 1), TargetResult("gone", 1)], {"fn": 0.25, "gone": 1.0})
+    assert _runner_shows(state, report) == {"fn": 0.25}
+    assert _runner_shows(state, prometheus_text([TargetResult("fn", 1)], {"fn": 0.01})) == {"fn": 0.01}
+    assert _runner_shows(state, prometheus_text([TargetResult("fn", 1)])) == {}
