@@ -92,7 +92,7 @@ def allocate(
 ) -> list[Row]:
     """One day's rows: cloud ones as counted; the warm-up's per target, with no tenant or model;
     the cluster's cost shared by local requests."""
-    rows = [Row(day, *key, *values) for key, values in sorted(usage.items()) if key[2] != "local"]
+    rows = [Row(day, *key, v[0], v[1]) for key, v in sorted(usage.items()) if key[2] != "local"]
     rows += [
         Row(day, "", "", t, 0.0, usd, WARMUP_KIND) for t, usd in sorted((warmup_usd or {}).items()) if usd
     ]
