@@ -184,13 +184,13 @@ class _Warmer:
     def _loop(self) -> None:
         import datetime
 
-        from warmup.report import prometheus_text, summary, write_atomically
-        from warmup.rounds import plan, run_round
+        from warmup.report import summary
+        from warmup.rounds import plan, run_round, write_report
 
         while not self._stop.is_set():
             rows = plan(self.config, datetime.datetime.now(datetime.UTC), {})
             results = run_round(self.config, rows)
-            write_atomically(Path(self.config.warmup.report_file or ""), prometheus_text(results))
+            write_report(self.config, results)
             self.rounds.append({"at": time.monotonic(), "targets": [summary(r) for r in results]})
             self._stop.wait(self.config.warmup.interval_s)
 

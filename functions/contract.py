@@ -29,6 +29,9 @@ MAX_DWELL_MS = 60_000
 # The warm-up report file (Prometheus text) names each warm instance in this family, with labels
 # ``target`` and ``instance``; the gateway reads its warm pools from it.
 WARM_INSTANCE_METRIC = "spillway_warmup_instance"
+# And the estimated spend of the pings it sent, a counter per ``target`` kept across rounds (the
+# family's name; its samples end in ``_total``), which the gateway shows again on its /metrics.
+WARMUP_SPEND_METRIC = "spillway_warmup_spend_usd"
 
 _MODEL_PATH = re.compile(r"^/v2/models/([^/]+)")
 

@@ -21,12 +21,17 @@ def request_cost_usd(cost: TargetCost, cold: bool = False, cold_start_ms: float 
     )
 
 
-def monthly_warm_cost_usd(cost: TargetCost, instances: int, pings_per_hour: float, dwell_ms: float) -> float:
-    """Keeping ``instances`` warm: each ping is a billed request holding its instance for the dwell."""
-    per_ping = cost.usd_per_request + (dwell_ms / 1000) * (
+def warm_ping_cost_usd(cost: TargetCost, dwell_ms: float) -> float:
+    """One warm-up ping: a billed request holding its instance for the dwell (what the plan prices
+    and what the warm-up's report counts as spent)."""
+    return cost.usd_per_request + (dwell_ms / 1000) * (
         cost.memory_gb * cost.usd_per_gb_second + cost.usd_per_gpu_second
     )
-    return per_ping * instances * pings_per_hour * 24 * 30
+
+
+def monthly_warm_cost_usd(cost: TargetCost, instances: int, pings_per_hour: float, dwell_ms: float) -> float:
+    """Keeping ``instances`` warm: ``instances`` pings every round, a 30-day month of rounds."""
+    return warm_ping_cost_usd(cost, dwell_ms) * instances * pings_per_hour * 24 * 30
 
 
 class PeakFleet(NamedTuple):

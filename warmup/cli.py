@@ -14,8 +14,8 @@ from pathlib import Path
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, load
 from warmup.pinger import TargetResult
-from warmup.report import line, prometheus_text, summary, write_atomically
-from warmup.rounds import PlanRow, measured_rates, plan, run_round
+from warmup.report import line, summary
+from warmup.rounds import PlanRow, measured_rates, plan, run_round, write_report
 from warmup.transports import check_signing_keys
 
 
@@ -106,8 +106,7 @@ def _round(config: SpillwayConfig, out: Output) -> bool:
         targets={r.target: r.instances for r in rows},
     )
     results = run_round(config, rows, out.wave)
-    if config.warmup.report_file:
-        write_atomically(Path(config.warmup.report_file), prometheus_text(results))
+    write_report(config, results)
     for result in results:
         out.event("target", line(result), **summary(result))
     short = [r.target for r in results if not r.ok]

@@ -24,6 +24,8 @@ class TargetResult:
     failed: int = 0
     errors: list[str] = field(default_factory=list)
     waves: int = 0
+    # Pings sent, every wave's (each is a billed invocation, whether it answered or not).
+    pings: int = 0
 
     @property
     def ok(self) -> bool:
@@ -59,6 +61,7 @@ def warm_target(
         while result.waves < waves and not result.ok:
             result.waves += 1
             futures = [pool.submit(transport.ping, payload, timeout_s) for _ in range(wanted)]
+            result.pings += len(futures)
             for future in futures:
                 try:
                     report = future.result()

@@ -7,16 +7,18 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import requests
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target, WarmTarget
-from gateway_plugin.costs import monthly_warm_cost_usd
+from gateway_plugin.costs import monthly_warm_cost_usd, warm_ping_cost_usd
 from gateway_plugin.targets.urls import masked_url
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, failed_target, warm_target
+from warmup.report import added_up, prometheus_text, spent_before, write_atomically
 from warmup.sizing import wanted
 from warmup.transports import PingFailed, describe, transport_for
 
@@ -112,3 +114,19 @@ def run_round(
     for t in threads:
         t.join()
     return [results[row.target] for row in rows]
+
+
+def round_spend_usd(config: SpillwayConfig, results: list[TargetResult]) -> dict[str, float]:
+    """What a round's pings cost per target: every ping sent, in every wave, priced as the plan
+    prices it."""
+    costs = {t.name: t.cost for t in config.targets}
+    dwell = {name: spec.dwell_ms for name, spec in config.warmup.targets.items()}
+    return {r.target: r.pings * warm_ping_cost_usd(costs[r.target], dwell[r.target]) for r in results}
+
+
+def write_report(config: SpillwayConfig, results: list[TargetResult]) -> None:
+    """The round's report, its spend counters carried on from the last one, to warmup.report_file."""
+    if config.warmup.report_file:
+        path = Path(config.warmup.report_file)
+        spent = added_up(spent_before(path), round_spend_usd(config, results))
+        write_atomically(path, prometheus_text(results, spent))

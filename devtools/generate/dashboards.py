@@ -17,6 +17,11 @@ OUT = Path(__file__).resolve().parents[2] / "ops" / "grafana" / "dashboards"
 RATE = "[$__rate_interval]"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 CLOUD = 'target!~"local|shed"'
+# The warm-up's pings, per target: every runner shows the warm-up's same counter, so once per
+# target (the highest copy), never summed across runners.
+WARMUP_RATE = f"max by (target) (rate(spillway_warmup_spend_usd_total{RATE}))"
+# All of it, and 0 rather than nothing when no warm-up runs, so a sum with it still shows.
+WARMUP_TOTAL = f"(sum({WARMUP_RATE}) or vector(0))"
 
 
 @dataclass(frozen=True)
@@ -323,17 +328,22 @@ WARMUP = Dashboard(
 COST = Dashboard(
     "spillway-cost",
     "Spillway: cost",
-    "Estimated spend per target, tenant and model, and local against cloud cost per 1,000 requests.",
+    "Estimated spend per target, tenant and model, and local against cloud cost per 1,000 requests. "
+    "Cloud spend is the requests' and the warm-up's pings' (spillway_warmup_spend_usd_total, the "
+    "same in every runner: taken once per target).",
     (
         Panel(
             "Cloud spend per target",
             "currencyUSD",
             (
                 (
-                    f"sum by (target) (rate(spillway_cloud_spend_usd_total{RATE})) * 3600",
+                    f"(sum by (target) (rate(spillway_cloud_spend_usd_total{RATE})) + on (target) "
+                    f"{WARMUP_RATE} or sum by (target) (rate(spillway_cloud_spend_usd_total{RATE})) "
+                    f"or {WARMUP_RATE}) * 3600",
                     "{{target}} per hour",
                 ),
             ),
+            description="The requests sent there and the warm-up's pings.",
         ),
         Panel(
             "Cost per 1,000 requests: local and cloud",
@@ -345,23 +355,31 @@ COST = Dashboard(
                     "local",
                 ),
                 (
-                    f'1000 * sum(rate(spillway_spend_usd_total{{target!="local"}}{RATE})) / '
+                    f'1000 * (sum(rate(spillway_spend_usd_total{{target!="local"}}{RATE})) + '
+                    f"{WARMUP_TOTAL}) / "
                     f'sum(rate(spillway_requests_total{{target!="local"}}{RATE}))',
                     "cloud",
                 ),
             ),
-            description="Local: what the cluster's GPUs cost (local.cost) over the requests it served.",
+            description="Local: what the cluster's GPUs cost (local.cost) over the requests it served. "
+            "Cloud: the requests' spend and the warm-up's pings over the requests sent out.",
         ),
         Panel(
             "Cloud spend per tenant",
             "currencyUSD",
-            ((f"sum by (tenant) (rate(spillway_spend_usd_total{RATE})) * 3600", "{{tenant}} per hour"),),
+            (
+                (f"sum by (tenant) (rate(spillway_spend_usd_total{RATE})) * 3600", "{{tenant}} per hour"),
+                (f"sum({WARMUP_RATE}) * 3600", "warm-up (no tenant) per hour"),
+            ),
             width=8,
         ),
         Panel(
             "Cloud spend per model",
             "currencyUSD",
-            ((f"sum by (model) (rate(spillway_spend_usd_total{RATE})) * 3600", "{{model}} per hour"),),
+            (
+                (f"sum by (model) (rate(spillway_spend_usd_total{RATE})) * 3600", "{{model}} per hour"),
+                (f"sum({WARMUP_RATE}) * 3600", "warm-up (no model) per hour"),
+            ),
             width=8,
         ),
         Panel(
@@ -381,11 +399,24 @@ COST = Dashboard(
             "Spent in the last 24 hours",
             "currencyUSD",
             (
-                ("sum(increase(spillway_spend_usd_total[1d]))", "cloud"),
+                (
+                    "sum(increase(spillway_spend_usd_total[1d])) + "
+                    "(sum(max by (target) (increase(spillway_warmup_spend_usd_total[1d]))) or vector(0))",
+                    "cloud",
+                ),
                 ("sum(increase(spillway_local_cost_usd_total[1d]))", "on-prem"),
             ),
             "stat",
+            description="Cloud: the requests' spend and the warm-up's pings.",
             width=6,
+        ),
+        Panel(
+            "Warm-up spend per target",
+            "currencyUSD",
+            ((f"{WARMUP_RATE} * 3600", "{{target}} per hour"),),
+            description="The warm-up's pings (python -m warmup; not pings sent by cloud schedulers), "
+            "part of the cloud spend above, once per target however many runners show it.",
+            width=12,
         ),
     ),
 )

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 # Upper bounds (seconds) of the fast path's table-age buckets, as apisix/plugins/spillway/report.lua.
@@ -49,6 +49,39 @@ class BucketCounts(Collector):
             running += n
             cumulative.append((bound, running))
         yield HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=self.sum)
+
+
+class ReportedCounter(Collector):
+    """A counter another process keeps (the warm-up's, in its report file), shown at the values it
+    reported, each set of labels' value replaced as a whole at every reading: one that went down
+    is a reset, as Prometheus reads it; a set no longer reported is no longer shown. No samples
+    before the first reading, so a runner that starts never shows a false jump from zero."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
+        self.values: dict[tuple[str, ...], float] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def replace(self, values: dict[tuple[str, ...], float]) -> None:
+        """Every set of labels' value as the other process last reported them."""
+        for labels in values:
+            if len(labels) != len(self.labelnames):
+                raise ValueError(f"{self.name}: labels {list(labels)} for {list(self.labelnames)}")
+        self.values = dict(values)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, value in sorted(self.values.items()):
+            family.add_metric(labels, value)
+        yield family
 
 
 class Family(NamedTuple):
@@ -299,6 +332,15 @@ FAMILIES_AFTER_COST = (
         Gauge,
         "spillway_warmup_wanted_instances",
         "Instances the warm-up's last round was to keep warm (from warmup.report_file).",
+        ("target",),
+    ),
+    Family(
+        "warmup_spend",
+        ReportedCounter,
+        "spillway_warmup_spend_usd",
+        "Estimated spend of the warm-up's pings, as its report counts them across rounds (from "
+        "warmup.report_file; not pings sent by cloud schedulers). Every runner and worker shows the "
+        "same counter: take it once per target (max by (target)), never summed.",
         ("target",),
     ),
     Family(

@@ -10,7 +10,13 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from gateway_plugin.books.cost_series import CostSeries
-from gateway_plugin.books.families import FAMILIES_AFTER_COST, FAMILIES_BEFORE_COST, BucketCounts, Family
+from gateway_plugin.books.families import (
+    FAMILIES_AFTER_COST,
+    FAMILIES_BEFORE_COST,
+    BucketCounts,
+    Family,
+    ReportedCounter,
+)
 from gateway_plugin.config import SpillwayConfig
 
 
@@ -76,6 +82,7 @@ class RunnerMetrics:
     local_gpus: Gauge
     warmup_warm: Gauge
     warmup_wanted: Gauge
+    warmup_spend: ReportedCounter
     warmup_round: Gauge
     cost: CostSeries
 

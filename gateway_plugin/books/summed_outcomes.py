@@ -11,6 +11,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from functions.contract import WARMUP_SPEND_METRIC
 from gateway_plugin.books.ledger import Ledger, TenantBooks
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.warm_instances import WarmPool
@@ -56,7 +57,8 @@ class SummedOutcomes:
     config: SpillwayConfig
 
     def warm_counts(self, counts: dict[str, dict[str, float]], ended: float | None) -> None:
-        """The warm-up's last round as it reported it: verified warm and wanted, per known target."""
+        """The warm-up's last round as it reported it: verified warm and wanted, and the spend of
+        every round's pings, per known target."""
         m = self.metrics
         for family, gauge in (
             ("spillway_warmup_warm_instances", m.warmup_warm),
@@ -65,6 +67,8 @@ class SummedOutcomes:
             for target, value in counts.get(family, {}).items():
                 if target in self.targets:
                     gauge.labels(target).set(value)
+        spent = counts.get(f"{WARMUP_SPEND_METRIC}_total", {})
+        m.warmup_spend.replace({(t,): usd for t, usd in spent.items() if t in self.targets})
         if ended is not None:
             m.warmup_round.set(ended)
 

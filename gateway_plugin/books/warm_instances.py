@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from functions.contract import WARM_INSTANCE_METRIC
+from functions.contract import WARM_INSTANCE_METRIC, WARMUP_SPEND_METRIC
 
 MAX_INSTANCES = 10_000
 
@@ -55,7 +55,11 @@ def read_warm_report(text: str) -> dict[str, list[str]]:
 
 
 # The warm-up report's per-target counts the runner shows again on its own /metrics.
-WARMUP_COUNTS = ("spillway_warmup_warm_instances", "spillway_warmup_wanted_instances")
+WARMUP_COUNTS = (
+    "spillway_warmup_warm_instances",
+    "spillway_warmup_wanted_instances",
+    f"{WARMUP_SPEND_METRIC}_total",
+)
 WARMUP_ROUND = "spillway_warmup_last_round_timestamp_seconds"
 
 

@@ -179,6 +179,7 @@ def test_costs_prints_a_runners_bill_as_csv_and_json(capsys: pytest.CaptureFixtu
         b'spillway_spend_usd_total{tenant="acme",model="add_sub",target="aws"} 0.04\n'
         b'spillway_requests_total{tenant="acme",model="add_sub",target="local"} 6\n'
         b"spillway_local_cost_usd_total 0.6\n"
+        b'spillway_warmup_spend_usd_total{target="aws"} 0.02\n'
     )
 
     class Metrics(QuietHandler):
@@ -194,13 +195,14 @@ def test_costs_prints_a_runners_bill_as_csv_and_json(capsys: pytest.CaptureFixtu
         assert main(["costs", "--metrics-url", url + "/metrics", "--format", "json"]) == 0
         json_out = capsys.readouterr().out
     assert csv_out.out.splitlines() == [
-        "period,tenant,model,target,requests,cost_usd",
-        "since-start,acme,add_sub,aws,4,0.040000",
-        "since-start,acme,add_sub,local,6,0.600000",
+        "period,tenant,model,target,requests,cost_usd,kind",
+        "since-start,acme,add_sub,aws,4,0.040000,requests",
+        "since-start,,,aws,0,0.020000,warmup",
+        "since-start,acme,add_sub,local,6,0.600000,requests",
     ]
-    assert "total 0.6400 USD" in csv_out.err
+    assert "total 0.6600 USD (cloud 0.0600, of which warm-up 0.0200; on-prem 0.6000)" in csv_out.err
     import json
 
-    assert json.loads(json_out)["summary"]["usd_per_1000_requests"] == pytest.approx(64.0)
+    assert json.loads(json_out)["summary"]["usd_per_1000_requests"] == pytest.approx(66.0)
     assert main(["costs", "--metrics-url", "http://127.0.0.1:9/metrics"]) == 2
     assert "cannot read the counters from http://127.0.0.1:9/metrics" in capsys.readouterr().err

@@ -44,7 +44,9 @@ def _described(collector: Collector) -> list[dict[str, Any]]:
             "name": family.name,
             "type": family.type,
             "help": family.documentation,
-            "labels": sorted({k for s in family.samples for k in s.labels if k != "le"}),
+            # A collector that declares its label names has no samples to read them from yet.
+            "labels": list(getattr(collector, "labelnames", ()))
+            or sorted({k for s in family.samples for k in s.labels if k != "le"}),
             "buckets": [s.labels["le"] for s in family.samples if "le" in s.labels] or None,
         }
         for family in collector.collect()
