@@ -32,11 +32,10 @@ from gateway_plugin.simulation.trace import Shaping, generate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = {"example": "examples/spillway.yaml", "bursty": "examples/simulation/bursty.yaml"}
-FAMILIES = ("burst", "cron", "heavy", "daily", "sporadic")
-# Load (mean rate over the cluster's capacity): 10x only on the bursty and periodic families, on a
-# third of the trace (the runs are 20x longer there).
-LOADS = {"burst": (0.5, 2.0, 10.0), "cron": (0.5, 2.0, 10.0)}
-OTHER_LOADS = (0.5, 2.0)
+FAMILIES = ("burst", "cron", "heavy", "daily", "sporadic", "rare_bursts", "flash")
+# Load (mean rate over the cluster's capacity): every family at 0.5x-20x; 10x and more on a third
+# of the trace (the runs are 20x longer there).
+LOADS = (0.5, 2.0, 5.0, 10.0, 20.0)
 SHARE = 0.2
 STEADY = (0.5, 0.9, 2.0)
 
@@ -120,7 +119,7 @@ def main() -> None:
         config = load(ROOT / path)
         out["steady_flaps_per_min"][name] = steady_flaps(config, min(args.seconds, 600), args.seed)
         for family in FAMILIES:
-            for load_factor in LOADS.get(family, OTHER_LOADS):
+            for load_factor in LOADS:
                 seconds = args.seconds // 3 if load_factor >= 10 else args.seconds
                 trace = generate(family, {"mean": load_factor * capacity(config), "seconds": seconds})
                 frontier = sweep(config, trace, Shaping(confidential_share=SHARE), args.seed)

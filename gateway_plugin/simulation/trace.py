@@ -6,8 +6,8 @@ per request, from the first row's time; optional ``bytes``, ``classification`` a
 columns). The generators make rate traces:
 ``poisson``, ``mmpp`` (a Markov-modulated process: calm and burst states with exponential
 sojourns) and ``diurnal`` (a daily sine with a flash crowd), and the families shaped like published
-serverless workloads (``workloads``: heavy, burst, cron, daily, sporadic), each tuned by
-``name:key=value,...`` (``seed`` picks another draw of a random shape).
+serverless workloads (``workloads``: heavy, burst, cron, daily, sporadic, rare_bursts, flash),
+each tuned by ``name:key=value,...`` (``seed`` picks another draw of a random shape).
 """
 
 from __future__ import annotations

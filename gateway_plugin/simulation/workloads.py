@@ -26,6 +26,17 @@ load of "2x the cluster's capacity" means the same thing on every family.
   reaped between episodes) on average, then episodes of ``active_s`` (30 s) whose intensities are
   lognormal (``sigma`` 1.0): most functions are invoked rarely, with long idle times between
   invocations (Shahrad et al.).
+- ``rare_bursts``: a two-state Markov-modulated Poisson process, calm at a base rate and bursting
+  at ``factor`` (10) times it, each state held an exponential time of mean ``off_s`` (600 s) calm
+  and ``on_s`` (120 s) bursting: rare, long bursts, the first state drawn from the stationary
+  share. The base rate is whatever gives the trace its ``mean``. The MMPP of Fischer and
+  Meier-Hellstern, "The Markov-modulated Poisson process (MMPP) cookbook", Performance
+  Evaluation 18(2), 1993, the usual model of bursty arrivals; the bursts lasting minutes the
+  Azure and Huawei traces show on top of their cycles (Shahrad et al.; Joosen et al.).
+- ``flash``: the ``daily`` cycle with a flash crowd: ``flash_factor`` (10) times the rate for
+  ``flash_s`` (60 s) from a start drawn uniformly over the trace (``flash_at_s`` fixes it). Jung,
+  Krishnamurthy and Rabinovich, "Flash Crowds and Denial of Service Attacks", WWW 2002: a sudden
+  surge of many times the usual rate, over in minutes.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import math
 import random
 from collections.abc import Callable
 
-FAMILIES = ("heavy", "burst", "cron", "daily", "sporadic")
+FAMILIES = ("heavy", "burst", "cron", "daily", "sporadic", "rare_bursts", "flash")
 Params = dict[str, float]
 
 
@@ -108,12 +119,43 @@ def _sporadic(p: Params, seconds: int, rng: random.Random) -> list[float]:
     return out
 
 
+def _rare_bursts(p: Params, seconds: int, rng: random.Random) -> list[float]:
+    factor = max(p.get("factor", 10.0), 1.0)
+    on_s, off_s = max(p.get("on_s", 120.0), 1e-3), max(p.get("off_s", 600.0), 1e-3)
+    bursting = rng.random() < on_s / (on_s + off_s)
+    left = rng.expovariate(1 / (on_s if bursting else off_s))
+    out = []
+    for _ in range(seconds):
+        # each second's rate is its states' rates weighted by the time spent in each
+        rate, used = 0.0, 0.0
+        while left < 1.0 - used:
+            rate += left * (factor if bursting else 1.0)
+            used += left
+            bursting = not bursting
+            left = rng.expovariate(1 / (on_s if bursting else off_s))
+        rate += (1.0 - used) * (factor if bursting else 1.0)
+        left -= 1.0 - used
+        out.append(rate)
+    return out
+
+
+def _flash(p: Params, seconds: int, rng: random.Random) -> list[float]:
+    out = _daily(p, seconds, rng)
+    factor, lasts = max(p.get("flash_factor", 10.0), 1.0), max(int(p.get("flash_s", 60.0)), 1)
+    start = int(p.get("flash_at_s", rng.randint(0, max(0, seconds - lasts))))
+    for t in range(start, min(seconds, start + lasts)):
+        out[t] *= factor
+    return out
+
+
 SHAPES: dict[str, Callable[[Params, int, random.Random], list[float]]] = {
     "heavy": _heavy,
     "burst": _burst,
     "cron": _cron,
     "daily": _daily,
     "sporadic": _sporadic,
+    "rare_bursts": _rare_bursts,
+    "flash": _flash,
 }
 
 

@@ -62,3 +62,31 @@ def test_a_family_named_with_bad_parameters_is_refused() -> None:
     with pytest.raises(TraceError, match="key=number"):
         load_trace("burst:low=lots")
     assert load_trace("cron:mean=5,seconds=60").rates  # type: ignore[union-attr]
+
+
+def test_rare_bursts_spend_about_on_over_on_plus_off_of_the_time_at_factor_times_the_base() -> None:
+    rates = generate("rare_bursts", {"mean": 10.0, "seconds": 200_000, "on_s": 120, "off_s": 600}).rates
+    base = min(rates)
+    assert max(rates) / base == pytest.approx(10.0)
+    bursting = sum(r > 5 * base for r in rates) / len(rates)
+    assert 0.12 < bursting < 0.22, f"{bursting:.3f} of the time bursting, not about 120 / 720"
+    runs, run = [], 0
+    for rate in rates:
+        run = run + 1 if rate > 5 * base else 0
+        if run == 1:
+            runs.append(0)
+        if run:
+            runs[-1] = run
+    assert 80 < statistics.fmean(runs) < 160, "bursts last about on_s on average"
+
+
+def test_a_flash_crowd_multiplies_the_day_by_its_factor_for_its_stretch() -> None:
+    params = {"mean": 10.0, "seconds": 1200, "period_s": 1200, "sigma": 0, "flash_s": 60}
+    day = generate("daily", params).rates
+    crowded = generate("flash", params).rates
+    ratios = [c / d for c, d in zip(crowded, day, strict=True)]
+    inside = [t for t, ratio in enumerate(ratios) if ratio > ratios[0] * 5]
+    assert len(inside) == 60 and inside == list(range(inside[0], inside[0] + 60))
+    assert ratios[inside[0]] / ratios[0] == pytest.approx(10.0)
+    moved = generate("flash", {**params, "seed": 2}).rates
+    assert [t for t, r in enumerate(moved) if r > 5 * max(day)] != inside, "the seed moves the crowd"
