@@ -55,6 +55,13 @@ class QuietHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def reply(self, body: bytes, status: int = 200) -> None:
+        """One answer with its length."""
+        self.send_response(status)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
 
 @contextmanager
 def http_server_thread(

@@ -119,11 +119,7 @@ def prometheus() -> Iterator[str]:
     class Handler(QuietHandler):
         def do_GET(self) -> None:
             params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-            body = json.dumps(answer(params["query"][0], float(params["time"][0]))).encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(json.dumps(answer(params["query"][0], float(params["time"][0]))).encode())
 
     with http_server_thread(Handler) as url:
         yield url

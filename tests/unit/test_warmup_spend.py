@@ -40,11 +40,7 @@ def one_instance() -> Iterator[str]:
     class Handler(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
-            body = ONE_INSTANCE.encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(ONE_INSTANCE.encode())
 
     with http_server_thread(Handler) as url:
         yield url
