@@ -26,6 +26,7 @@ class Job:
         "confidential",
         "local_ms",
         "sent_cold",
+        "sheddable",
         "started",
         "target",
         "tenant",
@@ -42,6 +43,7 @@ class Job:
         self.target = ""
         self.sent_cold = False
         self.tenant: str | None = None
+        self.sheddable = False
         self.arrived = at
         self.started = at
 
@@ -49,6 +51,7 @@ class Job:
         """The same request, not yet routed (a run writes where it went and when it started)."""
         job = Job(self.at, self.body_bytes, self.confidential, self.local_ms, self.cloud_z)
         job.tenant = self.tenant
+        job.sheddable = self.sheddable
         return job
 
 

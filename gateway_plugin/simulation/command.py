@@ -51,6 +51,13 @@ def add_parser(sub: Any) -> None:
         "--confidential-share", type=float, default=0.0, help="share of requests that may not leave (0-1)"
     )
     sim.add_argument(
+        "--sheddable-share",
+        type=float,
+        default=0.0,
+        help="share of requests that say they are sheddable (admission.priority_header): refused at "
+        "once rather than queued past the latency target when they cannot leave (0-1)",
+    )
+    sim.add_argument(
         "--sweep",
         metavar="KEY=V1,V2,...",
         help="re-run for each value of a numeric config key, e.g. local.parallelism=1,2,4,8 or "
@@ -178,8 +185,10 @@ def run_policies(
 
 
 def _shaping(args: argparse.Namespace, config: SpillwayConfig) -> Shaping:
-    if not 0 <= args.confidential_share <= 1:
-        raise TraceError(f"--confidential-share must be between 0 and 1, not {args.confidential_share}")
+    for flag in ("confidential_share", "sheddable_share"):
+        share = getattr(args, flag)
+        if not 0 <= share <= 1:
+            raise TraceError(f"--{flag.replace('_', '-')} must be between 0 and 1, not {share}")
     if not 0 < args.scale <= 1e6:
         raise TraceError(f"--scale must be a positive factor, not {args.scale}")
     if args.duration_s is not None and not args.duration_s > 0:
@@ -192,6 +201,7 @@ def _shaping(args: argparse.Namespace, config: SpillwayConfig) -> Shaping:
         sim.request_bytes,
         sim.large_share,
         sim.large_bytes,
+        args.sheddable_share,
     )
 
 

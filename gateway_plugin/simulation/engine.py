@@ -52,6 +52,7 @@ def jobs(config: SpillwayConfig, trace: Trace, shaping: Shaping, seed: int) -> I
     for a in arrivals(trace, shaping, rng):
         job = Job(a.at_s, a.body_bytes, a.confidential, exp(mu + sigma * gauss(0.0, 1.0)), gauss(0.0, 1.0))
         job.tenant = a.tenant
+        job.sheddable = a.sheddable
         yield job
 
 

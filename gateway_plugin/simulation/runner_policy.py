@@ -13,6 +13,7 @@ from gateway_plugin.books.target_states import Counts
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.config.thresholds import GPU_UTILIZATION
+from gateway_plugin.policy.admission import SHEDDABLE
 from gateway_plugin.policy.decide import decide
 from gateway_plugin.policy.gauges import compiled
 from gateway_plugin.policy.model import LOCAL, Reason
@@ -42,6 +43,7 @@ class SpillwayRouter:
         self.state = _SimulatedState(config, GatewaySecrets(), clock=self._clock, wall=self._wall)
         self.model = config.simulation.model
         self.tenant_header = config.tenants.header.lower()
+        self.priority_header = self.state.policy.priority_header
         self.in_flight = {LOCAL: 0, **{t.name: 0 for t in config.targets}}
         self.starting = {t.name: 0 for t in config.targets}
         self.counts = Counts(self.in_flight, self.starting) if config.simulation.gateway_counts else None
@@ -60,6 +62,8 @@ class SpillwayRouter:
         self.now = now
         base = world.features[job.confidential]
         headers = base.headers if job.tenant is None else {**base.headers, self.tenant_header: job.tenant}
+        if job.sheddable and self.priority_header:
+            headers = {**headers, self.priority_header: SHEDDABLE}
         features = RequestFeatures(base.path, headers, base.args, base.model, job.body_bytes)
         state = self.state
         decision = decide(features, state.snapshot(job.tenant, self.model, self.counts), state.policy)

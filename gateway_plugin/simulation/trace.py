@@ -37,6 +37,7 @@ class Arrival(NamedTuple):
     body_bytes: int
     confidential: bool
     tenant: str | None = None
+    sheddable: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Shaping:
     request_bytes: int = 16_384
     large_share: float = 0.0
     large_bytes: int = 8 * 1024 * 1024
+    # Requests that carry ``admission.priority_header: sheddable`` (the rest name no priority).
+    sheddable_share: float = 0.0
 
 
 def load(spec: str, interval_s: float = 1.0) -> Trace:
@@ -191,7 +194,9 @@ def _labelled(
     if size is None:
         size = shaping.large_bytes if draw < shaping.large_share else shaping.request_bytes
     confidential = rng.random() < shaping.confidential_share if label is None else label != "public"
-    return Arrival(at, size, confidential)
+    # Drawn only when asked for, so that a trace without sheddable requests is the stream it was.
+    sheddable = shaping.sheddable_share > 0 and rng.random() < shaping.sheddable_share
+    return Arrival(at, size, confidential, sheddable=sheddable)
 
 
 def _csv_arrivals(path: Path, shaping: Shaping, rng: random.Random) -> Iterator[Arrival]:

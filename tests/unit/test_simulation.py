@@ -213,6 +213,20 @@ def test_the_command_prints_the_promised_json_on_the_example_config(tmp_path: Pa
     assert report.startswith("<!doctype html>") and 'id="chart-latency"' in report
 
 
+def test_sheddable_requests_that_cannot_leave_are_refused_rather_than_queued_past_the_target() -> None:
+    """Half the requests may not leave and the bursts overfill the cluster with them: the ones that
+    say they are sheddable are answered 503 at once, so the ones behind them meet the target."""
+    trace = generate("mmpp", {"base": 20, "burst": 120, "on_s": 30, "off_s": 60, "seconds": 240})
+    example = load(ROOT / "examples" / "spillway.yaml")
+    critical = run_policies(example, trace, Shaping(confidential_share=0.5), 2)["spillway"].summary()
+    shaping = Shaping(confidential_share=0.5, sheddable_share=1.0)
+    sheddable = run_policies(example, trace, shaping, 2)["spillway"].summary()
+    assert sheddable["slo_attainment"] > critical["slo_attainment"] + 0.1, (sheddable, critical)
+    assert sheddable["residency_breaches"] == 0
+    refused = _simulate("--config", "examples/spillway.yaml", "--trace", "poisson", "--sheddable-share", "2")
+    assert refused.returncode != 0 and "--sheddable-share must be between 0 and 1" in refused.stderr
+
+
 def test_a_sweep_runs_each_value_and_a_bad_one_is_named() -> None:
     done = _simulate(
         "--config", "examples/simulation/bursty.yaml", "--trace", "poisson:rate=60,seconds=60",
