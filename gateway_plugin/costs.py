@@ -34,6 +34,23 @@ def monthly_warm_cost_usd(cost: TargetCost, instances: int, pings_per_hour: floa
     return warm_ping_cost_usd(cost, dwell_ms) * instances * pings_per_hour * 24 * 30
 
 
+MONTH_S = 30 * 24 * 3600
+
+
+def monthly_provisioned_cost_usd(cost: TargetCost, kind: str, instances: int) -> float | None:
+    """Keeping ``instances`` provisioned a 30-day month, billed per second used or not: Lambda's
+    provisioned GB-second price, FC's idle-instance price; None when the price is not configured
+    (0), so an unknown price is never shown as free. Requests served on them are billed besides."""
+    per_second = (
+        cost.memory_gb * cost.usd_per_provisioned_gb_second
+        if kind == "aws_lambda"
+        else cost.usd_per_idle_second
+    )
+    if kind not in ("aws_lambda", "aliyun_fc") or per_second <= 0:
+        return None
+    return per_second * instances * MONTH_S
+
+
 class PeakFleet(NamedTuple):
     gpus: int
     usd: float

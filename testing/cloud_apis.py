@@ -1,4 +1,5 @@
-"""Local stand-ins for the Lambda Invoke and FC InvokeFunction APIs, which cannot run here.
+"""Local stand-ins for the Lambda Invoke and FC InvokeFunction APIs (and their provisioned-concurrency
+APIs), which cannot run here.
 
 They verify the real request signatures (SigV4 with botocore's own signer; FC's
 ``Authorization: FC id:signature`` by the documented formula) and hand the event to a real
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -160,6 +162,95 @@ def function_url_fake(function_url: str) -> Iterator[CloudFake]:
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
+
+    with http_server_thread(Handler) as url:
+        fake.url = url
+        yield fake
+
+
+LAMBDA_PROVISIONED = "/2019-09-30/functions/"
+DENIED = "User: arn:aws:iam::123456789012:user/warmup is not authorized to perform this action"
+
+
+@dataclass
+class ProvisioningFake:
+    """Lambda's and FC's provisioned-concurrency APIs: every call as sent, and the counts set."""
+
+    url: str = ""
+    refuse: bool = False
+    allocate: bool = True
+    calls: list[tuple[str, str, bytes]] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
+    requested: dict[str, int] = field(default_factory=dict)
+
+    def sent(self, method: str) -> list[tuple[str, bytes]]:
+        return [(path, body) for m, path, body in self.calls if m == method]
+
+
+def _lambda_config(fake: ProvisioningFake, key: str) -> dict[str, object]:
+    n = fake.requested[key]
+    return {
+        "RequestedProvisionedConcurrentExecutions": n,
+        "AllocatedProvisionedConcurrentExecutions": n if fake.allocate else 0,
+        "AvailableProvisionedConcurrentExecutions": n if fake.allocate else 0,
+        "Status": "READY" if fake.allocate else "IN_PROGRESS",
+        "LastModified": "2024-05-01T00:00:00+0000",
+    }
+
+
+@contextmanager
+def provisioning_fake() -> Iterator[ProvisioningFake]:
+    """Answers as the platforms do, after checking each call's real signature (SigV4 for Lambda,
+    ``FC id:signature`` for FC); ``refuse`` answers 403 as to a caller without the permission."""
+    fake = ProvisioningFake()
+
+    class Handler(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _any(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            fake.calls.append((self.command, self.path, body))
+            is_lambda = self.path.startswith(LAMBDA_PROVISIONED)
+            if not (_sigv4_ok(self, body) if is_lambda else _fc_ok(self)):
+                fake.invalid.append(self.path)
+                return self._error(is_lambda, 403, "InvalidSignatureException", "signature mismatch")
+            if fake.refuse:
+                return self._error(is_lambda, 403, "AccessDeniedException", DENIED)
+            key = self.path
+            if is_lambda:
+                return self._lambda(key, body)
+            if self.command == "PUT":
+                fake.requested[key] = json.loads(body)["target"]
+            n = fake.requested.get(key, 0)
+            current = n if fake.allocate else 0
+            return self._json(200, {"resource": "1#s#live#f", "target": n, "current": current})
+
+        def _lambda(self, key: str, body: bytes) -> None:
+            if self.command == "DELETE":
+                fake.requested.pop(key, None)
+                return self._json(204, None)
+            if self.command == "PUT":
+                fake.requested[key] = json.loads(body)["ProvisionedConcurrentExecutions"]
+                return self._json(202, _lambda_config(fake, key))
+            if key not in fake.requested:
+                return self._error(True, 404, "ProvisionedConcurrencyConfigNotFoundException", "No config")
+            return self._json(200, _lambda_config(fake, key))
+
+        def _error(self, is_lambda: bool, status: int, code: str, message: str) -> None:
+            header = ("x-amzn-ErrorType", code) if is_lambda else ("X-Fc-Error-Type", "ClientError")
+            self._json(status, {"Type": "User", "message": message, "ErrorCode": code}, header)
+
+        def _json(self, status: int, data: object, header: tuple[str, str] | None = None) -> None:
+            payload = b"" if data is None else json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            if header is not None:
+                self.send_header(*header)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_PUT = do_GET = do_DELETE = _any
 
     with http_server_thread(Handler) as url:
         fake.url = url

@@ -68,9 +68,15 @@ class Output:
 
 
 def _plan_text(row: PlanRow) -> str:
+    provisioned = (
+        "unknown (set the target's cost prices)"
+        if row.provisioned_monthly_usd is None
+        else f"about ${row.provisioned_monthly_usd}/month"
+    )
+    pings, held = ("", " (in use)") if row.provisioned else (" (in use)", "")
     return (
         f"{row.target}: {row.instances} instance(s), {row.how}; {row.schedule}; "
-        f"about ${row.monthly_usd}/month"
+        f"pings about ${row.monthly_usd}/month{pings}, provisioned concurrency {provisioned}{held}"
     )
 
 

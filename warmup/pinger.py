@@ -26,6 +26,8 @@ class TargetResult:
     waves: int = 0
     # Pings sent, every wave's (each is a billed invocation, whether it answered or not).
     pings: int = 0
+    # Kept warm by the platform's provisioned concurrency, not by pings (``warm`` is what it allocated).
+    provisioned: bool = False
 
     @property
     def ok(self) -> bool:

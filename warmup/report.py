@@ -38,6 +38,7 @@ def summary(result: TargetResult) -> dict[str, Any]:
         "failed_pings": result.failed,
         "waves": result.waves,
         "ok": result.ok,
+        "provisioned": result.provisioned,
         "init_ms_max": round(max(init), 1) if init else None,
         "errors": result.errors[:5],
     }
@@ -45,6 +46,11 @@ def summary(result: TargetResult) -> dict[str, Any]:
 
 def line(result: TargetResult) -> str:
     s = summary(result)
+    if result.provisioned:
+        text = f"{s['target']}: {s['warm']}/{s['wanted']} warm (provisioned concurrency allocated)"
+        if s["errors"]:
+            text += f"; {s['errors'][0]}"
+        return ("ok    " if s["ok"] else "SHORT ") + text
     text = (
         f"{s['target']}: {s['warm']}/{s['wanted']} warm ({s['cold']} were cold"
         + (f", slowest init {s['init_ms_max']} ms" if s["init_ms_max"] else "")

@@ -13,11 +13,12 @@ from zoneinfo import ZoneInfo
 import requests
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target, WarmTarget
-from gateway_plugin.costs import monthly_warm_cost_usd, warm_ping_cost_usd
+from gateway_plugin.costs import monthly_provisioned_cost_usd, monthly_warm_cost_usd, warm_ping_cost_usd
 from gateway_plugin.targets.urls import masked_url
 from warmup import schedules
 from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, failed_target, warm_target
+from warmup.provisioned import ProvisionFailed, failed_provisioning, provision_target, provisioner_for
 from warmup.report import added_up, prometheus_text, spent_before, write_atomically
 from warmup.sizing import wanted
 from warmup.transports import PingFailed, describe, transport_for
@@ -31,10 +32,19 @@ class PlanRow:
     instances: int
     how: str
     schedule: str
+    # What pings cost, and what provisioned concurrency would (None: no price configured), so an
+    # operator can compare; ``provisioned`` says which of the two the target uses.
     monthly_usd: float
+    provisioned_monthly_usd: float | None = None
+    provisioned: bool = False
 
 
 def _how(spec: WarmTarget) -> str:
+    sizing = _sizing(spec)
+    return f"provisioned concurrency, {sizing}" if spec.provisioned else sizing
+
+
+def _sizing(spec: WarmTarget) -> str:
     if spec.adaptive is not None:
         a = spec.adaptive
         return f"adaptive (Little's law, headroom {a.headroom:g}, {a.floor}-{a.ceiling})"
@@ -75,7 +85,18 @@ def plan(config: SpillwayConfig, now: datetime.datetime, rates: dict[str, float 
             f"FC {schedules.fc_timer_trigger(spec, every)['cronExpression']}"
         )
         cost = monthly_warm_cost_usd(target.cost, n, pings_per_hour, spec.dwell_ms)
-        rows.append(PlanRow(name, n, _how(spec), f"every {every:g} s ({cloud})", round(cost, 4)))
+        provisioned = monthly_provisioned_cost_usd(target.cost, target.kind, n)
+        rows.append(
+            PlanRow(
+                name,
+                n,
+                _how(spec),
+                f"every {every:g} s ({cloud})",
+                round(cost, 4),
+                None if provisioned is None else round(provisioned, 4),
+                spec.provisioned,
+            )
+        )
     return rows
 
 
@@ -85,12 +106,16 @@ def run_round(
     on_wave: Callable[[TargetResult], None] | None = None,
 ) -> list[TargetResult]:
     """Every target at once, each on its own thread: one slow target does not delay the others, and
-    one that cannot be pinged at all (no credentials, a blank key) is a failed target."""
+    one that cannot be pinged or provisioned at all (no credentials, a blank key, a refused call) is
+    a failed target."""
     targets: dict[str, Target] = {t.name: t for t in config.targets}
     results: dict[str, TargetResult] = {}
 
     def one(row: PlanRow) -> None:
         spec = config.warmup.targets[row.target]
+        if spec.provisioned:
+            results[row.target] = _provision(targets[row.target], spec, row)
+            return
         try:
             transport = transport_for(targets[row.target], max(1, row.instances))
         except (PingFailed, ConfigError) as exc:
@@ -114,6 +139,14 @@ def run_round(
     for t in threads:
         t.join()
     return [results[row.target] for row in rows]
+
+
+def _provision(target: Target, spec: WarmTarget, row: PlanRow) -> TargetResult:
+    try:
+        provisioner = provisioner_for(target, spec)
+    except (ValueError, ProvisionFailed) as exc:
+        return failed_provisioning(row.target, row.instances, f"{exc}; set the cloud's credentials")
+    return provision_target(row.target, provisioner, row.instances)
 
 
 def round_spend_usd(config: SpillwayConfig, results: list[TargetResult]) -> dict[str, float]:

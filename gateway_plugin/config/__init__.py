@@ -35,7 +35,7 @@ from gateway_plugin.config.targets import (
     TargetCost,
 )
 from gateway_plugin.config.thresholds import GaugeLimit, LoadAware, Share, Thresholds, merged
-from gateway_plugin.config.warmup import Adaptive, WarmTarget, WarmupSettings, Window
+from gateway_plugin.config.warmup import Adaptive, WarmTarget, WarmupSettings, Window, provisioning_problem
 from gateway_plugin.simulation.settings import SimulationSettings
 from gateway_plugin.targets.urls import masked_url
 
@@ -160,6 +160,15 @@ class SpillwayConfig(Model):
         for budget in (self.budgets.per_target_hourly_usd, self.budgets.per_target_daily_usd):
             if set(budget) - set(names):
                 raise ValueError(f"budgets name unknown targets {sorted(set(budget) - set(names))}")
+        return self
+
+    @model_validator(mode="after")
+    def _provisionable(self) -> SpillwayConfig:
+        targets = {t.name: t for t in self.targets}
+        for name, spec in self.warmup.targets.items():
+            problem = provisioning_problem(name, spec, targets[name]) if spec.provisioned else None
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
 

@@ -31,6 +31,11 @@ class TargetCost(Model):
     expected_duration_ms: float = Field(default=100.0, gt=0, description="billed time of one inference")
     billed_init: bool = Field(default=True, description="a cold start's init time is billed (Lambda images)")
     usd_per_idle_second: float = Field(default=0.0, ge=0, description="a live idle instance (FC's idle GPUs)")
+    usd_per_provisioned_gb_second: float = Field(
+        default=0.0,
+        ge=0,
+        description="Lambda's provisioned-concurrency price per GB-second, billed used or not (0: unknown)",
+    )
 
 
 class Target(Model):

@@ -5,6 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from gateway_plugin.config.model import Model
+from gateway_plugin.config.targets import Target
+
+# The unpublished version each platform names, which neither will provision.
+UNPUBLISHED = {"aws_lambda": "$LATEST", "aliyun_fc": "LATEST"}
 
 
 class Window(Model):
@@ -34,6 +38,53 @@ class WarmTarget(Model):
     dwell_ms: int = Field(default=1000, ge=0, le=60_000, description="how long each ping holds its instance")
     probe: bool = Field(default=False, description="run one synthetic inference per model")
     models: list[str] = Field(default_factory=list, description="models to check (default: all)")
+    provisioned: bool = Field(
+        default=False,
+        description="set the platform's provisioned concurrency to the wanted count instead of pinging",
+    )
+    qualifier: str | None = Field(
+        default=None, description="alias or published version to provision (default: the target's qualifier)"
+    )
+
+    def provisioned_qualifier(self, target: Target) -> str | None:
+        return self.qualifier or target.qualifier
+
+
+def provisioning_problem(name: str, spec: WarmTarget, target: Target) -> str | None:
+    """Why ``spec`` cannot provision ``target``, in words that say what to set; None when it can."""
+    where = f"warmup.targets.{name}: provisioned"
+    if target.kind not in UNPUBLISHED:
+        return (
+            f"{where} needs a target of kind aws_lambda or aliyun_fc (an http target has no "
+            "provisioned concurrency to set); ping it instead"
+        )
+    if not target.function_name or (target.kind == "aliyun_fc" and not target.service_name):
+        needed = "function_name and service_name" if target.kind == "aliyun_fc" else "function_name"
+        return f"{where} needs the target's {needed}: the function whose provisioned concurrency is set"
+    qualifier = spec.provisioned_qualifier(target)
+    unpublished = UNPUBLISHED[target.kind]
+    if qualifier is None:
+        return (
+            f"{where} needs a qualifier, the alias or published version to provision "
+            f"({unpublished} cannot be provisioned); set warmup.targets.{name}.qualifier or the "
+            "target's qualifier"
+        )
+    if qualifier.upper() == unpublished:
+        return (
+            f"{where}: qualifier {qualifier!r} is refused, as the platform refuses it; name an alias "
+            "or a published version"
+        )
+    if target.mode == "invoke" and spec.qualifier is not None and spec.qualifier != target.qualifier:
+        invoked = (
+            f"qualifier {target.qualifier!r}"
+            if target.qualifier
+            else f"the unqualified function ({unpublished})"
+        )
+        return (
+            f"{where}: the target invokes {invoked}, so instances provisioned for {spec.qualifier!r} "
+            "would serve none of its requests; give both the same qualifier"
+        )
+    return None
 
 
 class WarmupSettings(Model):

@@ -11,23 +11,28 @@ from gateway_plugin.config import Target
 from gateway_plugin.targets.base import InvokeFailed
 
 
+def lambda_client(target: Target) -> Any:
+    """boto3's lambda client for ``target``, on a session of its own: boto3's default one keeps the
+    first credentials it resolved, so a reload with new credentials in the environment would go on
+    signing with the old ones. No SDK retries: the caller decides (the gateway, the next warm-up)."""
+    return boto3.session.Session().client(
+        "lambda",
+        region_name=target.region,
+        endpoint_url=target.endpoint_url,
+        config=Config(
+            max_pool_connections=target.concurrency_cap,
+            connect_timeout=2,
+            read_timeout=target.timeout_s,
+            retries={"max_attempts": 0, "mode": "standard"},
+        ),
+    )
+
+
 class LambdaInvoker:
     def __init__(self, target: Target, client: Any = None) -> None:
         self.function_name = target.function_name or ""
         self.qualifier = target.qualifier
-        # A session per invoker: boto3's default one keeps the first credentials it resolved, so a
-        # reload with new credentials in the environment would go on signing with the old ones.
-        self._client = client or boto3.session.Session().client(
-            "lambda",
-            region_name=target.region,
-            endpoint_url=target.endpoint_url,
-            config=Config(
-                max_pool_connections=target.concurrency_cap,
-                connect_timeout=2,
-                read_timeout=target.timeout_s,
-                retries={"max_attempts": 0, "mode": "standard"},
-            ),
-        )
+        self._client = client or lambda_client(target)
 
     def invoke(self, payload: bytes) -> bytes:
         kwargs: dict[str, Any] = {"FunctionName": self.function_name, "Payload": payload}
