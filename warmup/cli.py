@@ -69,9 +69,7 @@ class Output:
 
 def _plan_text(row: PlanRow) -> str:
     provisioned = (
-        "unknown (set the target's cost prices)"
-        if row.provisioned_monthly_usd is None
-        else f"about ${row.provisioned_monthly_usd}/month"
+        "not priced" if row.provisioned_monthly_usd is None else f"about ${row.provisioned_monthly_usd}/month"
     )
     pings, held = ("", " (in use)") if row.provisioned else (" (in use)", "")
     return (

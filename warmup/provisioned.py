@@ -9,13 +9,18 @@ allocation), then reads it back: the allocated instances are what the round repo
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import requests
+
 from functions.contract import WarmupReport
 from gateway_plugin.config import Target, WarmTarget
+from gateway_plugin.targets.base import InvokeFailed
 from warmup.pinger import TargetResult
+from warmup.transports import describe
 
 _MESSAGE_CHARS = 300
 LAMBDA_PERMISSIONS = (
@@ -151,8 +156,6 @@ class FcProvisioner:
 
 
 def _fc_message(exc: Any) -> tuple[str, str]:
-    import json
-
     try:
         said = json.loads(exc.message)
     except (TypeError, ValueError):
@@ -164,8 +167,8 @@ def _fc_message(exc: Any) -> tuple[str, str]:
 
 def _short(exc: Exception) -> str:
     """An error without the URL and headers ``requests`` would repeat."""
-    from gateway_plugin.targets.base import InvokeFailed
-
+    if isinstance(exc, requests.RequestException):
+        return describe(exc)
     return str(exc) if isinstance(exc, InvokeFailed) else type(exc).__name__
 
 

@@ -143,11 +143,12 @@ class InvokeTransport:
 
 
 def check_signing_keys(config: SpillwayConfig) -> None:
-    """Raises ``ConfigError`` for a warm-up target whose key variable holds a blank key: a bad
-    config, said once before any ping rather than by each round's workers."""
+    """Raises ``ConfigError`` for a pinged warm-up target whose key variable holds a blank key: a
+    bad config, said once before any ping rather than by each round's workers (a provisioned target
+    sends no ping, and needs no key)."""
     targets = {t.name: t for t in config.targets}
-    for name in config.warmup.targets:
-        if targets[name].mode == "upstream":
+    for name, spec in config.warmup.targets.items():
+        if targets[name].mode == "upstream" and not spec.provisioned:
             signing_key(targets[name], os.environ)
 
 

@@ -15,8 +15,10 @@ import pytest
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
 from testing.cloud_apis import AWS_KEY, AWS_SECRET, FC_KEY, FC_SECRET, REGION, provisioning_fake
 from testing.http import QuietHandler, http_server_thread
+from warmup.cli import _plan_text
 from warmup.report import prometheus_text, summary
 from warmup.rounds import plan, run_round
+from warmup.transports import check_signing_keys
 
 TOKEN = "sts-t0ken-that-must-stay-private"
 NOW = datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
@@ -234,3 +236,18 @@ def test_plan_prices_provisioned_instances_next_to_the_pings() -> None:
     assert rows["fc"].provisioned_monthly_usd == pytest.approx(2 * 0.0001 * month_s, abs=1e-4)
     assert rows["unpriced"].provisioned_monthly_usd is None
     assert rows["aws"].monthly_usd > 0 and rows["aws"].how.startswith("provisioned")
+
+
+def test_a_provisioned_upstream_target_needs_no_signing_key_and_plan_says_which_way_is_in_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It sends no ping, so a blank key variable (which stops a pinged target's warm-up) is no
+    reason to refuse it."""
+    monkeypatch.setenv("SPILLWAY_TEST_PROVISIONED_KEY", " ")
+    upstream = {"mode": "upstream", "url": FUNCTION_URL, "signing_key_env": "SPILLWAY_TEST_PROVISIONED_KEY"}
+    cfg = config([lambda_target("http://127.0.0.1:1", **upstream)], aws={"provisioned": True})
+    check_signing_keys(cfg)
+    (row,) = plan(cfg, NOW, {})
+    assert _plan_text(row).endswith(
+        f"pings about ${row.monthly_usd}/month, provisioned concurrency not priced (in use)"
+    )
