@@ -32,6 +32,9 @@ WARM_INSTANCE_METRIC = "spillway_warmup_instance"
 # And the estimated spend of the pings it sent, a counter per ``target`` kept across rounds (the
 # family's name; its samples end in ``_total``), which the gateway shows again on its /metrics.
 WARMUP_SPEND_METRIC = "spillway_warmup_spend_usd"
+# Instances a target's provisioned concurrency holds allocated, per ``target``: the platform names
+# none, so the gateway counts at least this many warm rather than instances by their ids.
+PROVISIONED_METRIC = "spillway_warmup_provisioned_instances"
 
 _MODEL_PATH = re.compile(r"^/v2/models/([^/]+)")
 

@@ -180,8 +180,9 @@ def provisioner_for(target: Target, spec: WarmTarget) -> Provisioner:
 
 
 def placeholder_reports(allocated: int) -> dict[str, WarmupReport]:
-    """The platform does not name provisioned instances; the report counts them under stable ids
-    (``provisioned-1`` ...), so the gateway's warm pool holds as many as are allocated."""
+    """The platform does not name provisioned instances: the round counts them under stable ids
+    (``provisioned-1`` ...), and the report gives their number alone (``PROVISIONED_METRIC``), which
+    the gateway counts as a floor of warm instances rather than as ids of its own."""
     return {
         f"provisioned-{i}": WarmupReport(
             instance_id=f"provisioned-{i}",

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from functions.contract import WARM_INSTANCE_METRIC, WARMUP_SPEND_METRIC
+from functions.contract import PROVISIONED_METRIC, WARM_INSTANCE_METRIC, WARMUP_SPEND_METRIC
 from warmup.pinger import TargetResult
 
 log = logging.getLogger("spillway.warmup")
@@ -141,6 +141,12 @@ def prometheus_text(
         ["target", "instance"],
         registry=registry,
     )
+    provisioned = Gauge(
+        PROVISIONED_METRIC,
+        "Instances the target's provisioned concurrency holds allocated (it names none of them).",
+        ["target"],
+        registry=registry,
+    )
     stamp = Gauge(
         "spillway_warmup_last_round_timestamp_seconds", "When the last round ended.", registry=registry
     )
@@ -149,6 +155,9 @@ def prometheus_text(
         wanted.labels(r.target).set(r.wanted)
         cold.labels(r.target).set(len(r.cold))
         failed.labels(r.target).set(r.failed)
+        if r.provisioned:
+            provisioned.labels(r.target).set(len(r.warm))
+            continue
         for instance_id in r.warm:
             instance.labels(r.target, instance_id).set(1)
     stamp.set(now if now is not None else time.time())

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from functions.contract import WARMUP_SPEND_METRIC
+from functions.contract import PROVISIONED_METRIC, WARMUP_SPEND_METRIC
 from gateway_plugin.books.ledger import Ledger, TenantBooks
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.warm_instances import WarmPool
@@ -67,6 +68,10 @@ class SummedOutcomes:
             for target, value in counts.get(family, {}).items():
                 if target in self.targets:
                     gauge.labels(target).set(value)
+        provisioned = counts.get(PROVISIONED_METRIC, {})
+        for target, pool in self.pools.items():
+            held = provisioned.get(target, 0.0)
+            pool.provisioned = int(min(max(held, 0.0), pool.max_instances)) if math.isfinite(held) else 0
         spent = counts.get(f"{WARMUP_SPEND_METRIC}_total", {})
         m.warmup_spend.replace({(t,): usd for t, usd in spent.items() if t in self.targets})
         if ended is not None:

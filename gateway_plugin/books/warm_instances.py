@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from functions.contract import WARM_INSTANCE_METRIC, WARMUP_SPEND_METRIC
+from functions.contract import PROVISIONED_METRIC, WARM_INSTANCE_METRIC, WARMUP_SPEND_METRIC
 
 MAX_INSTANCES = 10_000
 
@@ -25,6 +25,9 @@ class WarmPool:
     max_instances: int = MAX_INSTANCES
     _last_seen: OrderedDict[str, float] = field(default_factory=OrderedDict)
     cold_hits: int = 0
+    # Instances the platform keeps warm without naming them (provisioned concurrency): at least
+    # this many are warm, whichever ids answers bring.
+    provisioned: int = 0
 
     def seen(self, instance_id: str, now: float, cold: bool = False) -> None:
         self._last_seen.pop(instance_id, None)
@@ -39,7 +42,7 @@ class WarmPool:
         last_seen = self._last_seen
         while last_seen and next(iter(last_seen.values())) < horizon:
             last_seen.popitem(last=False)
-        return len(last_seen)
+        return max(len(last_seen), self.provisioned)
 
 
 def read_warm_report(text: str) -> dict[str, list[str]]:
@@ -59,6 +62,7 @@ WARMUP_COUNTS = (
     "spillway_warmup_warm_instances",
     "spillway_warmup_wanted_instances",
     f"{WARMUP_SPEND_METRIC}_total",
+    PROVISIONED_METRIC,
 )
 WARMUP_ROUND = "spillway_warmup_last_round_timestamp_seconds"
 

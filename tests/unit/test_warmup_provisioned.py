@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 
+from gateway_plugin.books.warm_instances import read_warm_counts, read_warm_report
 from gateway_plugin.config import ConfigError, SpillwayConfig, parse
 from testing.cloud_apis import AWS_KEY, AWS_SECRET, FC_KEY, FC_SECRET, REGION, provisioning_fake
+from testing.gateway import gateway_state
 from testing.http import QuietHandler, http_server_thread
 from warmup.cli import _plan_text
+from warmup.pinger import TargetResult
+from warmup.provisioned import placeholder_reports
 from warmup.report import prometheus_text, summary
 from warmup.rounds import plan, run_round
 from warmup.transports import check_signing_keys
@@ -251,3 +255,32 @@ def test_a_provisioned_upstream_target_needs_no_signing_key_and_plan_says_which_
     assert _plan_text(row).endswith(
         f"pings about ${row.monthly_usd}/month, provisioned concurrency not priced (in use)"
     )
+
+
+def test_the_gateway_counts_provisioned_instances_once_whichever_ids_their_answers_bring() -> None:
+    """The platform names no provisioned instance: the report gives their number, not ids, and the
+    gateway's pool counts at least that many warm. Answers from two real instances of a target with
+    two provisioned are two warm, not four; a round that provisions none takes the floor away."""
+    config = SpillwayConfig.model_validate(
+        {
+            "targets": [{"name": "fn", "kind": "http", "url": "https://fn.example", "signing_key_env": None}],
+            "metrics": {"listen": None},
+        }
+    )
+    state = gateway_state(config)
+    provisioned = TargetResult("fn", 2, provisioned=True)
+    provisioned.warm = placeholder_reports(2)
+    text = prometheus_text([provisioned]).decode()
+    assert read_warm_report(text) == {}
+    state.warm_counts(*read_warm_counts(text))
+    for target, instances in read_warm_report(text).items():
+        state.warm_report(target, instances)
+    now = state.clock()
+    assert state.pools["fn"].warm(now) == 2
+    for instance in ("real-a", "real-b"):
+        state.pools["fn"].seen(instance, now)
+    assert state.pools["fn"].warm(now) == 2
+    state.pools["fn"].seen("real-c", now)
+    assert state.pools["fn"].warm(now) == 3
+    state.warm_counts(*read_warm_counts(prometheus_text([TargetResult("fn", 0)]).decode()))
+    assert state.pools["fn"].provisioned == 0
