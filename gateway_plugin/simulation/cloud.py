@@ -1,6 +1,7 @@
 """A cloud target as the platform runs it: instances that start cold, take one request each
 (Lambda) or ``instance_concurrency`` (FC), are reused while warm and reaped after ``idle_ttl_s``
-idle, up to the platform's concurrency limit; every answer crosses the network."""
+idle (except those its provisioned concurrency holds), up to the platform's concurrency limit;
+every answer crosses the network."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from gateway_plugin.simulation.settings import SimulatedTarget
 
 
 class Instance:
-    __slots__ = ("free", "id", "last_used", "ready_at")
+    __slots__ = ("free", "id", "last_used", "pinned", "ready_at")
 
-    def __init__(self, ident: str, slots: int, ready_at: float) -> None:
+    def __init__(self, ident: str, slots: int, ready_at: float, pinned: bool = False) -> None:
         self.id = ident
         self.free = slots
         self.ready_at = ready_at
         self.last_used = ready_at
+        # Held by provisioned concurrency: never reaped, billed idle for as long as the run.
+        self.pinned = pinned
 
 
 class Served(NamedTuple):
@@ -55,6 +58,9 @@ class CloudTarget:
         self.bill = bill
         self.rng = rng
         self.ready: list[Instance] = []
+        # What the provisioned instances' idle time was billed (the warm-up's, not the requests').
+        self.pinned_idle_usd = 0.0
+        self.pinned: list[str] = []
         self.live = 0
         self.started = 0
         self.in_flight = 0
@@ -74,7 +80,7 @@ class CloudTarget:
         cold = False
         if self.ready:
             instance = self.ready[-1]
-            self.bill.idle(self.name, max(0.0, now - instance.last_used) * self.idle_usd_per_s, now)
+            self._idle(instance, max(0.0, now - instance.last_used), now)
             instance.free -= 1
             if instance.free == 0:
                 self.ready.pop()
@@ -94,12 +100,15 @@ class CloudTarget:
         ok = self.error_rate == 0 or self.rng.random() >= self.error_rate
         return Served(done + self.network_s / 2, instance, cold, ok)
 
-    def prewarm(self, count: int, now: float) -> list[str]:
-        """Instances the warm-up pinger has kept warm since before the trace began."""
+    def prewarm(self, count: int, now: float, pinned: bool = False) -> list[str]:
+        """Instances the warm-up has kept warm since before the trace began; ``pinned``: by the
+        platform's provisioned concurrency, for the whole run."""
         for _ in range(count):
             self.started += 1
             self.live += 1
-            self.ready.append(Instance(f"{self.name}-{self.started}", self.slots, now))
+            self.ready.append(Instance(f"{self.name}-{self.started}", self.slots, now, pinned))
+            if pinned:
+                self.pinned.append(self.ready[-1].id)
         return [i.id for i in self.ready]
 
     def release(self, instance: Instance, now: float) -> None:
@@ -119,13 +128,28 @@ class CloudTarget:
     def _reap(self, now: float) -> None:
         """The platform stops instances idle past the TTL (the oldest idle are at the bottom)."""
         ready, horizon = self.ready, now - self.idle_ttl_s
+        kept: list[Instance] = []
         while ready and ready[0].last_used < horizon and ready[0].free == self.slots:
             gone = ready.pop(0)
+            if gone.pinned:
+                kept.append(gone)
+                continue
             self.live -= 1
             self.bill.idle(self.name, self.idle_ttl_s * self.idle_usd_per_s, gone.last_used + self.idle_ttl_s)
+        ready[:0] = kept
 
     def close(self, now: float) -> None:
         """The run is over: bill what idle instances cost until then."""
         for instance in self.ready:
-            idle = min(now - instance.last_used, self.idle_ttl_s)
-            self.bill.idle(self.name, max(0.0, idle) * self.idle_usd_per_s, now)
+            idle = (
+                now - instance.last_used
+                if instance.pinned
+                else min(now - instance.last_used, self.idle_ttl_s)
+            )
+            self._idle(instance, max(0.0, idle), now)
+
+    def _idle(self, instance: Instance, seconds: float, now: float) -> None:
+        usd = seconds * self.idle_usd_per_s
+        self.bill.idle(self.name, usd, now)
+        if instance.pinned:
+            self.pinned_idle_usd += usd

@@ -81,6 +81,8 @@ class Engine:
         self.outstanding = 0
         self.pending: list[tuple[int, Any]] = []
         self.busy_at_scrape = 0.0
+        self.provisioned_billed_at = 0.0
+        self.targets = {t.name: t for t in config.targets}
 
     def _servers(self, members: int) -> int:
         return max(1, round(members * self.per_member))
@@ -98,7 +100,8 @@ class Engine:
             self.push(change.at_s, MEMBERS, change.members)
         warmup = self.config.warmup
         for name, spec in warmup.targets.items():
-            self.router.warm_report(name, self.clouds[name].prewarm(spec.instances, 0.0), 0.0)
+            warm = self.clouds[name].prewarm(spec.instances, 0.0, pinned=spec.provisioned)
+            self.router.warm_report(name, warm, 0.0)
         if warmup.targets:
             self.push(warmup.interval_s, WARMUP, None)
         events, handle, now = self.events, self._handle, 0.0
@@ -116,6 +119,7 @@ class Engine:
             handle(at, kind, payload)
         for cloud in self.clouds.values():
             cloud.close(now)
+        self._provisioned_until(now)
         self.measures.seconds = now
         self.measures.cost_by_target = dict(self.bill.by_target)
         self.measures.cost_by_second = self.bill.by_second
@@ -228,11 +232,31 @@ class Engine:
         self.push(now + lag, SCRAPED, (self.cluster.counters(), utilisation))
         self.push(now + period, SCRAPE, None)
 
+    def _provisioned_until(self, now: float) -> None:
+        """What the provisioned instances cost up to ``now``, as the warm-up's: Lambda's price per
+        GB-second provisioned, used or not; FC's idle time (its cloud bills it as it happens)."""
+        seconds = now - self.provisioned_billed_at
+        self.provisioned_billed_at = now
+        for name, spec in self.config.warmup.targets.items():
+            if not spec.provisioned:
+                continue
+            cost = self.targets[name].cost
+            usd = spec.instances * cost.memory_gb * cost.usd_per_provisioned_gb_second * seconds
+            self.bill.idle(name, usd, now)
+            self.measures.warmup_cost_usd += usd
+            self.measures.warmup_cost_usd += self.clouds[name].pinned_idle_usd
+            self.clouds[name].pinned_idle_usd = 0.0
+
     def _warmup(self, now: float) -> None:
-        """A warm-up round: each target's pings, each holding an instance for the dwell."""
+        """A warm-up round: each target's pings, each holding an instance for the dwell; a target
+        kept by provisioned concurrency is reported warm as it is, and billed for it."""
         warmup = self.config.warmup
+        self._provisioned_until(now)
         for name, spec in warmup.targets.items():
             cloud = self.clouds[name]
+            if spec.provisioned:
+                self.push(now + WARM_REPORT_DELAY_S, WARM_REPORT, (name, list(cloud.pinned)))
+                continue
             before = self.bill.by_target[name]
             pings = [cloud.dispatch(now, float(spec.dwell_ms)) for _ in range(spec.instances)]
             self.measures.warmup_cost_usd += self.bill.by_target[name] - before

@@ -227,6 +227,28 @@ def test_sheddable_requests_that_cannot_leave_are_refused_rather_than_queued_pas
     assert refused.returncode != 0 and "--sheddable-share must be between 0 and 1" in refused.stderr
 
 
+def test_provisioned_instances_are_never_reaped_and_billed_as_the_warm_ups_for_the_whole_run() -> None:
+    """Lambda's provisioned concurrency in place of pings: no ping is sent, the instances stay warm
+    through the idle gaps that reap pinged ones, and the warm-up's part of the bill is exactly the
+    provisioned GB-seconds of the run."""
+    data = BURSTY.model_dump()
+    aws = next(t for t in data["targets"] if t["name"] == "aws")
+    aws |= {"function_name": "infer", "qualifier": "live"}
+    aws["cost"]["usd_per_provisioned_gb_second"] = 0.0000041667
+    data["warmup"]["targets"]["aws"] = {"instances": 2, "provisioned": True}
+    provisioned = SpillwayConfig.model_validate(data)
+    trace = generate("sporadic", {"mean": 5, "idle_s": 400, "active_s": 20, "seconds": 1200})
+    measures = run_policies(provisioned, trace, Shaping(), 3)["all_cloud"]
+    figures = measures.summary()
+    expected = 2 * 4.0 * 0.0000041667 * measures.seconds
+    assert figures["warmup_cost_usd"] == pytest.approx(expected, rel=1e-4)
+    cloud, _ = _lambda()
+    cloud.prewarm(2, 0.0, pinned=True)
+    cloud.prewarm(1, 0.0)
+    assert cloud.idle_warm(10_000.0) == 2 and cloud.live == 2, "the pinged one is reaped, not the pinned"
+    assert not cloud.dispatch(10_000.0, 100.0).cold
+
+
 def test_a_sweep_runs_each_value_and_a_bad_one_is_named() -> None:
     done = _simulate(
         "--config", "examples/simulation/bursty.yaml", "--trace", "poisson:rate=60,seconds=60",
