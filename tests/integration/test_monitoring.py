@@ -285,7 +285,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             total = _value(now, "spillway_requests_total")
             seen = prometheus.query("sum(spillway_requests_total)")
             warm = prometheus.query("spillway_warmup_warm_instances")
-            return bool(seen and warm) and float(seen[0]["value"][1]) == total
+            # A counter's rate needs two of its samples: the warm-up's spend first appears with the
+            # report, one scrape before its panels can show it.
+            spent = prometheus.query("max by (target) (rate(spillway_warmup_spend_usd_total[1m]))")
+            return bool(seen and warm and spent) and float(seen[0]["value"][1]) == total
 
         done = time.time()
         wait_until(lambda: prometheus.scraped_since(done + 2), 60, "scrapes after the load and the warm-up")
