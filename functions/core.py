@@ -12,12 +12,13 @@ import hmac
 import json
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
 from pydantic import ValidationError
 
-from functions import contract, surface
+from functions import contract, http_stream, surface
+from functions.forward import GENERATE_PATHS, Forwarder, Upstream
 from functions.http_types import (
     Body,
     Request,
@@ -31,41 +32,12 @@ from functions.metrics import CONTENT_TYPE, FunctionMetrics
 from functions.model_probe import ModelProber
 from functions.settings import FunctionSettings
 from functions.sidecar import Sidecar, SidecarState
-from functions.sidecar_client import Headers, UpstreamPool, UpstreamResponse, UpstreamUnavailable
+from functions.sidecar_client import UpstreamPool, UpstreamUnavailable
 from functions.signature import ReplayCacheFull, SignatureError, Verifier
 
 MIN_TIMEOUT_S = 0.05
 # Triton's statistics, read for /spillway/metrics: a scrape waits no longer for them.
 STATS_TIMEOUT_S = 2.0
-RETRY_AFTER_S = "1"
-
-_FORWARD_REQUEST_HEADERS = (
-    "content-type",
-    "inference-header-content-length",
-    "accept-encoding",
-    "content-encoding",
-)
-_FORWARD_RESPONSE_HEADERS = frozenset(
-    (b"content-type", b"inference-header-content-length", b"content-encoding")
-)
-_CLIENT_ERROR_PREFIXES = (b'{"error":"failed to parse', b'{"error":"Unable to parse')
-# Triton's Python backend, when the stub process of a model instance has died.
-_BROKEN_BACKEND = b"is not healthy"
-# The longest request target, and header value, passed on to Triton. Triton 2.51's HTTP server
-# closes the connection unanswered past a target of 8,189 bytes (resets it from about 16 KB), and
-# it dropped some forwarded requests from about 7,950 bytes: its reads are 4,096 bytes and a
-# request line cut between them is not always parsed. Half its limit keeps well clear of that.
-MAX_FORWARDED_BYTES = 4096
-
-
-class Upstream(Protocol):
-    """How requests reach the sidecar (``UpstreamPool`` in production, a handler in tests)."""
-
-    async def request(
-        self, method: str, target: str, headers: Headers, body: bytes | Body, timeout: float | None
-    ) -> UpstreamResponse: ...
-
-    def close(self) -> None: ...
 
 
 class Prober(Protocol):
@@ -95,6 +67,7 @@ class FunctionCore:
         self.metrics = metrics or FunctionMetrics()
         self._served = False
         self._pool = upstream
+        self._forwarder = Forwarder(upstream, sidecar, settings.max_body_bytes)
         # Triton's own metrics port, where it has one (SPILLWAY_GPU_METRICS): its GPU gauges.
         self._triton_metrics = triton_metrics
         self._prober = prober
@@ -143,17 +116,33 @@ class FunctionCore:
         started = time.perf_counter()
         # A metrics scrape is no one's request: the first inference after it is still a cold start.
         cold = False if request.path == contract.METRICS_PATH else self.take_cold()
-        kind = "infer" if request.path.endswith("/infer") else "control"
         try:
             response = await self._route(request, self._timeout(time_left_s), cold)
         except Exception:  # the one answer every request is owed
             response = internal_error(f"{request.method} {request.path[:200]}")
         self.identify(response, cold)
+        if response.stream is None:
+            self._done(request, response, started, cold)
+        else:
+            response.stream = self._counted(response.stream, request, response, started, cold)
+        return response
+
+    async def _counted(
+        self, stream: AsyncIterator[bytes], request: Request, response: Response, started: float, cold: bool
+    ) -> AsyncIterator[bytes]:
+        """A stream is counted (and logged) when it ends, sent whole or cut, with its duration."""
+        try:
+            async for piece in stream:
+                yield piece
+        finally:
+            await http_stream.close(stream)
+            self._done(request, response, started, cold)
+
+    def _done(self, request: Request, response: Response, started: float, cold: bool) -> None:
         elapsed = time.perf_counter() - started
-        self.metrics.observe(kind, response.status, elapsed)
+        self.metrics.observe(_kind(request.path), response.status, elapsed)
         if self.settings.access_log_headers is not None:
             self._log_access(request, response, elapsed, cold)
-        return response
 
     def _log_access(self, request: Request, response: Response, elapsed: float, cold: bool) -> None:
         """One JSON line per request on stdout, where the platforms collect logs."""
@@ -254,7 +243,7 @@ class FunctionCore:
             if refusal is not None:
                 allow = [("allow", refusal.allow)] if refusal.allow else None
                 return error_response(refusal.status, refusal.message, allow)
-            return await self._forward(request, path, timeout)
+            return await self._forwarder.forward(request, path, timeout)
         if path == contract.WARMUP_PATH and request.method == "POST":
             return await self._warmup_over_http(request, timeout, cold)
         if path == contract.METRICS_PATH and request.method == "GET":
@@ -272,40 +261,6 @@ class FunctionCore:
             return False
         sent = request.headers.get("authorization", "")
         return hmac.compare_digest(sent.encode("latin-1", "replace"), b"Bearer " + token)
-
-    async def _forward(self, request: Request, path: str, timeout: float | None) -> Response:
-        headers = [
-            (name.encode(), request.headers[name].encode("latin-1"))
-            for name in _FORWARD_REQUEST_HEADERS
-            if name in request.headers
-        ]
-        query = request.target.partition("?")[2]
-        target = f"{path}?{query}" if query else path
-        refusal = _too_long_for_triton(target, headers)
-        if refusal is not None:
-            return refusal
-        if self.sidecar.state is not SidecarState.READY:
-            return sidecar_unavailable(self.sidecar.state)
-        try:
-            upstream = await self._pool.request(request.method, target, headers, request.body, timeout)
-        except TimeoutError:
-            return error_response(
-                504,
-                f"inference did not finish within the {timeout:.3f} s this "
-                "invocation had left; the request was abandoned",
-            )
-        except UpstreamUnavailable as exc:
-            return sidecar_unavailable(self.sidecar.state, str(exc))
-        status = upstream.status
-        if status == 500 and upstream.body.startswith(_CLIENT_ERROR_PREFIXES):
-            status = 400
-        elif status == 500 and _BROKEN_BACKEND in upstream.body:
-            self.sidecar.report_broken(upstream.body.decode("utf-8", "replace")[:300])
-            return sidecar_unavailable(self.sidecar.state, "a model backend died; restarting it")
-        kept = [
-            (k.decode(), v.decode("latin-1")) for k, v in upstream.headers if k in _FORWARD_RESPONSE_HEADERS
-        ]
-        return Response(status, kept, upstream.body)
 
     async def _warmup_over_http(self, request: Request, timeout: float | None, cold: bool) -> Response:
         try:
@@ -342,31 +297,11 @@ class FunctionCore:
         return Response(200, [("content-type", CONTENT_TYPE)], self.metrics.render())
 
 
-def _too_long_for_triton(target: str, headers: Headers) -> Response | None:
-    """Refused before Triton sees it: Triton would drop the connection, which reads as a sidecar
-    that is down (503, retry) when no retry can help."""
-    size = len(target.encode())
-    if size > MAX_FORWARDED_BYTES:
-        return error_response(
-            414,
-            f"request target (path and query) of {size} bytes is longer than the {MAX_FORWARDED_BYTES} "
-            "bytes this function passes on to Triton; shorten the query or send its data in the body",
-        )
-    for name, value in headers:
-        if len(value) > MAX_FORWARDED_BYTES:
-            return error_response(
-                431,
-                f"header {name.decode()} of {len(value)} bytes is longer than the {MAX_FORWARDED_BYTES} "
-                "bytes this function passes on to Triton; shorten it",
-            )
-    return None
-
-
-def sidecar_unavailable(state: SidecarState, detail: str = "") -> Response:
-    message = f"the Triton sidecar is {state.value}; retry shortly"
-    return error_response(
-        503, f"{message} ({detail})" if detail else message, [("retry-after", RETRY_AFTER_S)]
-    )
+def _kind(path: str) -> str:
+    """The ``kind`` label of the function's request metrics."""
+    if path.endswith("/infer"):
+        return "infer"
+    return "generate" if path.endswith(GENERATE_PATHS) else "control"
 
 
 def _first_error(exc: ValidationError) -> str:

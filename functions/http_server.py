@@ -5,8 +5,9 @@ Keep-alive, pipelining (answers in order), ``Expect: 100-continue`` and a body l
 bounded (``HttpLimits``): the request head's size (431) and header count, the time to send the
 head (408) and each piece of the body (408), idle keep-alive time, queued pipelined requests and
 the number of connections. A chunked body's trailer section is bounded as a head is (431), and
-its fields are dropped: the handler sees the header section alone. Every request gets exactly one
-answer, upgrades and CONNECT included.
+its fields are dropped: the handler sees the header section alone. A streamed answer goes out
+chunked as it is made (``http_stream``). Every request gets exactly one answer, upgrades and
+CONNECT included.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import cast
 
 import httptools
 
+from functions import http_stream
 from functions.http_body import BodyReader, ChunkFraming
 from functions.http_deadline import Deadline
 from functions.http_head import HeadMeter
@@ -298,13 +300,12 @@ class _HttpConnection(asyncio.BufferedProtocol):
         while self._pending:
             item, keep_alive, head_only = self._pending.popleft()
             response = item if isinstance(item, Response) else await self._answer(item)
-            if not self._writable.is_set():
-                await self._writable.wait()
             transport = self._transport
-            if transport is None or transport.is_closing():
+            sent = await http_stream.send(
+                transport, response, (keep_alive, head_only), self._writable, self._limits.body_timeout_s
+            )
+            if transport is None or not sent:
                 break
-            head = encode_response(response, keep_alive)
-            transport.writelines((head,) if head_only else (head, response.body))
             if isinstance(item, Response) or not keep_alive:
                 self._discarding = True
                 self._linger(transport)

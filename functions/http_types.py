@@ -6,7 +6,7 @@ import http
 import json
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 log = logging.getLogger("spillway.function")
@@ -64,6 +64,9 @@ class Response:
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
+    # An answer made as it is sent (generate_stream's events): sent chunked, piece by piece, where
+    # the platform streams (``http_stream.relay``), gathered into ``body`` where it does not.
+    stream: AsyncIterator[bytes] | None = None
 
     def header(self, name: str) -> str | None:
         return next((v for k, v in self.headers if k.lower() == name), None)
@@ -94,12 +97,17 @@ def internal_error(what: str) -> Response:
     return error_response(500, f"internal error (id {error_id}); retry, or report the id to the operator")
 
 
+_CHUNKED_CLOSE = b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+
+
 def encode_response(response: Response, keep_alive: bool) -> bytes:
     """The status line and headers of an HTTP/1.1 answer (the body follows as it is)."""
     status = response.status
     head = _STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status
     for name, value in response.headers:
         head += f"{name}: {value}\r\n".encode("latin-1")
+    if response.stream is not None:
+        return head + (b"transfer-encoding: chunked\r\n\r\n" if keep_alive else _CHUNKED_CLOSE)
     head += (
         b"content-length: %d\r\n\r\n" % len(response.body)
         if keep_alive

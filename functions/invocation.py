@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from functions import http_stream
 from functions.contract import WarmupPing
 from functions.core import FunctionCore
 from functions.events import parse_event, to_http_result
+from functions.http_types import error_response
 
 
 async def answer_event(core: FunctionCore, event: object, time_left_s: float | None) -> dict[str, Any]:
@@ -18,4 +20,12 @@ async def answer_event(core: FunctionCore, event: object, time_left_s: float | N
     if isinstance(what, WarmupPing):
         report = await core.warmup(what, time_left_s)
         return report.model_dump(mode="json")
-    return to_http_result(await core.handle(what.to_request(), time_left_s))
+    response = await core.handle(what.to_request(), time_left_s)
+    if response.stream is not None:
+        # An invocation answers at once: a streamed generation is gathered whole.
+        try:
+            response.body = await http_stream.gather(response.stream, core.settings.max_body_bytes)
+        except http_stream.TooLong as exc:
+            response = core.identify(error_response(502, str(exc)))
+        response.stream = None
+    return to_http_result(response)

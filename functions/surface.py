@@ -1,4 +1,5 @@
-"""The part of Triton's HTTP API a function serves: inference, metadata, readiness and health.
+"""The part of Triton's HTTP API a function serves: inference and generation, metadata,
+readiness and health.
 
 Everything else under ``/v2/`` (model repository load/unload, logging, trace, shared-memory
 registration, configs, and statistics unless enabled) administers the server, and a client of a
@@ -16,7 +17,7 @@ _MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
 _ROUTES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"/v2|/v2/health/(?:live|ready)"), "GET"),
     (re.compile(_MODEL + r"(?:/ready)?"), "GET"),
-    (re.compile(_MODEL + r"/infer"), "POST"),
+    (re.compile(_MODEL + r"/(?:infer|generate|generate_stream)"), "POST"),
 )
 _STATISTICS = re.compile(r"/v2/models(?:/[^/]+(?:/versions/[^/]+)?)?/stats")
 _CONFIG = re.compile(_MODEL + r"/config")
@@ -87,7 +88,7 @@ def _check(method: str, path: str, expose_statistics: bool, expose_config: bool)
             return None
     return Refusal(
         403,
-        f"{path} is not served by this function: it serves inference, model metadata and readiness, "
-        "and health; the server's administration (repository, configs, logging, trace, shared memory) "
-        "stays closed to clients",
+        f"{path} is not served by this function: it serves inference and generation, model "
+        "metadata and readiness, and health; the server's administration (repository, configs, "
+        "logging, trace, shared memory) stays closed to clients",
     )

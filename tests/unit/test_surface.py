@@ -90,6 +90,9 @@ def test_a_request_path_is_read_the_same_by_the_gateway_and_the_function(raw: st
         ("GET", "/v2/models/add_sub/versions/1/ready"),
         ("POST", "/v2/models/add_sub/infer"),
         ("POST", "/v2/models/add_sub/versions/3/infer"),
+        ("POST", "/v2/models/llm/generate"),
+        ("POST", "/v2/models/llm/generate_stream"),
+        ("POST", "/v2/models/llm/versions/2/generate_stream"),
     ],
 )
 def test_the_data_plane_is_forwarded(method: str, path: str) -> None:
@@ -102,7 +105,9 @@ def test_the_data_plane_is_forwarded(method: str, path: str) -> None:
         ("POST", "/v2/repository/index", 403),
         ("POST", "/v2/repository/models/m/load", 403),
         ("GET", "/v2/models/m/config", 403),
-        ("POST", "/v2/models/m/generate", 403),
+        ("GET", "/v2/models/m/generate_stream", 405),
+        ("POST", "/v2/models/m/generate_streams", 403),
+        ("POST", "/v2/models/m/generate/extra", 403),
         ("GET", "/v2/logging", 403),
         ("GET", "/v2/models/stats", 403),
         ("GET", "/v2/models/m/versions/1/stats", 403),
