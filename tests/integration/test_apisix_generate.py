@@ -1,0 +1,168 @@
+"""LLM generation through a real Apache APISIX 3.18, on both routes (the ext-plugin route and the
+fast path): ``generate_stream``'s events reach the client as the model makes them, from the
+on-prem tritonserver and from the function it spills to (the FC server with its own sidecar), a
+confidential prompt never leaves, and a stream the client cuts frees its cloud slot.
+
+The model (``tests/model_repository/tokens``) sends its first token and then waits while a
+``hold`` file is in its directory: the test reads that token through the whole chain while the
+model has not made the second, which no buffering hop lets through."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from functions.sidecar import Sidecar, SidecarOptions, free_port
+from testing.apisix import FAST_HOST, both_routes, gateway_for, needs_apisix
+from testing.function import function_server, model_repository
+from testing.http import wait_until
+from testing.sse import EventStream
+
+pytestmark = [pytest.mark.integration, needs_apisix()]
+
+SPILL = "x-test-spill"
+HOSTS = {"ext-plugin": "localhost", "fast": FAST_HOST}
+KEY = "generate-test-signing-key-0123456789"
+
+
+@dataclass
+class Chain:
+    url: str
+    holds: tuple[Path, ...]  # the on-prem model's and the function's
+
+    def stream(self, route: str, classification: str, spill: bool, tokens: int = 4) -> EventStream:
+        headers = {"host": HOSTS[route], "x-data-classification": classification}
+        if spill:
+            headers[SPILL] = "yes"
+        body = json.dumps({"text_input": "alpha beta gamma delta", "max_tokens": tokens}).encode()
+        return EventStream(f"{self.url}/v2/models/tokens/generate_stream", body, headers)
+
+    def spills(self, route: str) -> bool:
+        """Whether a one-token request marked to spill is answered by the function."""
+        with self.stream(route, "public", spill=True, tokens=1) as events:
+            return (
+                events.headers.get("x-spillway-decision", "").startswith("aws;") and len(events.rest()) == 1
+            )
+
+    def spilled(self, route: str, tokens: int = 4) -> EventStream:
+        """A stream the function answers: the ext-plugin route frees the target's one slot when the
+        previous request's outcome arrives (up to ``outcomes.batch_s`` after its answer)."""
+        for _ in range(100):
+            events = self.stream(route, "public", spill=True, tokens=tokens)
+            if events.headers.get("x-spillway-decision", "").startswith("aws;"):
+                return events
+            events.close()
+            time.sleep(0.1)
+        raise AssertionError(f"no request spilled on the {route} route")
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
+    tmp = tmp_path_factory.mktemp("generate")
+    onprem = model_repository(tmp_path_factory.mktemp("onprem"), "tokens")
+    cloud = model_repository(tmp_path_factory.mktemp("cloud"), "tokens")
+    metrics_port = free_port()
+    with ExitStack() as running:
+        triton = Sidecar(SidecarOptions(onprem, ("tokens",), 60, metrics_port=metrics_port, log_prefix=""))
+        triton.start()
+        running.callback(triton.stop)
+        triton.wait_ready(60)
+        function = running.enter_context(
+            function_server(
+                cloud,
+                tmp,
+                SPILLWAY_MODELS="tokens",
+                SPILLWAY_SIGNING_KEY=KEY,
+                SPILLWAY_ALLOW_UNSIGNED_PAYLOAD="1",
+            )
+        )
+        config = {
+            "local": {
+                "endpoints": [
+                    {
+                        "url": f"http://127.0.0.1:{triton.http_port}",
+                        "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
+                    }
+                ],
+                "latency_target_ms": 5000,
+                "scrape_period_s": 0.2,
+            },
+            "targets": [
+                {
+                    "name": "aws",
+                    "kind": "http",
+                    "url": function.url,
+                    "signing_key_env": "SPILLWAY_SIGNING_KEY",
+                    "cold_start_ms": 0,
+                    "concurrency_cap": 1,
+                }
+            ],
+            "rules": [
+                {
+                    "name": "spill",
+                    "priority": 10,
+                    "match": {"headers": {SPILL: "yes"}},
+                    "action": "target",
+                    "targets": ["aws"],
+                }
+            ],
+            "metrics": {"listen": f"127.0.0.1:{free_port()}"},
+            "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
+        }
+        gateway = running.enter_context(
+            gateway_for(config, tmp, both_routes(config), fast_path=True, signing_key=KEY)
+        )
+        made = Chain(gateway.url, (onprem / "tokens" / "hold", cloud / "tokens" / "hold"))
+        for route in HOSTS:
+            wait_until(functools.partial(made.spills, route), 30, f"the {route} route spills")
+        yield made
+
+
+@pytest.fixture
+def hold(chain: Chain) -> Iterator[None]:
+    for flag in chain.holds:
+        flag.touch()
+    yield
+    for flag in chain.holds:
+        flag.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("spill", [False, True], ids=["on-prem", "spilled"])
+@pytest.mark.parametrize("route", list(HOSTS))
+def test_each_token_reaches_the_client_as_the_model_makes_it(
+    chain: Chain, hold: None, route: str, spill: bool
+) -> None:
+    with chain.spilled(route) if spill else chain.stream(route, "public", spill) as events:
+        assert events.status == 200, events.response.read()
+        decision = events.headers.get("x-spillway-decision", "")
+        assert decision.startswith("aws;" if spill else "local;"), decision
+        first = events.next()
+        assert first is not None and first["text_output"] == "alpha "
+        for flag in chain.holds:
+            flag.unlink()
+        rest = events.rest()
+    assert "".join(str(e["text_output"]) for e in rest) == "beta gamma delta "
+
+
+@pytest.mark.parametrize("route", list(HOSTS))
+def test_a_confidential_prompt_never_leaves(chain: Chain, route: str) -> None:
+    with chain.stream(route, "confidential", spill=True) as events:
+        decision = events.headers.get("x-spillway-decision", "")
+        assert decision.startswith("local;") or events.status == 503, (events.status, decision)
+
+
+def test_a_stream_cut_by_the_client_frees_its_cloud_slot(chain: Chain, hold: None) -> None:
+    """The target's concurrency cap is 1 and the cut stream's model still holds it open (the
+    ``hold`` file, 30 s): only a slot freed by the cut lets the next request spill. The fast path
+    alone: the ext-plugin route's runner counts a request in flight for about as long as answers
+    usually take (``books.ledger.Outstanding``), so a held stream stops counting there anyway."""
+    with chain.spilled("fast") as events:
+        assert events.next() is not None
+    wait_until(lambda: chain.spills("fast"), 20, "the cut stream's slot freed while its model still holds it")
