@@ -7,6 +7,10 @@ an endpoint, the largest of its samples (its busiest GPU: the one its next reque
 across endpoints, the largest by default (APISIX's round robin sends every endpoint its share
 whatever the others' load, so one endpoint past its limit is enough), or the mean where the
 operator balances by load.
+
+An LLM engine is saturated before its GPU says so: requests wait for KV-cache blocks. ``engine``
+reads the waiting queue and the KV-cache use that the engine's Triton backend exports, with the
+Gateway API Inference Extension's saturation defaults (5 waiting, 80 % of the KV cache).
 """
 
 from __future__ import annotations
@@ -23,6 +27,18 @@ GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
 CPU_UTILIZATION = "nv_cpu_utilization"
 
 Across = Literal["max", "mean"]
+Backend = Literal["vllm", "tensorrt_llm"]
+
+# What each engine's Triton backend exports (metric, labels a sample must carry): vLLM's backend
+# re-exports vLLM's scheduler gauges; TensorRT-LLM's backend (25.03 and later for "fraction") its own.
+WAITING: dict[str, tuple[str, dict[str, str]]] = {
+    "vllm": ("vllm:num_requests_waiting", {}),
+    "tensorrt_llm": ("nv_trt_llm_request_metrics", {"request_type": "waiting"}),
+}
+KV_CACHE: dict[str, tuple[str, dict[str, str]]] = {
+    "vllm": ("vllm:gpu_cache_usage_perc", {}),
+    "tensorrt_llm": ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "fraction"}),
+}
 
 
 class Limit(Model):
@@ -57,6 +73,34 @@ class GaugeLimit(Limit):
     labels: dict[str, str] = Field(default_factory=dict, description="label → value the sample must have")
 
 
+class Engine(Model):
+    """An LLM engine's own load, read from its backend's gauges on the endpoints' scrape."""
+
+    backend: Backend = Field(description="vllm or tensorrt_llm: whose gauge names to read")
+    waiting: Limit | None = Field(
+        default_factory=lambda: Limit(limit=5),
+        description="requests waiting in the engine's queue, its busiest model's (null: not read)",
+    )
+    kv_cache: Share | None = Field(
+        default_factory=lambda: Share(limit=0.8), description="the KV cache's share in use (null: not read)"
+    )
+    model: str | None = Field(
+        default=None, max_length=200, description="read only this model's samples (label model)"
+    )
+
+    def gauges(self) -> list[GaugeLimit]:
+        """The engine's limits as the gauges they read."""
+        wanted = {"model": self.model} if self.model else {}
+        made = []
+        for limit, (metric, labels) in (
+            (self.waiting, WAITING[self.backend]),
+            (self.kv_cache, KV_CACHE[self.backend]),
+        ):
+            if limit is not None:
+                made.append(GaugeLimit(metric=metric, labels=labels | wanted, **limit.model_dump()))
+        return made
+
+
 class Thresholds(Model):
     gpu_utilization: Share | None = Field(
         default=None, description=f"{GPU_UTILIZATION}: the busiest GPU's share of time busy"
@@ -65,10 +109,29 @@ class Thresholds(Model):
         default=None, description=f"{GPU_MEMORY_USED} / {GPU_MEMORY_TOTAL}: the fullest GPU's share"
     )
     gauges: list[GaugeLimit] = Field(default_factory=list, max_length=32, description="any other gauge")
+    engine: Engine | None = Field(
+        default=None, description="an LLM engine's waiting queue and KV-cache use (vllm, tensorrt_llm)"
+    )
 
     @property
     def any(self) -> bool:
-        return bool(self.gpu_utilization or self.gpu_memory or self.gauges)
+        return bool(self.gpu_utilization or self.gpu_memory or self.gauges or self.engine)
+
+    @model_validator(mode="after")
+    def _read_once(self) -> Thresholds:
+        self.all_gauges()
+        return self
+
+    def all_gauges(self) -> list[GaugeLimit]:
+        """``gauges`` and the engine's, each metric and labels once."""
+        extra = self.engine.gauges() if self.engine is not None else []
+        named = {(g.metric, tuple(sorted(g.labels.items()))) for g in self.gauges}
+        for gauge in extra:
+            if (gauge.metric, tuple(sorted(gauge.labels.items()))) in named:
+                raise ValueError(
+                    f"local.thresholds.engine and a gauges entry both read {gauge.metric}: keep one"
+                )
+        return [*self.gauges, *extra]
 
 
 class LoadAware(Model):
@@ -105,4 +168,6 @@ def merged(thresholds: Thresholds, aliases: LoadAware | None) -> Thresholds:
                 "both set the CPU limit: keep one"
             )
         gauges.append(GaugeLimit(metric=CPU_UTILIZATION, limit=aliases.threshold_cpu))
-    return Thresholds(gpu_utilization=thresholds.gpu_utilization, gpu_memory=memory, gauges=gauges)
+    return Thresholds(
+        gpu_utilization=thresholds.gpu_utilization, gpu_memory=memory, gauges=gauges, engine=thresholds.engine
+    )

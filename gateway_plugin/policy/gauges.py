@@ -70,7 +70,7 @@ def compiled(
         limit = thresholds.gpu_memory
         spec = GaugeSpec("gpu_memory", GPU_MEMORY_USED, total=GPU_MEMORY_TOTAL, across=limit.across)
         named.append((spec, limit))
-    for gauge in thresholds.gauges:
+    for gauge in thresholds.all_gauges():
         labels = tuple(sorted(gauge.labels.items()))
         name = gauge.metric + ("{" + ",".join(f"{k}={v}" for k, v in labels) + "}" if labels else "")
         named.append((GaugeSpec(name, gauge.metric, labels, across=gauge.across), gauge))

@@ -36,6 +36,7 @@ KEY = "generate-test-signing-key-0123456789"
 class Chain:
     url: str
     holds: tuple[Path, ...]  # the on-prem model's and the function's
+    onprem_model: Path
 
     def stream(self, route: str, classification: str, spill: bool, tokens: int = 4) -> EventStream:
         headers = {"host": HOSTS[route], "x-data-classification": classification}
@@ -43,6 +44,11 @@ class Chain:
             headers[SPILL] = "yes"
         body = json.dumps({"text_input": "alpha beta gamma delta", "max_tokens": tokens}).encode()
         return EventStream(f"{self.url}/v2/models/tokens/generate_stream", body, headers)
+
+    def decision(self, route: str, classification: str = "public") -> str:
+        with self.stream(route, classification, spill=False, tokens=1) as events:
+            events.rest()
+            return events.headers.get("x-spillway-decision", "")
 
     def spills(self, route: str) -> bool:
         """Whether a one-token request marked to spill is answered by the function."""
@@ -92,6 +98,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
                     }
                 ],
                 "latency_target_ms": 5000,
+                "thresholds": {"engine": {"backend": "vllm"}},
                 "scrape_period_s": 0.2,
             },
             "targets": [
@@ -119,7 +126,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         gateway = running.enter_context(
             gateway_for(config, tmp, both_routes(config), fast_path=True, signing_key=KEY)
         )
-        made = Chain(gateway.url, (onprem / "tokens" / "hold", cloud / "tokens" / "hold"))
+        made = Chain(gateway.url, (onprem / "tokens" / "hold", cloud / "tokens" / "hold"), onprem / "tokens")
         for route in HOSTS:
             wait_until(functools.partial(made.spills, route), 30, f"the {route} route spills")
         yield made
@@ -166,3 +173,26 @@ def test_a_stream_cut_by_the_client_frees_its_cloud_slot(chain: Chain, hold: Non
     with chain.spilled("fast") as events:
         assert events.next() is not None
     wait_until(lambda: chain.spills("fast"), 20, "the cut stream's slot freed while its model still holds it")
+
+
+def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain: Chain) -> None:
+    """The on-prem model's ``vllm:gpu_cache_usage_perc`` as Triton exports it, read through
+    ``local.thresholds.engine: {backend: vllm}`` (80 %): past it, public prompts leave on both
+    routes while confidential ones stay; below its exit, they come home."""
+    kv_cache = chain.onprem_model / "kv_cache"
+    try:
+        kv_cache.write_text("0.95")
+        for route in HOSTS:
+            spills = functools.partial(_decided, chain, route, "aws;")
+            wait_until(spills, 30, f"{route}: a full cache spills")
+            assert chain.decision(route, "confidential").startswith("local;"), route
+    finally:
+        kv_cache.unlink(missing_ok=True)
+    for route in HOSTS:
+        wait_until(
+            functools.partial(_decided, chain, route, "local;"), 30, f"{route}: an empty cache keeps it"
+        )
+
+
+def _decided(chain: Chain, route: str, where: str) -> bool:
+    return chain.decision(route).startswith(where)

@@ -196,6 +196,51 @@ def test_a_real_cpu_only_triton_reports_its_cpu_utilisation_for_threshold_cpu(tm
         triton.stop()
 
 
+def test_an_llm_engines_queue_and_kv_cache_are_read_under_its_backends_names() -> None:
+    """The Gateway API Inference Extension's saturation points by default (5 waiting, 80 %)."""
+    vllm = compiled(parse({"local": {"thresholds": {"engine": {"backend": "vllm"}}}}).thresholds(), 0.9, 0.8)[
+        1
+    ]
+    assert [(t.name, t.enter) for t in vllm] == [
+        ("vllm:num_requests_waiting", 5),
+        ("vllm:gpu_cache_usage_perc", 0.8),
+    ]
+    trt = {
+        "backend": "tensorrt_llm",
+        "waiting": None,
+        "kv_cache": {"limit": 0.9, "exit": 0.6},
+        "model": "llm",
+    }
+    specs, limits = compiled(parse({"local": {"thresholds": {"engine": trt}}}).thresholds(), 0.9, 0.8)
+    assert [(s.metric, s.labels) for s in specs] == [
+        ("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "fraction"), ("model", "llm")))
+    ]
+    assert [(t.enter, t.exit) for t in limits] == [(0.9, 0.6)]
+
+
+def test_a_real_triton_models_vllm_named_kv_cache_gauge_is_read(tmp_path: Path) -> None:
+    """The ``tokens`` test model exports vLLM's backend's gauges from the real tritonserver."""
+    shutil.copytree(TEST_MODELS / "tokens", tmp_path / "tokens")
+    (tmp_path / "tokens" / "kv_cache").write_text("0.93")
+    metrics_port = free_port()
+    triton = Sidecar(SidecarOptions(tmp_path, ("tokens",), 30, metrics_port=metrics_port))
+    triton.start()
+    try:
+        triton.wait_ready(30)
+        config = parse({"local": {"thresholds": {"engine": {"backend": "vllm", "model": "tokens"}}}})
+        specs, _ = compiled(config.thresholds(), 0.8, 0.7)
+        tracker = LoadTracker()
+        scraper = Scraper(
+            tracker, http_fetcher(), [f"http://127.0.0.1:{metrics_port}/metrics"], 1.0, gauges=lambda: specs
+        )
+        wait_until(
+            lambda: asyncio.run(scraper.scrape_once()) and tracker.gauges[1] is not None, 30, "a sample"
+        )
+        assert tracker.gauges == (0.0, pytest.approx(0.93))
+    finally:
+        triton.stop()
+
+
 def test_the_seed_keys_map_onto_thresholds_and_check_config_says_to_what(tmp_path: Path) -> None:
     config = parse({"load_aware": {"threshold_cpu": 0.8, "threshold_gpu_mem": 0.9}})
     merged = config.thresholds()
@@ -233,6 +278,19 @@ def test_the_seed_keys_map_onto_thresholds_and_check_config_says_to_what(tmp_pat
         ({"local": {"thresholds": {"gpu_memory": 1.5}}}, "less than or equal to 1"),
         ({"load_aware": {"threshold_gpu": 0.5}}, "threshold_gpu"),
         ({"local": {"thresholds": {"gauges": [{"metric": "bad name", "limit": 1}]}}}, "metric"),
+        (
+            {
+                "local": {
+                    "thresholds": {
+                        "engine": {"backend": "vllm"},
+                        "gauges": [{"metric": "vllm:gpu_cache_usage_perc", "limit": 0.5}],
+                    }
+                }
+            },
+            "both read vllm:gpu_cache_usage_perc",
+        ),
+        ({"local": {"thresholds": {"engine": {"backend": "sglang"}}}}, "backend"),
+        ({"local": {"thresholds": {"engine": {"backend": "vllm", "kv_cache": 80}}}}, "kv_cache"),
     ],
 )
 def test_conflicting_or_bad_thresholds_are_refused_naming_the_field(data: dict[str, Any], says: str) -> None:
