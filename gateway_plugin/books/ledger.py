@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 HOUR, DAY = 3600, 86400
+STREAM_SUFFIX = "/generate_stream"
 STALE_ANSWERS_S = 20.0
 MIN_HORIZON_S = 0.005
 
@@ -89,6 +90,34 @@ class Outstanding:
         return min(self.ttl_s, max(MIN_HORIZON_S, self._mean_s + self._deviation_s))
 
 
+class InFlight:
+    """Requests in flight in two lanes, each learning its own answer time: a stream of generated
+    tokens lasts seconds to minutes, and counted for as long as answers of milliseconds usually
+    take it would leave its slot (a target's cap, a tenant's quota) long before it ends."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.answers, self.streams = Outstanding(ttl_s), Outstanding(ttl_s)
+
+    def count(self, now: float) -> int:
+        return self.answers.count(now) + self.streams.count(now)
+
+    def add(self, now: float, streamed: bool = False) -> None:
+        (self.streams if streamed else self.answers).add(now)
+
+    def done(self, now: float | None = None, seconds: float | None = None, streamed: bool = False) -> None:
+        (self.streams if streamed else self.answers).done(now, seconds)
+
+    @property
+    def unanswered(self) -> int:
+        """Dispatches no answer has closed yet, however old (the shared cap's ``busy``)."""
+        return len(self.answers.started) + len(self.streams.started)
+
+
+def streamed(path: str) -> bool:
+    """Whether a request's answer is a stream of generated tokens (Triton's ``generate_stream``)."""
+    return path.partition("?")[0].rstrip("/").endswith(STREAM_SUFFIX)
+
+
 @dataclass
 class Ledger:
     """Spend per target, in wall-clock hour and day buckets (the targets come from the config)."""
@@ -116,7 +145,7 @@ class TenantBook:
 
     spend: _Spend
     arrivals: deque[float]
-    in_flight: Outstanding
+    in_flight: InFlight
 
     def spent(self, now: float) -> tuple[float, float]:
         self.spend.roll(now)
@@ -170,5 +199,5 @@ class TenantBooks:
             return book
         while len(self._books) >= self.max_tenants:
             self._books.popitem(last=False)
-        book = self._books[tenant] = TenantBook(_Spend(), deque(), Outstanding(self.in_flight_ttl_s))
+        book = self._books[tenant] = TenantBook(_Spend(), deque(), InFlight(self.in_flight_ttl_s))
         return book

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE, model_of
+from gateway_plugin.books.ledger import streamed
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.policy.tenants import tenant_key
 
@@ -242,4 +243,5 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
             instance=outcome.instance or None,
             cold=outcome.cold == "1",
             seconds=seconds if seconds is not None else _last_number(outcome.request_s),
+            streamed=streamed(outcome.uri or ""),
         )

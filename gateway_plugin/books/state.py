@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
-from gateway_plugin.books.ledger import Ledger, Outstanding, TenantBook, TenantBooks
+from gateway_plugin.books.ledger import InFlight, Ledger, Outstanding, TenantBook, TenantBooks
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.summed_outcomes import SummedOutcomes, residency_log
 from gateway_plugin.books.target_header import target_values
@@ -67,7 +67,7 @@ class GatewayState(SummedOutcomes):
         self.targets: dict[str, Target] = {}
         self.breakers: dict[str, Breaker] = {}
         self.pools: dict[str, WarmPool] = {}
-        self.outstanding: dict[str, Outstanding] = {}
+        self.outstanding: dict[str, InFlight] = {}
         # Cold dispatches not yet answered by an instance that said it was cold.
         self.starting: dict[str, Outstanding] = {}
         self.shared = shared
@@ -95,7 +95,7 @@ class GatewayState(SummedOutcomes):
         self.breakers = {n: self.breakers.get(n) or Breaker(config.breaker) for n in self.targets}
         self.pools = {n: self.pools.get(n) or WarmPool(t.idle_ttl_s) for n, t in self.targets.items()}
         self.outstanding = {
-            n: self.outstanding.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()
+            n: self.outstanding.get(n) or InFlight(t.timeout_s) for n, t in self.targets.items()
         }
         self.starting = {n: self.starting.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()}
         keys = secrets.signing_keys
@@ -213,8 +213,11 @@ class GatewayState(SummedOutcomes):
         elif verdict.unscannable is not None:
             self.metrics.content_unscannable.labels(verdict.unscannable.value).inc()
 
-    def commit(self, decision: Decision, model: str | None, seen: RequestSeen | None = None) -> None:
-        """Account for a decision before the request leaves; ``seen`` names it in the residency log."""
+    def commit(
+        self, decision: Decision, model: str | None, seen: RequestSeen | None = None, streamed: bool = False
+    ) -> None:
+        """Account for a decision before the request leaves; ``seen`` names it in the residency log;
+        ``streamed``: its answer is a stream of generated tokens."""
         now, wall = self.clock(), self.wall()
         self.metrics.decided(decision.target, decision.label)
         if decision.residency_kept:
@@ -229,14 +232,14 @@ class GatewayState(SummedOutcomes):
         if book is not None:
             if self.policy.quota_of(decision.tenant).requests_per_minute is not None:
                 book.arrivals.append(wall)
-            book.in_flight.add(now)
+            book.in_flight.add(now, streamed)
         self.metrics.cost.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
         if decision.target == LOCAL:
             self.load.sent_local(model)
             self.load.dispatched_local(model)
         elif decision.is_cloud:
             name = decision.target
-            self.outstanding[name].add(now)
+            self.outstanding[name].add(now, streamed)
             if decision.reason is Reason.OVERFLOW_COLD:
                 self.starting[name].add(now)
             self.breakers[name].dispatched(now)
@@ -245,7 +248,7 @@ class GatewayState(SummedOutcomes):
                 book.add_spend(decision.cost_usd, wall)
             self.metrics.spend.labels(name).inc(decision.cost_usd)
         if self.shared is not None:
-            in_flight = len(self.outstanding[decision.target].started) if decision.is_cloud else 0
+            in_flight = self.outstanding[decision.target].unanswered if decision.is_cloud else 0
             self.shared.committed(decision, wall, in_flight)
 
     def _tenant_book(self, decision: Decision) -> TenantBook | None:
@@ -268,16 +271,17 @@ class GatewayState(SummedOutcomes):
         instance: str | None = None,
         cold: bool = False,
         seconds: float | None = None,
+        streamed: bool = False,
     ) -> None:
         """The answer to a request the gateway sent, which took ``seconds`` where known: close its
-        books."""
+        books (``streamed``: a stream of generated tokens, which ended or was cut)."""
         now = self.clock()
         book = self.tenants.get(tenant) if tenant else None
         if book is not None:
-            book.in_flight.done(now, seconds)
+            book.in_flight.done(now, seconds, streamed)
         if target is None or target not in self.targets:
             return
-        self.outstanding[target].done(now, seconds)
+        self.outstanding[target].done(now, seconds, streamed)
         if cold:
             self.starting[target].done(now, seconds)
         breaker = self.breakers[target]

@@ -32,6 +32,7 @@ from functions.contract import (
     model_of,
 )
 from functions.signature import canonical_target
+from gateway_plugin.books.ledger import streamed
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
@@ -232,7 +233,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             }
             if kept_by is not None:
                 seen["content"] = kept_by
-        self.state.commit(decision, model, seen)
+        self.state.commit(decision, model, seen, streamed(request.path))
 
     async def _act(
         self, conf: PreparedRoute, decision: Decision, request: HttpRequest, action: RequestAction

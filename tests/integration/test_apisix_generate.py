@@ -168,8 +168,9 @@ def test_a_confidential_prompt_never_leaves(chain: Chain, route: str) -> None:
 def test_a_stream_cut_by_the_client_frees_its_cloud_slot(chain: Chain, hold: None) -> None:
     """The target's concurrency cap is 1 and the cut stream's model still holds it open (the
     ``hold`` file, 30 s): only a slot freed by the cut lets the next request spill. The fast path
-    alone: the ext-plugin route's runner counts a request in flight for about as long as answers
-    usually take (``books.ledger.Outstanding``), so a held stream stops counting there anyway."""
+    alone: the ext-plugin route's runner counts a stream in flight for about as long as streams
+    usually take (``books.ledger.InFlight``), and this module's other streams are short, so a held
+    one stops counting there anyway (``tests/unit/test_streams_in_flight.py`` covers it)."""
     with chain.spilled("fast") as events:
         assert events.next() is not None
     wait_until(lambda: chain.spills("fast"), 20, "the cut stream's slot freed while its model still holds it")

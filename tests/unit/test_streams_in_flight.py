@@ -1,0 +1,60 @@
+"""A target's and a tenant's requests in flight on the ext-plugin route, where the runner learns of
+answers only from the logger and counts each dispatch for about as long as answers take: a stream
+of generated tokens learns its own answer time, so minutes of stream are not counted for the
+milliseconds that the target's ``infer`` answers take."""
+
+from __future__ import annotations
+
+import json
+
+from gateway_plugin.books import outcomes
+from gateway_plugin.books.ledger import streamed
+from gateway_plugin.books.state import GatewayState
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.policy.model import Decision, Reason
+from testing.gateway import gateway_state
+
+CONFIG = SpillwayConfig.model_validate(
+    {
+        "targets": [{"name": "aws", "kind": "http", "url": "http://127.0.0.1:9", "concurrency_cap": 2}],
+        "tenants": {"quotas": {"t1": {"concurrency": 2}}},
+    }
+)
+SENT = Decision("aws", Reason.OVERFLOW_WARM, tenant="t1")
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _answer(state: GatewayState, uri: str, seconds: float) -> None:
+    """What the route's logger reports of one answer from the target."""
+    entry = {"status": 200, "upstream_status": "200", "upstream_s": seconds, "uri": uri, "tenant": "t1"}
+    entry["target"] = state.route_value("aws")
+    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+
+
+def test_a_long_stream_keeps_its_slot_while_short_answers_come_and_go() -> None:
+    clock = Clock()
+    state = gateway_state(CONFIG, clock=clock)
+    state.commit(SENT, "llm", streamed=True)
+    for i in range(50):  # infer answers of 10 ms teach a horizon of about 10 ms
+        clock.now = i * 0.1
+        state.commit(SENT, "m")
+        _answer(state, "/v2/models/m/infer", 0.01)
+    clock.now = 20.0
+    assert state.snapshot("t1", "m").targets["aws"].in_flight == 1, "the stream still counts"
+    assert state.snapshot("t1", "m").tenants["t1"].in_flight == 1, "and holds its tenant's slot"
+    _answer(state, "/v2/models/llm/generate_stream", 20.0)
+    assert state.snapshot("t1", "m").targets["aws"].in_flight == 0, "its outcome frees it"
+    assert state.snapshot("t1", "m").tenants["t1"].in_flight == 0
+
+
+def test_a_stream_is_known_by_its_path_alone() -> None:
+    assert streamed("/v2/models/llm/generate_stream")
+    assert streamed("/v2/models/llm/versions/2/generate_stream/?x=1")
+    assert not streamed("/v2/models/llm/generate")
+    assert not streamed("/v2/models/generate_stream/infer")
