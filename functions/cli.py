@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="Triton model repository (default: $SPILLWAY_MODEL_REPOSITORY, else /opt/spillway/models)",
     )
+    sub.add_parser(
+        "lambda-runtime",
+        help="answer AWS Lambda invocations, streaming generations (a Function URL in RESPONSE_STREAM mode)",
+        description="Speak Lambda's runtime API ($AWS_LAMBDA_RUNTIME_API) directly: generate_stream's "
+        "events reach the caller as the model makes them; every other invocation is answered whole, as "
+        "'python -m awslambdaric functions.aws_lambda.handler' answers it. Settings as for that handler.",
+    )
     return parser
 
 
@@ -71,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from functions.settings import SettingsError
 
+    if args.command == "lambda-runtime":
+        from functions import lambda_stream
+
+        return lambda_stream.main()
     try:
         from functions import serve
 

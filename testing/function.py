@@ -33,6 +33,11 @@ def load_event(name: str) -> dict[str, Any]:
     return json.loads((EVENTS / name).read_text())  # type: ignore[no-any-return]
 
 
+AWSLAMBDARIC = ("-m", "awslambdaric", "functions.aws_lambda.handler")
+# The runtime that streams (a Function URL in RESPONSE_STREAM mode): functions.lambda_stream.
+STREAMING_RUNTIME = ("-m", "functions", "lambda-runtime")
+
+
 def model_repository(tmp: Path, *models: str) -> Path:
     """A repository holding the named example and test models (copied, so each test owns its own)."""
     repo = tmp / "models"
@@ -120,8 +125,11 @@ def function_server(
 
 
 @contextmanager
-def lambda_emulator(repo: Path, tmp: Path, timeout_s: int = 30, **env: str) -> Iterator[Running]:
-    """The real ``awslambdaric`` handler under the official ``aws-lambda-rie``."""
+def lambda_emulator(
+    repo: Path, tmp: Path, timeout_s: int = 30, runtime: tuple[str, ...] = AWSLAMBDARIC, **env: str
+) -> Iterator[Running]:
+    """The real ``awslambdaric`` handler (or another ``runtime`` command) under the official
+    ``aws-lambda-rie``."""
     port, api_port = free_port(), free_port()
     log = tmp / f"rie-{port}.log"
     full_env = {
@@ -140,9 +148,7 @@ def lambda_emulator(repo: Path, tmp: Path, timeout_s: int = 30, **env: str) -> I
                 "--runtime-api-address",
                 f"127.0.0.1:{api_port}",
                 sys.executable,
-                "-m",
-                "awslambdaric",
-                "functions.aws_lambda.handler",
+                *runtime,
             ],
             env=full_env,
             stdout=sink,

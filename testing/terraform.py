@@ -501,6 +501,8 @@ PROVIDER_VALUES: dict[str, dict[str, tuple[list[Any], list[Any]]]] = {
         ),
     },
     "aws_function": {
+        # aws_lambda_function_url.invoke_mode (hashicorp/aws): BUFFERED or RESPONSE_STREAM.
+        "invoke_mode": (["BUFFERED", "RESPONSE_STREAM"], ["buffered", "STREAM", ""]),
         "invoker_principal_arns": (
             [
                 ["123456789012"],

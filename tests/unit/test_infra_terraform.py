@@ -77,6 +77,7 @@ def aws_plan(workspace: Workspace) -> dict[str, Any]:
             "none": {**none, "invoker_principal_arns": [GATEWAY]},
             "none_unaliased": {**none, "create_alias": False},
             "cold": {"warmup_pings": 0},
+            "streaming": {"invoke_mode": "RESPONSE_STREAM"},
             "many": {
                 "invoker_principal_arns": [
                     LONG_ROLE,
@@ -242,6 +243,19 @@ def test_planned_iam_url_grants_its_callers_both_url_actions(aws_plan: dict[str,
     assert "invoked_via_function_url" not in invoke
     assert invoke_url["principal"] == invoke["principal"] == GATEWAY
     assert invoke_url["qualifier"] == invoke["qualifier"] == url["qualifier"] == "live"
+
+
+def test_a_streaming_url_runs_the_images_streaming_runtime(aws_plan: dict[str, Any]) -> None:
+    """RESPONSE_STREAM needs a runtime that streams: awslambdaric answers whole."""
+    [url] = inputs(aws_plan, "streaming", "aws_lambda_function_url.this")
+    assert url["invoke_mode"] == "RESPONSE_STREAM"
+    [function] = inputs(aws_plan, "streaming", "aws_lambda_function.this")
+    assert function["image_config"] == [
+        {"entry_point": ["python", "-m", "functions", "lambda-runtime"], "command": []}
+    ]
+    [buffered] = inputs(aws_plan, "iam", "aws_lambda_function.this")
+    assert buffered["image_config"] == [], "the image's own entrypoint (awslambdaric)"
+    assert inputs(aws_plan, "iam", "aws_lambda_function_url.this")[0]["invoke_mode"] == "BUFFERED"
 
 
 def test_plan_refuses_a_none_url_without_a_signing_secret(workspace: Workspace) -> None:

@@ -160,6 +160,15 @@ resource "aws_lambda_function" "this" {
     size = var.ephemeral_storage_size
   }
 
+  # A streaming URL needs a runtime that streams: the image's own, in place of awslambdaric.
+  dynamic "image_config" {
+    for_each = var.invoke_mode == "RESPONSE_STREAM" ? [1] : []
+    content {
+      entry_point = ["python", "-m", "functions", "lambda-runtime"]
+      command     = []
+    }
+  }
+
   environment {
     variables = local.environment
   }

@@ -4,7 +4,7 @@ resource "aws_lambda_function_url" "this" {
   function_name      = aws_lambda_function.this[0].function_name
   qualifier          = local.qualifier
   authorization_type = var.function_url_authorization_type
-  invoke_mode        = "BUFFERED"
+  invoke_mode        = var.invoke_mode
 
   lifecycle {
     # The provider adds a NONE URL's public statements only when it creates the URL, so a new

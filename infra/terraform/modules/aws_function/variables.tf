@@ -221,6 +221,17 @@ variable "function_url_authorization_type" {
   }
 }
 
+variable "invoke_mode" {
+  description = "The function URL's invoke mode: BUFFERED (the awslambdaric handler answers whole) or RESPONSE_STREAM (the image's own runtime, python -m functions lambda-runtime, streams generate_stream's tokens as they are made)."
+  type        = string
+  default     = "BUFFERED"
+
+  validation {
+    condition     = contains(["BUFFERED", "RESPONSE_STREAM"], var.invoke_mode)
+    error_message = "invoke_mode must be BUFFERED or RESPONSE_STREAM."
+  }
+}
+
 variable "invoker_principal_arns" {
   description = "IAM roles/users or account IDs allowed to call the URL (AWS_IAM) and Invoke (the gateway's principal)."
   type        = list(string)
