@@ -33,6 +33,7 @@ FIELDS = (
     "upstream_status",
     "upstream",
     "upstream_s",
+    "upstream_header_s",
     "request_s",
     "instance",
     "cold",
@@ -58,6 +59,8 @@ def log_format() -> dict[str, str]:
         "upstream_status": "$upstream_status",
         "upstream": "$upstream_addr",
         "upstream_s": "$upstream_response_time",
+        # Until the answer's first byte: for a stream of generated tokens, its first token.
+        "upstream_header_s": "$upstream_header_time",
         "request_s": "$request_time",
         "instance": "$sent_http_" + HEADER_INSTANCE.replace("-", "_"),
         "cold": "$sent_http_" + HEADER_COLD.replace("-", "_"),
@@ -89,6 +92,7 @@ class Outcome(BaseModel):
     upstream_status: str | None = Field(default=None, max_length=200)
     upstream: str | None = Field(default=None, max_length=1000)
     upstream_s: str | None = Field(default=None, max_length=200)
+    upstream_header_s: str | None = Field(default=None, max_length=200)
     request_s: str | None = Field(default=None, max_length=200)
     instance: str | None = Field(default=None, max_length=200)
     cold: str | None = Field(default=None, max_length=20)
@@ -230,10 +234,11 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
             continue
         seconds = _last_number(outcome.upstream_s)
         if target is None:
+            first_byte = _last_number(outcome.upstream_header_s)
             state.cluster_answered(
                 model_of(outcome.uri or ""),
                 0 < upstream_status < 500,
-                seconds,
+                first_byte if first_byte is not None else seconds,
                 attempts(outcome.upstream, outcome.upstream_status),
             )
         state.answered(

@@ -298,8 +298,8 @@ class GatewayState(SummedOutcomes):
     def cluster_answered(
         self, model: str | None, ok: bool, seconds: float | None, members: Iterable[tuple[str, bool]] = ()
     ) -> None:
-        """The cluster's answer to a request the route sent there: its health, its latency, and
-        each member's that APISIX tried (address, whether it answered)."""
+        """The cluster's answer to a request the route sent there: its health, its time to the
+        first byte, and each member's that APISIX tried (address, whether it answered)."""
         self.load.local_answer(model, ok=ok)
         for address, answered in members:
             self.member_answers(address, int(answered), int(not answered), int(not answered))

@@ -58,3 +58,18 @@ def test_a_stream_is_known_by_its_path_alone() -> None:
     assert streamed("/v2/models/llm/versions/2/generate_stream/?x=1")
     assert not streamed("/v2/models/llm/generate")
     assert not streamed("/v2/models/generate_stream/infer")
+
+
+def test_a_local_stream_teaches_the_estimate_its_first_token_not_its_length() -> None:
+    """The cluster's observed answer time is its time to the first byte: a 30 s generation whose
+    first token came after 200 ms says the cluster answers in 200 ms, not that it is 30 s behind."""
+    state = gateway_state(CONFIG)
+    entry = {
+        "status": 200,
+        "upstream_status": "200",
+        "upstream_s": "30.000",
+        "upstream_header_s": "0.200",
+        "uri": "/v2/models/llm/generate_stream",
+    }
+    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    assert state.snapshot(None, "llm").local[""].observed_ms == 200.0

@@ -225,7 +225,8 @@ function _M.add(agg, seen, var, status)
             answered(a, upstream_status)
         end
         tried(agg, var.upstream_addr, statuses)
-        local seconds = last_number(var.upstream_response_time)
+        -- Until the answer's first byte: for a stream of generated tokens, its first token.
+        local seconds = last_number(var.upstream_header_time) or last_number(var.upstream_response_time)
         if seconds then
             local l = bounded(agg, S.local_s, seen.model or "", pair)
             if l then
