@@ -90,6 +90,8 @@ class GatewayState(SummedOutcomes):
             self.metrics.threshold_value.clear()
             self.metrics.threshold_limit.clear()
         self.gauge_specs: tuple[GaugeSpec, ...] = specs
+        self.load.ttft_targets_ms = config.local.model_ttft_targets_ms
+        self.load.ttft_ratios = (self.policy.enter_ratio, self.policy.exit_ratio)
         self.content: ContentPolicy = content_policy(config)
         self.targets = {t.name: t for t in config.targets}
         self.breakers = {n: self.breakers.get(n) or Breaker(config.breaker) for n in self.targets}

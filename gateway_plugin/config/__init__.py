@@ -119,8 +119,8 @@ class SpillwayConfig(Model):
         return merged(self.local.thresholds, self.load_aware)
 
     def declared_models(self) -> set[str]:
-        """Models the config itself names (latency targets, rules)."""
-        named = set(self.local.model_latency_targets_ms)
+        """Models the config itself names (latency and first-token targets, rules)."""
+        named = set(self.local.model_latency_targets_ms) | set(self.local.model_ttft_targets_ms)
         for rule in self.rules:
             named.update(rule.match.models)
         return named

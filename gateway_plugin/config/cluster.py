@@ -145,6 +145,11 @@ class LocalCluster(Model):
     model_latency_targets_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="per-model targets"
     )
+    model_ttft_targets_ms: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="per-model targets for the time to the first token (an LLM's generate_stream), "
+        "held against what the gateway sees the cluster take to its answers' first byte",
+    )
     parallelism: int = Field(
         default=1,
         ge=1,

@@ -91,6 +91,7 @@ class _ModelLoad:
     overflowing: bool = False
     observed_ms: float = 0.0
     observed_at: float = float("-inf")
+    first_token_late: bool = False
     onprem: Rate = field(default_factory=Rate)
     health: LocalBreaker = field(default_factory=LocalBreaker)
 
@@ -107,7 +108,8 @@ class _ModelLoad:
     def view(
         self, fresh: bool, age_ms: float, now: float, tracker: LoadTracker, in_flight: int, capacity: float
     ) -> LocalLoad:
-        observed = self.observed_ms if now - self.observed_at <= tracker.stale_after_s else 0.0
+        observed_fresh = now - self.observed_at <= tracker.stale_after_s
+        observed = self.observed_ms if observed_fresh else 0.0
         settings, refused = tracker.health, tracker.refused
         return LocalLoad(
             fresh,
@@ -120,7 +122,7 @@ class _ModelLoad:
             observed,
             in_flight,
             self.onprem.read(now),
-            tracker.gauges_hot,
+            tracker.gauges_hot or (observed_fresh and self.first_token_late),
             self.health.current(settings, now, refused) is not CLOSED,
             self.health.probe_allowed(settings, now, refused),
             capacity,
@@ -154,6 +156,9 @@ class LoadTracker:
     thresholds: tuple[Threshold, ...] = ()
     gauges: Gauges = ()
     gauges_hot: bool = False
+    # local.model_ttft_targets_ms, and overflow's (enter, exit) ratios of a target.
+    ttft_targets_ms: Mapping[str, float] = field(default_factory=dict)
+    ttft_ratios: tuple[float, float] = (1.0, 1.0)
     health: LocalHealth = field(default_factory=LocalHealth)
     # Whether the last scrape found a metrics endpoint refusing connections (the host is down).
     refused: bool = False
@@ -242,12 +247,21 @@ class LoadTracker:
                 entry.onprem.read(now, count)
 
     def answered_local(self, model: str | None, ms: float, weight: float = 0.2) -> None:
-        """The gateway saw the cluster answer in ``ms``: a moving average, per model and overall."""
+        """The gateway saw the cluster's answer start after ``ms``: a moving average, per model and
+        overall. A model with a first-token target is late once the average passes its share of
+        the target that starts overflow, and stays late until it falls below the share that ends
+        it (the latency's hysteresis); the thresholds' verdict carries it to both routes."""
         now = self.clock()
-        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+        own = self._entry(model)
+        was_late = own.first_token_late and now - own.observed_at <= self.stale_after_s
+        for entry in {id(e): e for e in (own, self._entry(ALL_MODELS))}.values():
             fresh = now - entry.observed_at <= self.stale_after_s
             entry.observed_ms = entry.observed_ms + weight * (ms - entry.observed_ms) if fresh else ms
             entry.observed_at = now
+        target = self.ttft_targets_ms.get(model or ALL_MODELS)
+        if target is not None:
+            enter, leave = self.ttft_ratios
+            own.first_token_late = own.observed_ms > target * (leave if was_late else enter)
 
     def local_answer(self, model: str | None, ok: bool) -> None:
         """The cluster answered a request (``ok``: not 5xx, not timed out or refused): its

@@ -38,11 +38,18 @@ class Chain:
     holds: tuple[Path, ...]  # the on-prem model's and the function's
     onprem_model: Path
 
-    def stream(self, route: str, classification: str, spill: bool, tokens: int = 4) -> EventStream:
+    def stream(
+        self, route: str, classification: str, spill: bool, tokens: int = 4, first_token_ms: float = 0
+    ) -> EventStream:
         headers = {"host": HOSTS[route], "x-data-classification": classification}
         if spill:
             headers[SPILL] = "yes"
-        body = json.dumps({"text_input": "alpha beta gamma delta", "max_tokens": tokens}).encode()
+        prompt = {
+            "text_input": "alpha beta gamma delta",
+            "max_tokens": tokens,
+            "first_token_delay_ms": first_token_ms,
+        }
+        body = json.dumps(prompt).encode()
         return EventStream(f"{self.url}/v2/models/tokens/generate_stream", body, headers)
 
     def decision(self, route: str, classification: str = "public") -> str:
@@ -99,6 +106,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
                 ],
                 "latency_target_ms": 5000,
                 "thresholds": {"engine": {"backend": "vllm"}},
+                "model_ttft_targets_ms": {"tokens": 300},
                 "scrape_period_s": 0.2,
             },
             "targets": [
@@ -197,3 +205,23 @@ def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain:
 
 def _decided(chain: Chain, route: str, where: str) -> bool:
     return chain.decision(route).startswith(where)
+
+
+@pytest.mark.parametrize("route", list(HOSTS))
+def test_first_tokens_later_than_the_models_target_spill_public_prompts(chain: Chain, route: str) -> None:
+    """``local.model_ttft_targets_ms: {tokens: 300}``: confidential prompts whose first token the
+    cluster makes after 600 ms (kept home, as they must be) teach the route's runner that the
+    model is late, and public ones then leave; once first tokens come fast again, they stay."""
+
+    def slow_first_tokens() -> bool:
+        with chain.stream(route, "confidential", spill=False, tokens=1, first_token_ms=600) as events:
+            events.rest()
+        return chain.decision(route).startswith("aws;")
+
+    def fast_first_tokens() -> bool:
+        with chain.stream(route, "confidential", spill=False, tokens=1) as events:
+            events.rest()
+        return chain.decision(route).startswith("local;")
+
+    wait_until(slow_first_tokens, 60, f"{route}: a late first token spills")
+    wait_until(fast_first_tokens, 60, f"{route}: prompt first tokens bring it home")

@@ -1,7 +1,9 @@
-"""A target's and a tenant's requests in flight on the ext-plugin route, where the runner learns of
-answers only from the logger and counts each dispatch for about as long as answers take: a stream
-of generated tokens learns its own answer time, so minutes of stream are not counted for the
-milliseconds that the target's ``infer`` answers take."""
+"""Streams of generated tokens in the runner's books. A target's and a tenant's requests in
+flight on the ext-plugin route, where the runner learns of answers only from the logger and
+counts each dispatch for about as long as answers take: a stream learns its own answer time, so
+minutes of stream are not counted for the milliseconds of the target's ``infer`` answers. The
+cluster's answer time is until its first byte (a stream's first token), which a model's
+first-token target is held against."""
 
 from __future__ import annotations
 
@@ -73,3 +75,33 @@ def test_a_local_stream_teaches_the_estimate_its_first_token_not_its_length() ->
     }
     outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
     assert state.snapshot(None, "llm").local[""].observed_ms == 200.0
+
+
+def test_a_models_first_token_target_has_the_latencys_hysteresis_and_lapses_with_its_observations() -> None:
+    """``model_ttft_targets_ms: {llm: 500}``: late above 400 ms (overflow's enter ratio 0.8), on
+    time again below 350 ms (its exit ratio 0.7), and not late once nothing was seen for
+    ``stale_after_s``; the verdict is the thresholds' (both routes read it), the model's alone."""
+    clock = Clock()
+    state = gateway_state(
+        SpillwayConfig.model_validate(
+            {
+                "local": {"model_ttft_targets_ms": {"llm": 500}, "stale_after_s": 2.0},
+                "overflow": {"enter_ratio": 0.8, "exit_ratio": 0.7},
+            }
+        ),
+        clock=clock,
+    )
+
+    def late() -> bool:
+        return state.snapshot(None, "llm").local["llm"].gauges_hot
+
+    state.answered_local("llm", 450)
+    assert late() and not state.snapshot(None, "m").local[""].gauges_hot
+    state.answered_local("llm", 100)  # 380 ms: between the two
+    assert late()
+    state.answered_local("llm", 100)  # 324 ms
+    assert not late()
+    state.answered_local("llm", 900)
+    assert late()
+    clock.now = 3.0
+    assert not late(), "what was seen 3 s ago says nothing now"

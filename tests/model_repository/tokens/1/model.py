@@ -1,5 +1,6 @@
 """A stand-in LLM: streams the prompt's words back one response per token, as vLLM's and
-TensorRT-LLM's Triton backends stream theirs (decoupled), ``token_delay_ms`` apart; with
+TensorRT-LLM's Triton backends stream theirs (decoupled), ``token_delay_ms`` apart, the first after
+``first_token_delay_ms`` (the prompt's prefill); with
 ``stream`` false (as vLLM's backend takes it, for Triton's ``generate``) one response holds them all.
 
 While a file named ``hold`` is in the model's directory, it sends its first token and then waits
@@ -78,6 +79,7 @@ class TritonPythonModel:
             words = b" ".join(np.ravel(prompt)).decode("utf-8", "replace").split() or ["."]
             count = _scalar(request, "max_tokens", len(words))
             delay_s = _scalar(request, "token_delay_ms", 0.0) / 1000
+            time.sleep(_scalar(request, "first_token_delay_ms", 0.0) / 1000)
             streamed = bool(_scalar(request, "stream", True))
             made = []
             for index in range(int(count)):
