@@ -56,10 +56,10 @@ from functions.signature import sign
 from testing.apisix import FAST_HOST, both_routes, gateway_for
 from testing.function import function_server, model_repository
 from testing.http import wait_until
+from testing.llm import SPILL, chain_config
 
 MODEL = "tokens"
 TARGET = f"/v2/models/{MODEL}/generate_stream"
-SPILL = "x-test-spill"
 PROMPT = "the quick brown fox jumps over lazy dogs"
 
 
@@ -180,45 +180,14 @@ def chain(work: Path, cap: int) -> Iterator[dict[str, Door]]:
             )
         )
         say(f"function ready at {function.url}")
-        config = spillway_config(f"http://127.0.0.1:{triton.http_port}", metrics_port, function.url, cap)
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        config = chain_config(f"http://127.0.0.1:{triton.http_port}", metrics_url, function.url, cap)
         home = apisix.node_prefix(work, 0)
         gateway = running.enter_context(
             gateway_for(config, work, both_routes(config), fast_path=True, signing_key=key, home=home)
         )
         say(f"APISIX ready at {gateway.url} ({home})")
         yield doors(f"http://127.0.0.1:{triton.http_port}", function.url, gateway.url, key.encode())
-
-
-def spillway_config(triton_url: str, metrics_port: int, function_url: str, cap: int) -> dict[str, Any]:
-    return {
-        "local": {
-            "endpoints": [{"url": triton_url, "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}],
-            "latency_target_ms": 5000,
-            "thresholds": {"engine": {"backend": "vllm"}},
-            "scrape_period_s": 0.2,
-        },
-        "targets": [
-            {
-                "name": "aws",
-                "kind": "http",
-                "url": function_url,
-                "signing_key_env": "SPILLWAY_SIGNING_KEY",
-                "cold_start_ms": 0,
-                "concurrency_cap": cap,
-            }
-        ],
-        "rules": [
-            {
-                "name": "spill",
-                "priority": 10,
-                "match": {"headers": {SPILL: "yes"}},
-                "action": "target",
-                "targets": ["aws"],
-            }
-        ],
-        "metrics": {"listen": f"127.0.0.1:{free_port()}"},
-        "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
-    }
 
 
 def doors(triton: str, function: str, gateway: str, key: bytes) -> dict[str, Door]:

@@ -23,11 +23,11 @@ from functions.sidecar import Sidecar, SidecarOptions, free_port
 from testing.apisix import FAST_HOST, both_routes, gateway_for, needs_apisix
 from testing.function import function_server, model_repository
 from testing.http import wait_until
+from testing.llm import SPILL, chain_config
 from testing.sse import EventStream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
 
-SPILL = "x-test-spill"
 HOSTS = {"ext-plugin": "localhost", "fast": FAST_HOST}
 KEY = "generate-test-signing-key-0123456789"
 
@@ -96,41 +96,11 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
                 SPILLWAY_ALLOW_UNSIGNED_PAYLOAD="1",
             )
         )
-        config = {
-            "local": {
-                "endpoints": [
-                    {
-                        "url": f"http://127.0.0.1:{triton.http_port}",
-                        "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
-                    }
-                ],
-                "latency_target_ms": 5000,
-                "thresholds": {"engine": {"backend": "vllm"}},
-                "model_ttft_targets_ms": {"tokens": 300},
-                "scrape_period_s": 0.2,
-            },
-            "targets": [
-                {
-                    "name": "aws",
-                    "kind": "http",
-                    "url": function.url,
-                    "signing_key_env": "SPILLWAY_SIGNING_KEY",
-                    "cold_start_ms": 0,
-                    "concurrency_cap": 1,
-                }
-            ],
-            "rules": [
-                {
-                    "name": "spill",
-                    "priority": 10,
-                    "match": {"headers": {SPILL: "yes"}},
-                    "action": "target",
-                    "targets": ["aws"],
-                }
-            ],
-            "metrics": {"listen": f"127.0.0.1:{free_port()}"},
-            "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
-        }
+        triton_url, metrics_url = (
+            f"http://127.0.0.1:{triton.http_port}",
+            f"http://127.0.0.1:{metrics_port}/metrics",
+        )
+        config = chain_config(triton_url, metrics_url, function.url, 1, model_ttft_targets_ms={"tokens": 300})
         gateway = running.enter_context(
             gateway_for(config, tmp, both_routes(config), fast_path=True, signing_key=KEY)
         )
