@@ -104,8 +104,15 @@ class RuntimeApi:
             connection.close()
 
     async def stream(self, request_id: str, response: Response, pieces: AsyncIterator[bytes]) -> None:
-        """Post ``response`` as a Function URL's streamed HTTP response, each piece as it comes."""
-        reader, writer = await asyncio.open_connection(self.host, self.port)
+        """Post ``response`` as a Function URL's streamed HTTP response, each piece as it comes;
+        the pieces' source is closed however it ends (a caller gone closes the sidecar's stream)."""
+        from functions import http_stream
+
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        except BaseException:
+            await http_stream.close(pieces)
+            raise
         try:
             head = (
                 f"POST {API}/invocation/{request_id}/response HTTP/1.1\r\n"
@@ -134,6 +141,7 @@ class RuntimeApi:
                 log.error("the runtime API refused stream %s: %r", request_id, status[:100])
         finally:
             writer.close()
+            await http_stream.close(pieces)
 
 
 def prelude(response: Response) -> bytes:
