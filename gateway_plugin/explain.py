@@ -49,6 +49,7 @@ def explain(config: SpillwayConfig) -> str:
         *(f"  scrapes {masked_url(e.metrics_url)}" for e in local.endpoints),
         *_members(config),
         *_thresholds(config),
+        *_first_tokens(config),
         _health(config),
     ]
     for t in config.targets:
@@ -137,6 +138,15 @@ def _thresholds(config: SpillwayConfig) -> list[str]:
     if any(spec.metric.startswith("nv_gpu_") for spec in specs):
         lines.append(_GPU_OFF)
     return lines
+
+
+def _first_tokens(config: SpillwayConfig) -> list[str]:
+    enter, leave = config.overflow.enter_ratio, config.overflow.exit_ratio
+    return [
+        f"  first token of {model}: target {ms:g} ms, overflow while the cluster's first bytes average "
+        f"above {ms * enter:g} ms (until below {ms * leave:g} ms)"
+        for model, ms in sorted(config.local.model_ttft_targets_ms.items())
+    ]
 
 
 def _health(config: SpillwayConfig) -> str:

@@ -13,6 +13,7 @@ from gateway_plugin.books import outcomes
 from gateway_plugin.books.ledger import streamed
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.explain import explain
 from gateway_plugin.policy.model import Decision, Reason
 from testing.gateway import gateway_state
 
@@ -105,3 +106,16 @@ def test_a_models_first_token_target_has_the_latencys_hysteresis_and_lapses_with
     assert late()
     clock.now = 3.0
     assert not late(), "what was seen 3 s ago says nothing now"
+
+
+def test_check_config_says_what_a_first_token_target_holds_the_model_to() -> None:
+    config = SpillwayConfig.model_validate(
+        {
+            "local": {"model_ttft_targets_ms": {"llm": 500}},
+            "overflow": {"enter_ratio": 0.8, "exit_ratio": 0.7},
+        }
+    )
+    assert (
+        "first token of llm: target 500 ms, overflow while the cluster's first bytes average above 400 ms "
+        in explain(config)
+    )
