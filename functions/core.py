@@ -130,11 +130,18 @@ class FunctionCore:
     async def _counted(
         self, stream: AsyncIterator[bytes], request: Request, response: Response, started: float, cold: bool
     ) -> AsyncIterator[bytes]:
-        """A stream is counted (and logged) when it ends, sent whole or cut, with its duration."""
+        """A stream is counted (and logged) when it ends, sent whole or cut, with its duration; its
+        events (an SSE event ends with a blank line, which no JSON payload holds) as they go."""
+        events, last = 0, b""
         try:
             async for piece in stream:
+                if not last and piece:
+                    self.metrics.first_event.observe(time.perf_counter() - started)
+                ended = piece.count(b"\n\n") + (last == b"\n" and piece[:1] == b"\n")
+                events, last = events + ended, piece[-1:] or last
                 yield piece
         finally:
+            self.metrics.stream_events.inc(events)
             await http_stream.close(stream)
             self._done(request, response, started, cold)
 

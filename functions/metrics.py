@@ -107,6 +107,17 @@ class FunctionMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
+        self.stream_events = Counter(
+            "spillway_function_stream_events",
+            "Server-sent events relayed in streams (generate_stream: one per token).",
+            registry=r,
+        )
+        self.first_event = Histogram(
+            "spillway_function_stream_first_event_seconds",
+            "Time from a stream's request to its first event relayed (its first token).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
         self.cold_starts = Counter(
             "spillway_function_cold_starts", "Requests that were the first an instance served.", registry=r
         )

@@ -227,6 +227,27 @@ FUNCTIONS = Dashboard(
             ),
         ),
         Panel(
+            "Streams: tokens per second",
+            "short",
+            ((_rate("spillway_function_stream_events_total", "job"), "{{job}}"),),
+            description="generate_stream's events relayed by the function, one per token.",
+            width=6,
+        ),
+        Panel(
+            "Streams: time to first token (p50, p99)",
+            "s",
+            tuple(
+                (
+                    f"histogram_quantile({q}, sum by (job, le) (rate("
+                    f"spillway_function_stream_first_event_seconds_bucket{RATE})))",
+                    f"{{{{job}}}} p{round(q * 100)}",
+                )
+                for q in (0.5, 0.99)
+            ),
+            description="From a stream's request at the function to its first event relayed.",
+            width=6,
+        ),
+        Panel(
             "Triton queue and compute time per inference",
             "s",
             tuple(

@@ -79,6 +79,29 @@ def test_each_token_leaves_the_function_as_the_model_makes_it(fc: Running, hold:
     assert text(rest) == "beta gamma delta "
 
 
+def metric(fc: Running, name: str) -> float:
+    """The sum of a family's unlabelled samples on the function's /spillway/metrics."""
+    _, _, body = http("GET", f"{fc.url}/spillway/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines() if line.startswith(name + " ")
+    )
+
+
+def test_a_streams_tokens_and_first_token_time_are_counted(fc: Running) -> None:
+    """One event per token (what vLLM's and TensorRT-LLM's backends stream), whatever pieces the
+    sidecar's chunks cut them into; the time to the first event, once per stream."""
+    events, firsts = (
+        metric(fc, "spillway_function_stream_events_total"),
+        metric(fc, "spillway_function_stream_first_event_seconds_count"),
+    )
+    with EventStream(stream_url(fc), prompt(5, delay_ms=5)) as stream:
+        assert len(stream.rest()) == 5
+    wait_until(
+        lambda: metric(fc, "spillway_function_stream_events_total") == events + 5, 10, "5 events counted"
+    )
+    assert metric(fc, "spillway_function_stream_first_event_seconds_count") == firsts + 1
+
+
 def test_generate_answers_the_whole_generation_in_one_answer(fc: Running) -> None:
     status, headers, body = http("POST", f"{fc.url}/v2/models/tokens/generate", prompt(6, stream=False))
     assert status == 200, body

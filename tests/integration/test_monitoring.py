@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools import apisix
 from devtools import prometheus as prometheus_server
 from functions.sidecar import Sidecar, SidecarOptions, free_port
+from functions.signature import sign
 from gateway_plugin import bill
 from gateway_plugin.apisix_route import route
 from gateway_plugin.config import SpillwayConfig
@@ -233,7 +234,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         triton.wait_ready(60)
         function = stack.enter_context(
             function_server(
-                model_repository(tmp, "slow"),
+                model_repository(tmp, "slow", "tokens"),
                 tmp,
                 wait_ready=False,
                 SPILLWAY_SIGNING_KEY=SIGNING_KEY,
@@ -277,6 +278,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         started = time.time()
         wait_until(lambda: prometheus.scraped_since(started), 60, "Prometheus's first scrape of every target")
         sent = _drive(gateway, f"127.0.0.1:{triton.http_port}", prometheus)
+        _stream_tokens(function.url)
         _warm_up(tmp / "spillway.yaml", {**os.environ, "SPILLWAY_SIGNING_KEY": SIGNING_KEY})
         runner_metrics = f"http://{config['metrics']['listen']}/metrics"
 
@@ -294,6 +296,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         wait_until(lambda: prometheus.scraped_since(done + 2), 60, "scrapes after the load and the warm-up")
         wait_until(scraped, 60, "Prometheus to scrape the runner after the load and the warm-up")
         yield World(gateway, prometheus, runner_metrics, tmp / "audit.log", sent, started)
+
+
+def _stream_tokens(url: str) -> None:
+    """A few generations streamed by the function itself (its stream panel's data)."""
+    target = "/v2/models/tokens/generate_stream"
+    for _ in range(3):
+        body = json.dumps({"text_input": "alpha beta gamma", "max_tokens": 3, "token_delay_ms": 5}).encode()
+        headers = {"x-spillway-signature": sign(SIGNING_KEY.encode(), "POST", target, None)}
+        status, _, answer = http("POST", url + target, body, headers, timeout=30)
+        assert status == 200 and answer.count(b"data:") == 3, answer
 
 
 def _panel_queries() -> list[tuple[str, str, str]]:
