@@ -26,8 +26,8 @@ def _label(metric: dict[str, str], legend: str) -> str:
     return text.replace("{{", "").replace("}}", "")
 
 
-def render(prometheus: Prometheus, dashboard: Path, start: float, end: float, out: Path) -> int:
-    """Draw ``dashboard`` from ``start`` to ``end``; the number of panels that had data."""
+def render(prometheus: Prometheus, dashboard: Path, start: float, end: float, out: Path) -> list[str]:
+    """Draw ``dashboard`` from ``start`` to ``end``; the titles of the panels that had no data."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,7 +40,7 @@ def render(prometheus: Prometheus, dashboard: Path, start: float, end: float, ou
     grid = figure.add_gridspec(rows, 24, hspace=0.6, wspace=2.0)
     step = max(1.0, (end - start) / 200)
     minutes = end - start > 300
-    shown = 0
+    empty = []
     for panel in panels:
         pos = panel["gridPos"]
         axes = figure.add_subplot(grid[pos["y"] // 8, pos["x"] : pos["x"] + pos["w"]])
@@ -63,15 +63,15 @@ def render(prometheus: Prometheus, dashboard: Path, start: float, end: float, ou
         axes.set_xlabel("minutes before the end" if minutes else "seconds before the end", fontsize=7)
         axes.tick_params(labelsize=7)
         if had:
-            shown += 1
             axes.legend(fontsize=6, loc="upper left")
         else:
+            empty.append(panel["title"])
             axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes)
     figure.suptitle(board["title"], fontsize=12)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, bbox_inches="tight")
     plt.close(figure)
-    return shown
+    return empty
 
 
 def main() -> int:
@@ -85,8 +85,8 @@ def main() -> int:
     args = parser.parse_args()
     prometheus = Prometheus(0, [], Path("."), url=args.prometheus.rstrip("/"))
     end = time.time()
-    shown = render(prometheus, args.dashboard, end - args.minutes * 60, end, args.out)
-    print(f"{args.out}: {shown} panels with data")
+    empty = render(prometheus, args.dashboard, end - args.minutes * 60, end, args.out)
+    print(f"{args.out}: drawn; panels without data: {', '.join(empty) or 'none'}")
     return 0
 
 

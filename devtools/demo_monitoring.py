@@ -74,11 +74,14 @@ def monitoring(
 def render_dashboards(
     prometheus: prometheus_server.Prometheus, out_dir: Path, start: float, end: float
 ) -> dict[str, Any]:
-    """Each dashboard drawn over the run: file name → (PNG path, panels with data)."""
+    """Each dashboard drawn over the run: file name → (PNG path, the panels with data and the
+    titles of those without)."""
     drawn: dict[str, Any] = {}
     for path in sorted(DASHBOARDS.glob("*.json")):
         png = out_dir / "dashboards" / f"{path.stem}.png"
-        drawn[path.name] = {"png": str(png), "panels_with_data": render(prometheus, path, start, end, png)}
+        empty = render(prometheus, path, start, end, png)
+        panels = len(json.loads(path.read_text())["panels"])
+        drawn[path.name] = {"png": str(png), "panels_with_data": panels - len(empty), "without_data": empty}
     return drawn
 
 

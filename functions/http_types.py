@@ -65,7 +65,7 @@ class Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
     # An answer made as it is sent (generate_stream's events): sent chunked, piece by piece, where
-    # the platform streams (``http_stream.relay``), gathered into ``body`` where it does not.
+    # the platform streams (``http_stream.send``), gathered into ``body`` where it does not.
     stream: AsyncIterator[bytes] | None = None
 
     def header(self, name: str) -> str | None:

@@ -406,6 +406,5 @@ def test_the_dashboards_render_from_the_real_data(world: World, tmp_path: Path) 
     keep = os.environ.get("SPILLWAY_RENDER_TO")
     out = Path(keep) if keep else tmp_path
     for path in sorted((ROOT / "ops" / "grafana" / "dashboards").glob("*.json")):
-        panels = len(json.loads(path.read_text())["panels"])
-        shown = render(world.prometheus, path, world.started, time.time(), out / f"{path.stem}.png")
-        assert shown == panels, f"{path.name}: {panels - shown} panels drawn without data"
+        empty = render(world.prometheus, path, world.started, time.time(), out / f"{path.stem}.png")
+        assert not empty, f"{path.name}: panels drawn without data: {empty}"
