@@ -40,7 +40,6 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,14 +50,11 @@ from harness import ROOT, Output, add_output_options, machine_note, median, rend
 
 sys.path.insert(1, str(ROOT))  # devtools and testing are source-only: importable from the checkout
 from devtools import apisix
-from functions.sidecar import Sidecar, SidecarOptions, free_port
 from functions.signature import sign
-from testing.apisix import FAST_HOST, both_routes, gateway_for
-from testing.function import function_server, model_repository
+from testing.apisix import FAST_HOST
 from testing.http import wait_until
-from testing.llm import SPILL, chain_config
+from testing.llm import MODEL, SPILL, running_chain
 
-MODEL = "tokens"
 TARGET = f"/v2/models/{MODEL}/generate_stream"
 PROMPT = "the quick brown fox jumps over lazy dogs"
 
@@ -158,36 +154,11 @@ def as_expected(decision: str | None, expect: str | None) -> bool:
 def chain(work: Path, cap: int) -> Iterator[dict[str, Door]]:
     """The test module's chain, with a generous cap on the function so no spill waits for a slot."""
     key = secrets.token_hex(32)
-    (work / "onprem").mkdir()
-    (work / "cloud").mkdir()
-    onprem = model_repository(work / "onprem", MODEL)
-    cloud = model_repository(work / "cloud", MODEL)
-    metrics_port = free_port()
-    with ExitStack() as running:
-        log = work / "onprem-triton.log"  # the function's own sidecar logs to its server's log
-        triton = Sidecar(SidecarOptions(onprem, (MODEL,), 60, metrics_port=metrics_port, log_path=log))
-        triton.start()
-        running.callback(triton.stop)
-        triton.wait_ready(60)
-        say(f"on-prem tritonserver ready on {triton.http_port}")
-        function = running.enter_context(
-            function_server(
-                cloud,
-                work,
-                SPILLWAY_MODELS=MODEL,
-                SPILLWAY_SIGNING_KEY=key,
-                SPILLWAY_ALLOW_UNSIGNED_PAYLOAD="1",
-            )
-        )
-        say(f"function ready at {function.url}")
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        config = chain_config(f"http://127.0.0.1:{triton.http_port}", metrics_url, function.url, cap)
-        home = apisix.node_prefix(work, 0)
-        gateway = running.enter_context(
-            gateway_for(config, work, both_routes(config), fast_path=True, signing_key=key, home=home)
-        )
-        say(f"APISIX ready at {gateway.url} ({home})")
-        yield doors(f"http://127.0.0.1:{triton.http_port}", function.url, gateway.url, key.encode())
+    home = apisix.node_prefix(work, 0)
+    # The function's own sidecar logs to its server's log.
+    with running_chain(work, key, cap, home=home, triton_log=work / "onprem-triton.log") as running:
+        say(f"tritonserver, function and APISIX ({home}) ready")
+        yield doors(running.triton_url, running.function_url, running.gateway_url, key.encode())
 
 
 def doors(triton: str, function: str, gateway: str, key: bytes) -> dict[str, Door]:

@@ -133,11 +133,17 @@ def warmup_ping(event: dict[str, Any]) -> WarmupPing:
         raise UnknownEvent(f"bad warm-up ping at {where}: {err['msg']}") from None
 
 
+def folded(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """Header fields as a Function URL response carries them: one value per name, repeats joined."""
+    headers: dict[str, str] = {}
+    for name, value in pairs:
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
 def to_http_result(response: Response) -> dict[str, Any]:
     """The Function URL response shape; binary bodies go base64."""
-    headers: dict[str, str] = {}
-    for name, value in response.headers:
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    headers = folded(response.headers)
     content_type = headers.get("content-type", "")
     if content_type.startswith(_TEXT_TYPES) and "inference-header-content-length" not in headers:
         try:

@@ -24,9 +24,10 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported once the sidecar has started (functions.aws_lambda), so the two overlap
+    from functions.core import FunctionCore
     from functions.http_types import Response
 
 log = logging.getLogger("spillway.function.lambda")
@@ -146,13 +147,10 @@ class RuntimeApi:
 
 def prelude(response: Response) -> bytes:
     """What a Function URL makes the HTTP response's status and headers of."""
-    headers: dict[str, str] = {}
-    cookies = []
-    for name, value in response.headers:
-        if name.lower() == "set-cookie":
-            cookies.append(value)
-        else:
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    from functions.events import folded
+
+    cookies = [value for name, value in response.headers if name.lower() == "set-cookie"]
+    headers = folded([(name, value) for name, value in response.headers if name.lower() != "set-cookie"])
     return (
         json.dumps({"statusCode": response.status, "headers": headers, "cookies": cookies}).encode()
         + PRELUDE_END
@@ -173,7 +171,7 @@ def _error_body(exc: BaseException) -> bytes:
     ).encode()
 
 
-async def _serve(api: RuntimeApi, invocation: Invocation, core: Any) -> None:
+async def _serve(api: RuntimeApi, invocation: Invocation, core: FunctionCore) -> None:
     """One invocation, answered buffered, or streamed when its answer is a stream."""
     from functions.events import UnknownEvent
     from functions.http_types import Response

@@ -1,12 +1,20 @@
 """The LLM chain the generation tests and ``bench/generate_stream.py`` run: an on-prem tritonserver,
-the function it spills to, and the config that routes between them through both APISIX routes."""
+the function it spills to (the FC server with its own sidecar), and a real APISIX with both routes
+between them, all serving the ``tokens`` test model on loopback."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from functions.sidecar import free_port
+from functions.sidecar import Sidecar, SidecarOptions, free_port
+from testing.apisix import both_routes, gateway_for
+from testing.function import function_server, model_repository
 
+MODEL = "tokens"
 # A request carrying this header (value "yes") is sent to the function whatever the load says.
 SPILL = "x-test-spill"
 
@@ -47,3 +55,49 @@ def chain_config(
         "metrics": {"listen": f"127.0.0.1:{free_port()}"},
         "outcomes": {"listen": f"127.0.0.1:{free_port()}"},
     }
+
+
+@dataclass(frozen=True)
+class RunningChain:
+    triton_url: str
+    function_url: str
+    gateway_url: str
+    onprem_model: Path  # the on-prem model's directory (its hold and kv_cache files)
+    cloud_model: Path  # the function's
+
+
+@contextmanager
+def running_chain(
+    work: Path, key: str, cap: int, home: Path | None = None, triton_log: Path | None = None, **local: Any
+) -> Iterator[RunningChain]:
+    """The chain started in ``work`` (``key``: the function's signing key; ``home``: APISIX's prefix,
+    by default the shared install; ``local``: settings added to the config's ``local``)."""
+    onprem, cloud = work / "onprem", work / "cloud"
+    onprem.mkdir()
+    cloud.mkdir()
+    onprem, cloud = model_repository(onprem, MODEL), model_repository(cloud, MODEL)
+    metrics_port = free_port()
+    logging: dict[str, Any] = {"log_path": triton_log} if triton_log else {"log_prefix": ""}
+    with ExitStack() as running:
+        triton = Sidecar(SidecarOptions(onprem, (MODEL,), 60, metrics_port=metrics_port, **logging))
+        triton.start()
+        running.callback(triton.stop)
+        triton.wait_ready(60)
+        function = running.enter_context(
+            function_server(
+                cloud,
+                work,
+                SPILLWAY_MODELS=MODEL,
+                SPILLWAY_SIGNING_KEY=key,
+                SPILLWAY_ALLOW_UNSIGNED_PAYLOAD="1",
+            )
+        )
+        triton_url = f"http://127.0.0.1:{triton.http_port}"
+        config = chain_config(
+            triton_url, f"http://127.0.0.1:{metrics_port}/metrics", function.url, cap, **local
+        )
+        where = {"home": home} if home is not None else {}
+        gateway = running.enter_context(
+            gateway_for(config, work, both_routes(config), fast_path=True, signing_key=key, **where)
+        )
+        yield RunningChain(triton_url, function.url, gateway.url, onprem / MODEL, cloud / MODEL)

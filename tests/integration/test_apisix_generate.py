@@ -13,17 +13,14 @@ import functools
 import json
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from functions.sidecar import Sidecar, SidecarOptions, free_port
-from testing.apisix import FAST_HOST, both_routes, gateway_for, needs_apisix
-from testing.function import function_server, model_repository
+from testing.apisix import FAST_HOST, needs_apisix
 from testing.http import wait_until
-from testing.llm import SPILL, chain_config
+from testing.llm import SPILL, running_chain
 from testing.sse import EventStream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -78,33 +75,13 @@ class Chain:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
-    tmp = tmp_path_factory.mktemp("generate")
-    onprem = model_repository(tmp_path_factory.mktemp("onprem"), "tokens")
-    cloud = model_repository(tmp_path_factory.mktemp("cloud"), "tokens")
-    metrics_port = free_port()
-    with ExitStack() as running:
-        triton = Sidecar(SidecarOptions(onprem, ("tokens",), 60, metrics_port=metrics_port, log_prefix=""))
-        triton.start()
-        running.callback(triton.stop)
-        triton.wait_ready(60)
-        function = running.enter_context(
-            function_server(
-                cloud,
-                tmp,
-                SPILLWAY_MODELS="tokens",
-                SPILLWAY_SIGNING_KEY=KEY,
-                SPILLWAY_ALLOW_UNSIGNED_PAYLOAD="1",
-            )
+    work = tmp_path_factory.mktemp("generate")
+    with running_chain(work, KEY, 1, model_ttft_targets_ms={"tokens": 300}) as running:
+        made = Chain(
+            running.gateway_url,
+            (running.onprem_model / "hold", running.cloud_model / "hold"),
+            running.onprem_model,
         )
-        triton_url, metrics_url = (
-            f"http://127.0.0.1:{triton.http_port}",
-            f"http://127.0.0.1:{metrics_port}/metrics",
-        )
-        config = chain_config(triton_url, metrics_url, function.url, 1, model_ttft_targets_ms={"tokens": 300})
-        gateway = running.enter_context(
-            gateway_for(config, tmp, both_routes(config), fast_path=True, signing_key=KEY)
-        )
-        made = Chain(gateway.url, (onprem / "tokens" / "hold", cloud / "tokens" / "hold"), onprem / "tokens")
         for route in HOSTS:
             wait_until(functools.partial(made.spills, route), 30, f"the {route} route spills")
         yield made
