@@ -286,8 +286,12 @@ class Slots:
 
     def allowed(self, together: bool) -> int:
         """Slots this node may fill: those it holds while it decides with the store (connected,
-        and settled if it came back), else its share of the cap."""
-        return self.held if together else max(1, self.cap // self.share)
+        and settled if it came back), else its share of the cap. No more than it last asked for:
+        the store sets what the node holds to that want at most, maybe after the node filled more
+        while the round was out, and the others may then fill what it gave back."""
+        if not together:
+            return max(1, self.cap // self.share)
+        return self.held if self.asked < 0 else min(self.held, self.asked)
 
     def for_runner(self, together: bool) -> int:
         """What the runner's own decisions may fill: the node's slots less the plugin's block."""

@@ -3,7 +3,7 @@ tested against a real Redis in test_shared_state.py)."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gateway_plugin.policy.snapshot import BreakerState
@@ -200,3 +200,36 @@ def test_a_new_generation_voids_the_tokens_of_the_old_one() -> None:
     shared = SharedBreaker(gen=3, until_ms=1, cooldown_ms=5000, probes=1)
     shared.granted(None, gen=4, until_ms=int(WALL * 1000) + 10_000, cooldown_ms=10_000, probes=0)
     assert shared.probes == 0 and shared.state(WALL) is BreakerState.OPEN
+
+
+ROUND = ("ask", "store", "reply")
+
+
+@example(
+    [(op, 0) for op in (*ROUND, "fill", "fill", "fill", *ROUND, "done", "done", "done", "ask", "fill")]
+    + [(op, 0) for op in ("fill", "fill", "store", "reply")]
+    + [(op, 1) for op in (*ROUND, *ROUND, "fill", "fill")]
+)
+@given(st.lists(st.tuples(st.sampled_from(["fill", "done", *ROUND]), st.integers(0, 1)), max_size=60))
+def test_nodes_that_fill_while_their_round_is_out_never_exceed_the_cap(steps: list[tuple[str, int]]) -> None:
+    """Two nodes and the store's arithmetic (``shared_store``'s script: a node holds at most
+    what the others leave). A round is out for a while: the store may set what a node holds from
+    a want asked before the node filled more, so a node must fill no more than it asked for."""
+    cap, nodes = 4, [Slots("t", cap=4, block=2, share=2), Slots("t", cap=4, block=2, share=2)]
+    in_flight, field, sent, stored = [0, 0], [0, 0], [None, None], [None, None]
+    for op, n in steps:
+        node = nodes[n]
+        if op == "fill" and in_flight[n] < node.allowed(together=True):
+            in_flight[n] += 1
+        elif op == "done" and in_flight[n]:
+            in_flight[n] -= 1
+        elif op == "ask" and sent[n] is None and stored[n] is None:
+            sent[n] = node.request(in_flight[n], always=True)
+        elif op == "store" and sent[n] is not None:
+            asked, sent[n] = sent[n], None
+            field[n] = max(0, min(asked["want"], cap - field[1 - n]))
+            stored[n] = field[n]
+        elif op == "reply" and stored[n] is not None:
+            node.granted(stored[n], 0)
+            stored[n] = None
+        assert sum(in_flight) <= cap, (steps, in_flight, field)
