@@ -1,7 +1,8 @@
 """What one request costs on a cloud target, from the target's price model.
 
 Lambda bills requests and GB-seconds (and, for image functions, the init phase of a cold start);
-FC bills compute units and active GPU time: both fit requests + memory-seconds + GPU-seconds.
+FC bills compute units and active GPU time: both fit requests + memory-seconds + GPU-seconds;
+an endpoint that bills generated tokens adds a price per token.
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ from gateway_plugin.config import TargetCost
 
 
 def request_cost_usd(cost: TargetCost, cold: bool = False, cold_start_ms: float = 0.0) -> float:
-    seconds = cost.expected_duration_ms / 1000
-    if cold and cost.billed_init:
-        seconds += cold_start_ms / 1000
-    return cost.usd_per_request + seconds * (
-        cost.memory_gb * cost.usd_per_gb_second + cost.usd_per_gpu_second
+    """The price at decision, from what an answer is expected to take."""
+    ms = cost.expected_duration_ms + (cold_start_ms if cold and cost.billed_init else 0.0)
+    return answer_cost_usd(cost, ms / 1000, cost.expected_output_tokens)
+
+
+def answer_cost_usd(cost: TargetCost, seconds: float, tokens: float = 0.0) -> float:
+    """What an answer that took ``seconds`` and generated ``tokens`` is billed (a stream, settled
+    when it ends; the platforms round billed time up to the millisecond)."""
+    billed_s = math.ceil(max(0.0, seconds) * 1000 - 1e-9) / 1000
+    return (
+        cost.usd_per_request
+        + billed_s * (cost.memory_gb * cost.usd_per_gb_second + cost.usd_per_gpu_second)
+        + tokens * cost.usd_per_output_token
     )
 
 

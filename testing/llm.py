@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from functions.sidecar import Sidecar, SidecarOptions, free_port
-from testing.apisix import both_routes, gateway_for
+from testing.apisix import both_routes, gateway_for, metrics_url
 from testing.function import function_server, model_repository
 
 MODEL = "tokens"
 # A request carrying this header (value "yes") is sent to the function whatever the load says.
 SPILL = "x-test-spill"
+
+
+TOKENS_ONLY = {"usd_per_request": 0, "usd_per_gb_second": 0, "usd_per_gpu_second": 0}
+USD_PER_TOKEN = 0.001
 
 
 def chain_config(
@@ -41,6 +45,8 @@ def chain_config(
                 "signing_key_env": "SPILLWAY_SIGNING_KEY",
                 "cold_start_ms": 0,
                 "concurrency_cap": cap,
+                # Billed per generated token alone, so a stream's spend says how many it sent.
+                "cost": {**TOKENS_ONLY, "usd_per_output_token": USD_PER_TOKEN, "expected_output_tokens": 4},
             }
         ],
         "rules": [
@@ -62,6 +68,7 @@ class RunningChain:
     triton_url: str
     function_url: str
     gateway_url: str
+    metrics_url: str  # the runner's
     onprem_model: Path  # the on-prem model's directory (its hold and kv_cache files)
     cloud_model: Path  # the function's
 
@@ -100,4 +107,6 @@ def running_chain(
         gateway = running.enter_context(
             gateway_for(config, work, both_routes(config), fast_path=True, signing_key=key, **where)
         )
-        yield RunningChain(triton_url, function.url, gateway.url, onprem / MODEL, cloud / MODEL)
+        yield RunningChain(
+            triton_url, function.url, gateway.url, metrics_url(config), onprem / MODEL, cloud / MODEL
+        )

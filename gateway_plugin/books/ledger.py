@@ -31,6 +31,12 @@ class _Spend:
         if day != self.day:
             self.day, self.day_usd = day, 0.0
 
+    def add(self, usd: float, now: float) -> None:
+        """Never below nothing: what a settlement gives back may have been held in a window gone."""
+        self.roll(now)
+        self.hour_usd = max(0.0, self.hour_usd + usd)
+        self.day_usd = max(0.0, self.day_usd + usd)
+
 
 @dataclass
 class Outstanding:
@@ -125,10 +131,8 @@ class Ledger:
     _spend: dict[str, _Spend] = field(default_factory=lambda: defaultdict(_Spend))
 
     def spend(self, key: str, usd: float, now: float) -> None:
-        bucket = self._spend[key]
-        bucket.roll(now)
-        bucket.hour_usd += usd
-        bucket.day_usd += usd
+        """``usd`` spent (less than nothing: a stream settled below its price at decision)."""
+        self._spend[key].add(usd, now)
 
     def spent(self, key: str, now: float) -> tuple[float, float]:
         bucket = self._spend.get(key)
@@ -152,9 +156,7 @@ class TenantBook:
         return self.spend.hour_usd, self.spend.day_usd
 
     def add_spend(self, usd: float, now: float) -> None:
-        self.spend.roll(now)
-        self.spend.hour_usd += usd
-        self.spend.day_usd += usd
+        self.spend.add(usd, now)
 
     def last_minute(self, now: float) -> int:
         arrivals = self.arrivals

@@ -40,12 +40,16 @@ FIELDS = (
     "tenant",
     "uri",
     "worker",
+    "tokens",
 )
 
 
 # The edge's variables (``spillway/edge.lua`` registers them): the runner's decision as traffic-split
 # matches it, the runner worker that made it, the tenant it counted.
 UPSTREAM_VAR, WORKER_VAR, TENANT_VAR = "spillway_upstream", "spillway_worker", "spillway_decision_tenant"
+# The events of a streamed answer (``text/event-stream``) as the edge counted them going by: a
+# stream of generated tokens sends one per token (Triton's generate_stream).
+TOKENS_VAR = "spillway_tokens"
 
 
 def log_format() -> dict[str, str]:
@@ -67,6 +71,7 @@ def log_format() -> dict[str, str]:
         "tenant": f"${TENANT_VAR}",
         "uri": "$uri",
         "worker": f"${WORKER_VAR}",
+        "tokens": f"${TOKENS_VAR}",
     }
 
 
@@ -100,6 +105,7 @@ class Outcome(BaseModel):
     tenant: str | None = None
     uri: str | None = Field(default=None, max_length=16384)
     worker: str | None = Field(default=None, max_length=8)
+    tokens: str | None = Field(default=None, max_length=20)
     invalid: tuple[str, ...] = Field(default=(), max_length=len(FIELDS))
 
     @field_validator("tenant", mode="before")
@@ -241,12 +247,13 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
                 first_byte if first_byte is not None else seconds,
                 attempts(outcome.upstream, outcome.upstream_status),
             )
-        state.answered(
-            target,
-            outcome.tenant or None,
-            ok=0 < upstream_status < 500,
-            instance=outcome.instance or None,
-            cold=outcome.cold == "1",
-            seconds=seconds if seconds is not None else _last_number(outcome.request_s),
-            streamed=streamed(outcome.uri or ""),
-        )
+        if seconds is None:
+            seconds = _last_number(outcome.request_s)
+        stream = streamed(outcome.uri or "")
+        cold = outcome.cold == "1"
+        tenant = outcome.tenant or None
+        ok = 0 < upstream_status < 500
+        state.answered(target, tenant, ok, outcome.instance or None, cold, seconds, stream)
+        if stream and target is not None:
+            tokens = _last_number(outcome.tokens)
+            state.stream_settled(target, tenant, model_of(outcome.uri or ""), seconds, tokens, cold)

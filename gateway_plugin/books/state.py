@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
 from gateway_plugin.books.ledger import InFlight, Ledger, Outstanding, TenantBook, TenantBooks
@@ -235,7 +235,10 @@ class GatewayState(SummedOutcomes):
             if self.policy.quota_of(decision.tenant).requests_per_minute is not None:
                 book.arrivals.append(wall)
             book.in_flight.add(now, streamed)
-        self.metrics.cost.counted(decision.tenant, model, decision.target, 1, decision.cost_usd)
+        # A stream's spend is counted when it ends, at what it cost (``stream_settled``); its
+        # price at decision is held in the budgets meanwhile.
+        billed = 0.0 if streamed and decision.is_cloud else decision.cost_usd
+        self.metrics.cost.counted(decision.tenant, model, decision.target, 1, billed)
         if decision.target == LOCAL:
             self.load.sent_local(model)
             self.load.dispatched_local(model)
@@ -248,7 +251,7 @@ class GatewayState(SummedOutcomes):
             self.ledger.spend(f"target:{name}", decision.cost_usd, wall)
             if book is not None:
                 book.add_spend(decision.cost_usd, wall)
-            self.metrics.spend.labels(name).inc(decision.cost_usd)
+            self.metrics.spend.labels(name).inc(billed)
         if self.shared is not None:
             in_flight = self.outstanding[decision.target].unanswered if decision.is_cloud else 0
             self.shared.committed(decision, wall, in_flight)
@@ -296,20 +299,6 @@ class GatewayState(SummedOutcomes):
             self.pools[target].seen(instance, now, cold)
             if cold:
                 self.metrics.cold_hits.labels(target).inc()
-
-    def cluster_answered(
-        self, model: str | None, ok: bool, seconds: float | None, members: Iterable[tuple[str, bool]] = ()
-    ) -> None:
-        """The cluster's answer to a request the route sent there: its health, its time to the
-        first byte, and each member's that APISIX tried (address, whether it answered)."""
-        self.load.local_answer(model, ok=ok)
-        for address, answered in members:
-            self.member_answers(address, int(answered), int(not answered), int(not answered))
-        if seconds is not None:
-            self.answered_local(model, seconds * 1000)
-
-    def outcome_field_invalid(self, name: str) -> None:
-        self.metrics.outcome_fields_invalid.labels(name).inc()
 
     def invoke_started(self, target: str) -> None:
         self.retry_budget.request(is_retry=False)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from functions.contract import PROVISIONED_METRIC, WARMUP_SPEND_METRIC
 from gateway_plugin.books.ledger import Ledger, TenantBooks
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.warm_instances import WarmPool
 from gateway_plugin.config import SpillwayConfig, Target
+from gateway_plugin.costs import answer_cost_usd, request_cost_usd
 from gateway_plugin.health.breakers import Breaker
 from gateway_plugin.policy.model import Policy, Reason
 from gateway_plugin.policy.snapshot import BreakerState
@@ -123,6 +124,54 @@ class SummedOutcomes:
         """One member's answers (APISIX's ``host:port`` of the node), ``trailing`` of them failed
         after its last ok one: a wedged member's failures."""
         self.load.members.answered(address, ok, failed, trailing)
+
+    def cluster_answered(
+        self, model: str | None, ok: bool, seconds: float | None, members: Iterable[tuple[str, bool]] = ()
+    ) -> None:
+        """The cluster's answer to a request the route sent there: its health, its time to the
+        first byte, and each member's that APISIX tried (address, whether it answered)."""
+        self.load.local_answer(model, ok=ok)
+        for address, answered in members:
+            self.member_answers(address, int(answered), int(not answered), int(not answered))
+        if seconds is not None:
+            self.answered_local(model, seconds * 1000)
+
+    def outcome_field_invalid(self, name: str) -> None:
+        self.metrics.outcome_fields_invalid.labels(name).inc()
+
+    def stream_settled(
+        self,
+        target: str,
+        tenant: str | None,
+        model: str | None,
+        seconds: float | None,
+        tokens: float | None,
+        cold: bool = False,
+    ) -> None:
+        """A stream of generated tokens sent to ``target`` ended (or was cut) after ``seconds``,
+        having sent ``tokens`` (the expected ones where unknown): its bill takes the place of the
+        price held at decision in the budgets, and is counted in the spend metrics now. A shared
+        budget takes what it cost beyond that price; what it cost less stays taken there until the
+        window rolls (a lease is never handed back mid-window)."""
+        spec = self.targets.get(target)
+        if spec is None:
+            return
+        cost = spec.cost
+        held = request_cost_usd(cost, cold, spec.cold_start_ms)
+        if tokens is None:
+            tokens = cost.expected_output_tokens
+        usd = held if seconds is None else answer_cost_usd(cost, seconds, tokens)
+        wall, more = self.wall(), usd - held
+        self.ledger.spend(f"target:{target}", more, wall)
+        book = self.tenants.get(tenant) if tenant else None
+        if book is not None:
+            book.add_spend(more, wall)
+        if self.shared is not None and more > 0:
+            self.shared.spent_elsewhere(target, more, wall)
+            if tenant and book is not None:
+                self.shared.tenant_reported(tenant, 0, more, wall)
+        self.metrics.spend.labels(target).inc(usd)
+        self.metrics.cost.add(tenant, model, target, 0, usd, usd)
 
     def cloud_answers(self, name: str, ok: int, failed: int) -> None:
         """A target's answers, ok and failed; only the last ``window`` (and a run of

@@ -22,7 +22,9 @@ FC_MAX_INVOKE_BYTES = (32 * 1024 * 1024 - _ENVELOPE_BYTES) * 3 // 4
 
 
 class TargetCost(Model):
-    """Per-request price model: requests, GB-seconds (Lambda) or compute units (FC), GPU-seconds."""
+    """Per-request price model: requests, GB-seconds (Lambda) or compute units (FC), GPU-seconds,
+    generated tokens. A stream of generated tokens is priced at decision as ``expected_duration_ms``
+    and ``expected_output_tokens`` say, and settled when it ends at its real length and tokens."""
 
     usd_per_request: float = Field(default=0.0000002, ge=0)
     memory_gb: float = Field(default=4.0, gt=0)
@@ -31,6 +33,14 @@ class TargetCost(Model):
     expected_duration_ms: float = Field(default=100.0, gt=0, description="billed time of one inference")
     billed_init: bool = Field(default=True, description="a cold start's init time is billed (Lambda images)")
     usd_per_idle_second: float = Field(default=0.0, ge=0, description="a live idle instance (FC's idle GPUs)")
+    usd_per_output_token: float = Field(
+        default=0.0,
+        ge=0,
+        description="a price per generated token (the events of a streamed answer), on top of the rest",
+    )
+    expected_output_tokens: float = Field(
+        default=0.0, ge=0, description="generated tokens of one answer, for its price at decision"
+    )
     usd_per_provisioned_gb_second: float = Field(
         default=0.0,
         ge=0,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
-from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, UPSTREAM_VAR, WORKER_VAR
+from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, TOKENS_VAR, UPSTREAM_VAR, WORKER_VAR
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
 from gateway_plugin.fast_path.summary import FastOutcomes
@@ -107,8 +107,13 @@ HEADERS: Final = {
     "consumer": HEADER_CONSUMER,
 }
 # The variables the edge registers with APISIX: traffic-split matches the first, the outcome
-# logger reads all three (``books.outcomes.log_format``), the audit logger its own (``AUDIT``).
-VARS: Final = {"upstream": UPSTREAM_VAR, "worker": WORKER_VAR, "decision_tenant": TENANT_VAR}
+# logger reads them all (``books.outcomes.log_format``), the audit logger its own (``AUDIT``).
+VARS: Final = {
+    "upstream": UPSTREAM_VAR,
+    "worker": WORKER_VAR,
+    "decision_tenant": TENANT_VAR,
+    "tokens": TOKENS_VAR,
+}
 # Where a decision sends a request besides a cloud target, and why.
 TARGETS: Final = {"local": LOCAL, "shed": SHED}
 REASONS: Final = {r.name.lower(): r.value for r in Reason}

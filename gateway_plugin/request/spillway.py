@@ -233,7 +233,9 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
             }
             if kept_by is not None:
                 seen["content"] = kept_by
-        self.state.commit(decision, model, seen, streamed(request.path))
+        # A function invoked answers whole, however the model generates: an answer, not a stream.
+        invoked = decision.is_cloud and self.state.target(decision.target).mode == "invoke"
+        self.state.commit(decision, model, seen, streamed(request.path) and not invoked)
 
     async def _act(
         self, conf: PreparedRoute, decision: Decision, request: HttpRequest, action: RequestAction

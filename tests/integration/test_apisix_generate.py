@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from testing.apisix import FAST_HOST, needs_apisix
-from testing.http import wait_until
-from testing.llm import SPILL, running_chain
+from testing.http import http, wait_until
+from testing.llm import SPILL, USD_PER_TOKEN, running_chain
 from testing.sse import EventStream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -34,6 +35,13 @@ class Chain:
     url: str
     holds: tuple[Path, ...]  # the on-prem model's and the function's
     onprem_model: Path
+    metrics_url: str
+
+    def spend(self) -> float:
+        """What the runner has counted as spent at the function."""
+        _, _, body = http("GET", self.metrics_url)
+        found = re.search(rb'^spillway_cloud_spend_usd_total\{target="aws"\} (\S+)$', body, re.M)
+        return float(found.group(1)) if found else 0.0
 
     def stream(
         self, route: str, classification: str, spill: bool, tokens: int = 4, first_token_ms: float = 0
@@ -81,6 +89,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
             running.gateway_url,
             (running.onprem_model / "hold", running.cloud_model / "hold"),
             running.onprem_model,
+            running.metrics_url,
         )
         for route in HOSTS:
             wait_until(functools.partial(made.spills, route), 30, f"the {route} route spills")
@@ -129,6 +138,20 @@ def test_a_stream_cut_by_the_client_frees_its_cloud_slot(chain: Chain, hold: Non
     with chain.spilled("fast") as events:
         assert events.next() is not None
     wait_until(lambda: chain.spills("fast"), 20, "the cut stream's slot freed while its model still holds it")
+
+
+def test_a_spilled_stream_is_billed_the_tokens_it_sent_on_the_ext_plugin_route(chain: Chain) -> None:
+    """The function is priced per generated token alone, 4 expected: a stream of 9 is held at 4
+    while it runs and settled at the events the edge counted going by, once its outcome arrives."""
+    before = -1.0
+    while (settled := chain.spend()) != before:  # the outcomes of earlier streams come in 1 s batches
+        before = settled
+        time.sleep(1.5)
+    with chain.spilled("ext-plugin", tokens=9) as events:
+        sent = [events.next(), *events.rest()]
+    assert len(sent) == 9, sent
+    wait_until(lambda: chain.spend() != before, 20, "the stream's outcome settled")
+    assert chain.spend() - before == pytest.approx(9 * USD_PER_TOKEN)
 
 
 def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain: Chain) -> None:

@@ -79,6 +79,7 @@ RULES: dict[str, tuple[str, ...]] = {
         "gateway_plugin.content",
         "gateway_plugin.policy",
         "gateway_plugin.config",
+        "gateway_plugin.costs",
         "gateway_plugin.targets",
         "functions.contract",
     ),

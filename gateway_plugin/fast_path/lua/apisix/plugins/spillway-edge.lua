@@ -7,12 +7,14 @@
 -- access (before traffic-split, aws-lambda and the loggers): the runner's decision moves from its
 -- header into the request's context (spillway_upstream, spillway_worker, spillway_decision_tenant),
 -- which traffic-split matches and the logger reports, and which no client can write; the header itself never leaves.
+-- header_filter and body_filter count the events of a streamed answer for the outcome's logger.
 -- A runner that has stopped answering (spillway/link.lua watches it) is treated as a dead one:
 -- requests get 503 at once instead of waiting out ext-plugin's 60 s socket timeout.
 
 local core = require("apisix.core")
 local edge = require("apisix.plugins.spillway.edge")
 local link = require("apisix.plugins.spillway.link")
+local stream = require("apisix.plugins.spillway.stream")
 
 local ngx = ngx
 local clear_header = ngx.req.clear_header
@@ -105,6 +107,12 @@ end
 -- logger) go into the request's context for the logger, never to the client.
 function _M.header_filter(conf, ctx)
     edge.take_audit(ctx, false)
+    stream.start(ctx)
+end
+
+-- A streamed answer's events, counted for its outcome (spillway/stream.lua).
+function _M.body_filter(conf, ctx)
+    stream.count(ctx)
 end
 
 return _M

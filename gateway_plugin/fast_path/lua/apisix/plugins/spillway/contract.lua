@@ -14,7 +14,7 @@ return {
     TOKEN = { min_len = 16, auth_label = "spillway-outcomes" },
     HEADER = { own_prefix = "x-spillway-", decision = "x-spillway-decision", signature = "x-spillway-signature", target = "x-spillway-target", audit = "x-spillway-audit", instance = "x-spillway-instance", cold = "x-spillway-cold", worker = "x-spillway-worker", tenant = "x-spillway-tenant", consumer = "x-spillway-consumer" },
     FRAMING = { "content-length", "transfer-encoding" },
-    VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant" },
+    VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant", tokens = "spillway_tokens" },
     TARGET = { ["local"] = "local", shed = "shed" },
     REASON = { local_ok = "local_ok", signals_missing = "signals_missing", rule = "rule", residency = "residency", no_target = "no_target", overflow_warm = "overflow_warm", overflow_cold = "overflow_cold", tenant_rate = "tenant_rate", tenant_concurrency = "tenant_concurrency", invoke_failed = "invoke_failed", local_failing = "local_failing", deadline = "deadline", admission_invalid = "admission_invalid" },
     ACTION = { ["local"] = "local", overflow = "overflow", target = "target", shed = "shed" },

@@ -1,0 +1,122 @@
+"""A stream of generated tokens, billed: priced at decision as ``expected_duration_ms`` and
+``expected_output_tokens`` say, held at that price in the budgets while it runs, and settled when
+its outcome comes with what it really took (the upstream's seconds, the events the edge counted).
+The spend metrics count it once, at its end; an answer whose outcome names no tokens is billed the
+expected ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway_plugin.books import outcomes
+from gateway_plugin.books.state import GatewayState
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.costs import answer_cost_usd, request_cost_usd
+from gateway_plugin.policy.model import Decision, Reason
+from testing.gateway import gateway_state
+
+COST = {
+    "usd_per_request": 0.001,
+    "memory_gb": 1,
+    "usd_per_gb_second": 0.01,
+    "usd_per_gpu_second": 0,
+    "expected_duration_ms": 2000,
+    "expected_output_tokens": 100,
+    "usd_per_output_token": 0.0001,
+}
+CONFIG = SpillwayConfig.model_validate(
+    {
+        "targets": [{"name": "aws", "kind": "http", "url": "http://127.0.0.1:9", "cost": COST}],
+        "tenants": {"quotas": {"t1": {"hourly_usd": 5}}},
+        "local": {"model_ttft_targets_ms": {"llm": 500}},  # a model the cost series names
+    }
+)
+PRICE = 0.001 + 2 * 0.01 + 100 * 0.0001
+STREAM = "/v2/models/llm/generate_stream"
+
+
+def _sent(state: GatewayState, model: str, streamed: bool) -> None:
+    state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=PRICE), model, streamed=streamed)
+
+
+def _answer(state: GatewayState, uri: str, seconds: float, tokens: int | None = None) -> None:
+    entry: dict[str, object] = {
+        "status": 200,
+        "upstream_status": "200",
+        "upstream_s": seconds,
+        "uri": uri,
+        "tenant": "t1",
+        "target": state.route_value("aws"),
+    }
+    if tokens is not None:
+        entry["tokens"] = tokens
+    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+
+
+def _spent(state: GatewayState) -> tuple[float, float, float]:
+    """The target's budget, the tenant's and the spend metric."""
+    wall = state.wall()
+    book = state.tenants.get("t1")
+    assert book is not None
+    return (
+        state.ledger.spent("target:aws", wall)[0],
+        book.spent(wall)[0],
+        state.metrics.spend.labels("aws")._value.get(),
+    )
+
+
+def test_the_price_at_decision_is_the_expected_answer_and_its_tokens() -> None:
+    cost = CONFIG.targets[0].cost
+    assert request_cost_usd(cost) == pytest.approx(PRICE)
+    assert answer_cost_usd(cost, 2.0004, 100) == pytest.approx(0.001 + 2.001 * 0.01 + 0.01), "ms rounded up"
+
+
+def test_a_stream_is_held_at_its_price_and_settled_at_what_it_took() -> None:
+    state = gateway_state(CONFIG)
+    _sent(state, "llm", streamed=True)
+    assert _spent(state) == pytest.approx((PRICE, PRICE, 0.0)), "held in the budgets, not yet counted"
+    _answer(state, STREAM, 30.0, tokens=900)
+    bill = 0.001 + 30 * 0.01 + 900 * 0.0001
+    assert _spent(state) == pytest.approx((bill, bill, bill))
+    _sent(state, "llm", streamed=True)
+    _answer(state, STREAM, 0.5, tokens=3)  # cut early: less than its price, given back
+    short = 0.001 + 0.5 * 0.01 + 3 * 0.0001
+    assert _spent(state) == pytest.approx((bill + short, bill + short, bill + short))
+
+
+def test_a_stream_whose_outcome_names_no_tokens_is_billed_the_expected_ones() -> None:
+    state = gateway_state(CONFIG)
+    _sent(state, "llm", streamed=True)
+    _answer(state, STREAM, 4.0)
+    bill = 0.001 + 4 * 0.01 + 100 * 0.0001
+    assert _spent(state) == pytest.approx((bill, bill, bill))
+
+
+def test_an_answer_that_is_not_a_stream_is_counted_at_its_price_once() -> None:
+    state = gateway_state(CONFIG)
+    _sent(state, "m", streamed=False)
+    _answer(state, "/v2/models/m/infer", 9.0, tokens=7)
+    assert _spent(state) == pytest.approx((PRICE, PRICE, PRICE))
+
+
+def test_the_cost_series_counts_a_stream_once_with_its_tenant_and_model() -> None:
+    state = gateway_state(CONFIG)
+    _sent(state, "llm", streamed=True)
+    _answer(state, STREAM, 10.0, tokens=50)
+    samples = {
+        (s.labels["tenant"], s.labels["model"], s.labels["target"], s.name): s.value
+        for family in state.metrics.cost.spend.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    requests = {
+        (s.labels["tenant"], s.labels["model"]): s.value
+        for family in state.metrics.cost.requests.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    bill = 0.001 + 10 * 0.01 + 50 * 0.0001
+    assert samples == {("t1", "llm", "aws", "spillway_spend_usd_total"): pytest.approx(bill)}
+    assert requests == {("t1", "llm"): 1.0}
