@@ -137,6 +137,9 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         "local": {
             "latency_target_ms": rng.choice([50, 100, 200]),
             "model_latency_targets_ms": _drop_none({"resnet": _maybe(rng, rng.choice([30, 300]))}),
+            "model_ttft_targets_ms": _drop_none(
+                {m: _maybe(rng, rng.choice([5, 40, 150]), 0.3) for m in MODELS}
+            ),
             "parallelism": rng.randint(1, 4),
             "max_queue_ms": rng.choice([100, 1000, 5000]),
         },

@@ -39,7 +39,7 @@ from gateway_plugin.request.header_names import (
 )
 
 # The decision table's format: a plugin refuses a table of any other.
-FORMAT: Final = 8
+FORMAT: Final = 9
 # The reason of a decision made without a usable table (the plugin's fail-safe).
 FAIL_SAFE: Final = "table_stale"
 

@@ -90,6 +90,7 @@ def _policy(policy: Policy) -> PolicyRow:
         default_quota=_quota(policy.default_quota),
         latency_target_ms=policy.latency_target_ms,
         model_targets_ms=dict(policy.model_targets_ms),
+        model_ttft_ms=dict(policy.model_ttft_ms),
         max_queue_ms=policy.max_queue_ms,
         enter_ratio=policy.enter_ratio,
         exit_ratio=policy.exit_ratio,

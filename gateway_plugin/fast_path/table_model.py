@@ -53,6 +53,7 @@ class PolicyRow:
     default_quota: QuotaRow
     latency_target_ms: float
     model_targets_ms: dict[str, float]
+    model_ttft_ms: dict[str, float]
     max_queue_ms: float
     enter_ratio: float
     exit_ratio: float

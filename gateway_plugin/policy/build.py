@@ -57,6 +57,7 @@ def build_policy(config: SpillwayConfig) -> Policy:
         default_quota=_quota(config.tenants.default),
         latency_target_ms=config.local.latency_target_ms,
         model_targets_ms=dict(config.local.model_latency_targets_ms),
+        model_ttft_ms=dict(config.local.model_ttft_targets_ms),
         parallelism=config.local.parallelism,
         max_queue_ms=config.local.max_queue_ms,
         enter_ratio=config.overflow.enter_ratio,

@@ -81,7 +81,12 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
         return Decision(SHED, Reason.ADMISSION_INVALID, 400, tenant=tenant)
     latency = estimated_latency_ms(load, policy) if load.fresh else 0.0
     late = deadline is not None and load.fresh and latency > deadline
-    decision = _route(features, snapshot, policy, tenant, load, target_ms, latency, late)
+    held = latency
+    first_token_ms = policy.model_ttft_ms.get(features.model or "")
+    if first_token_ms is not None:
+        # Its users wait for the first token: what it waits is held to that, however long it runs.
+        target_ms, held = first_token_ms, latency - load.compute_ms
+    decision = _route(features, snapshot, policy, tenant, load, target_ms, latency, late, held)
     if late and decision.target == LOCAL:
         return Decision(
             SHED,
@@ -105,13 +110,15 @@ def _route(
     target_ms: float,
     latency: float,
     late: bool,
+    held: float,
 ) -> Decision:
-    """Steps 3 to 7; ``late``: the cluster would answer past the request's deadline."""
+    """Steps 3 to 7; ``late``: the cluster would answer past the request's deadline; ``held``: the
+    part of ``latency`` held to ``target_ms`` (its wait, for a first-token target)."""
     rule = next((r for r in policy.rules if r.matches(features)), None)
     action = rule.action if rule else RuleAction.OVERFLOW
     chain = rule.targets if rule and rule.targets else policy.default_chain
     rule_name = rule.name if rule else None
-    hot = overflowing(load, target_ms, policy, latency) if load.fresh else False
+    hot = overflowing(load, target_ms, policy, held) if load.fresh else False
     spill = hot or late or (load.fresh and load.gauges_hot)
     if action is RuleAction.SHED:
         return Decision(SHED, Reason.RULE, 503, policy.retry_after_s, tenant=tenant, rule=rule_name)
@@ -131,7 +138,7 @@ def _route(
     if not wants_out:
         return Decision(LOCAL, Reason.LOCAL_OK, tenant=tenant)
     local_wait = latency - load.compute_ms if action is RuleAction.OVERFLOW else float("inf")
-    grow = latency > target_ms or saturated(load, latency, policy)
+    grow = held > target_ms or saturated(load, latency, policy)
     choice = _pick_target(chain, snapshot, policy, tenant, local_wait, features.body_bytes, grow)
     if choice is not None:
         name, chosen, cost = choice

@@ -134,6 +134,8 @@ class Policy:
     default_quota: Quota = Quota()
     latency_target_ms: float = 200.0
     model_targets_ms: Mapping[str, float] = field(default_factory=dict)
+    # A model held to a time to first token: its requests wait at most this long for the cluster.
+    model_ttft_ms: Mapping[str, float] = field(default_factory=dict)
     parallelism: int = 1
     max_queue_ms: float = 5000.0
     enter_ratio: float = 0.8

@@ -40,7 +40,9 @@ class Unlearning:
 
     listens = False
 
-    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
+    def scraped(
+        self, counters: Counters, now: float, utilisation: float = 0.0, occupied: float = 0.0
+    ) -> None:
         pass
 
     def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
@@ -55,6 +57,7 @@ class Unlearning:
         seconds: float,
         now: float,
         tenant: str | None = None,
+        tokens: int = 0,
     ) -> None:
         pass
 

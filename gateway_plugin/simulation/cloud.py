@@ -65,17 +65,22 @@ class CloudTarget:
         self.started = 0
         self.in_flight = 0
 
-    def service_ms(self, z: float) -> float:
+    def service_ms(self, z: float, base_ms: float | None = None) -> float:
+        """One request's time: the target's own mean with its noise, or a generation's compute
+        (``base_ms``) with the same noise, of mean 1."""
         mu, sigma = self.service
-        return math.exp(mu + sigma * z)
+        if base_ms is None:
+            return math.exp(mu + sigma * z)
+        return base_ms * math.exp(sigma * z - sigma * sigma / 2)
 
     def idle_warm(self, now: float) -> int:
         """Instances with a free slot that would answer without a cold start."""
         self._reap(now)
         return len(self.ready)
 
-    def dispatch(self, now: float, service_ms: float) -> Served:
-        """Run one request (or a warm-up ping holding an instance for ``service_ms``)."""
+    def dispatch(self, now: float, service_ms: float, tokens: int = 0) -> Served:
+        """Run one request (or a warm-up ping holding an instance for ``service_ms``) that
+        generates ``tokens``."""
         self._reap(now)
         cold = False
         if self.ready:
@@ -96,7 +101,7 @@ class CloudTarget:
         start = max(now + self.network_s / 2, instance.ready_at)
         done = start + service_ms / 1000
         init_ms = (instance.ready_at - now) * 1000 if cold else 0.0
-        self.bill.request(self.name, service_ms, init_ms, done)
+        self.bill.request(self.name, service_ms, init_ms, done, tokens)
         ok = self.error_rate == 0 or self.rng.random() >= self.error_rate
         return Served(done + self.network_s / 2, instance, cold, ok)
 

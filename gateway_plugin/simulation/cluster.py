@@ -21,15 +21,18 @@ class Job:
     __slots__ = (
         "arrived",
         "at",
+        "base_ms",
         "body_bytes",
         "cloud_z",
         "confidential",
+        "decode_share",
         "local_ms",
         "sent_cold",
         "sheddable",
         "started",
         "target",
         "tenant",
+        "tokens",
     )
 
     def __init__(
@@ -46,13 +49,24 @@ class Job:
         self.sheddable = False
         self.arrived = at
         self.started = at
+        # A generation: its output tokens, its compute before noise, and the share of its compute
+        # after its first token.
+        self.tokens = 0
+        self.base_ms = 0.0
+        self.decode_share = 0.0
 
     def copy(self) -> Job:
         """The same request, not yet routed (a run writes where it went and when it started)."""
         job = Job(self.at, self.body_bytes, self.confidential, self.local_ms, self.cloud_z)
         job.tenant = self.tenant
         job.sheddable = self.sheddable
+        job.tokens, job.base_ms, job.decode_share = self.tokens, self.base_ms, self.decode_share
         return job
+
+    def first_byte_ms(self, done_ms: float, compute_ms: float) -> float:
+        """When its first byte came, of an answer whose last came after ``done_ms`` and that
+        computed for ``compute_ms``: a generation's first token, before it decoded the rest."""
+        return done_ms - compute_ms * self.decode_share
 
 
 Batch = list[Job]

@@ -177,6 +177,8 @@ def run_policies(
         router = make(config)
         tick = progress.tick(router.name) if progress else None
         out[router.name] = simulate(config, router, trace, shaping, seed, tick)
+    if config.simulation.generation is not None:
+        return out  # the oracle plans whole answers, not first tokens: no bound to show here
     oracle = Oracle(config, list(jobs(config, trace, shaping, seed)))
     out[oracle.name] = simulate(
         config, oracle, trace, shaping, seed, progress.tick(oracle.name) if progress else None

@@ -25,6 +25,7 @@ from gateway_plugin.simulation.cloud import CloudTarget, Served, lognormal
 from gateway_plugin.simulation.cluster import Batch, Cluster, Job
 from gateway_plugin.simulation.results import CLOUD_KIND, FAILED_KIND, LOCAL_KIND, SHED_KIND, Measures
 from gateway_plugin.simulation.runner_policy import per_member
+from gateway_plugin.simulation.tokens import TRACES
 from gateway_plugin.simulation.trace import Shaping, Trace, arrivals
 from gateway_plugin.simulation.world import Router, World
 
@@ -35,24 +36,40 @@ Progress = Callable[[float], None]
 
 
 def features(config: SpillwayConfig) -> dict[bool, RequestFeatures]:
-    """The request the trace stands for, public and confidential (content-type as Triton's JSON)."""
+    """The request the trace stands for, public and confidential (content-type as Triton's JSON):
+    ``infer``, or ``generate_stream`` where the simulation's requests are generations."""
     model = config.simulation.model
     header = config.residency.header.lower()
+    verb = "infer" if config.simulation.generation is None else "generate_stream"
     out = {}
     for confidential in (False, True):
         headers = {"content-type": "application/json", header: "confidential" if confidential else "public"}
-        out[confidential] = RequestFeatures(f"/v2/models/{model}/infer", headers, {}, model, 0)
+        out[confidential] = RequestFeatures(f"/v2/models/{model}/{verb}", headers, {}, model, 0)
     return out
 
 
 def jobs(config: SpillwayConfig, trace: Trace, shaping: Shaping, seed: int) -> Iterator[Job]:
+    """The trace's requests with their draws: a service time, or a generation's token lengths and
+    the compute they take, times the cluster's noise (a lognormal of mean 1)."""
+    sim = config.simulation
     rng = random.Random(seed)
-    mu, sigma = lognormal(config.simulation.cluster.service_ms, config.simulation.cluster.service_cv)
+    generation = sim.generation
+    mean_ms = sim.cluster.service_ms if generation is None else 1.0
+    mu, sigma = lognormal(mean_ms, sim.cluster.service_cv)
+    lengths = TRACES[generation.tokens] if generation is not None else None
     gauss, exp = rng.gauss, math.exp
     for a in arrivals(trace, shaping, rng):
-        job = Job(a.at_s, a.body_bytes, a.confidential, exp(mu + sigma * gauss(0.0, 1.0)), gauss(0.0, 1.0))
+        local = exp(mu + sigma * gauss(0.0, 1.0))
+        job = Job(a.at_s, a.body_bytes, a.confidential, local, gauss(0.0, 1.0))
         job.tenant = a.tenant
         job.sheddable = a.sheddable
+        if generation is not None and lengths is not None:
+            prompt, tokens = lengths.draw(rng)
+            prefill = prompt * generation.prefill_ms_per_1k_tokens / 1000
+            decode = (tokens - 1) * generation.ms_per_output_token
+            job.tokens, job.base_ms = tokens, prefill + decode
+            job.decode_share = decode / job.base_ms if job.base_ms > 0 else 0.0
+            job.local_ms = local * job.base_ms
         yield job
 
 
@@ -71,6 +88,8 @@ class Engine:
         members = sim.members_at_start(len(config.local.endpoints))
         self.cluster = Cluster(self._servers(members), sim.cluster)
         target_ms = config.local.model_latency_targets_ms.get(sim.model, config.local.latency_target_ms)
+        if sim.generation is not None:
+            target_ms = config.local.model_ttft_targets_ms.get(sim.model, target_ms)
         self.world = World(self.cluster, self.clouds, target_ms, features=features(config))
         self.measures = Measures(target_ms, local_cost=config.local.cost)
         self.local_net_s = sim.cluster.network_ms / 1000
@@ -141,8 +160,9 @@ class Engine:
                 measures.residency_breaches += 1
             self.outstanding += 1
             cloud = self.clouds[target]
-            served = cloud.dispatch(now, cloud.service_ms(job.cloud_z))
-            self.push(served.done_at, CLOUD_DONE, (job, served))
+            service_ms = cloud.service_ms(job.cloud_z, job.base_ms or None)
+            served = cloud.dispatch(now, service_ms, job.tokens)
+            self.push(served.done_at, CLOUD_DONE, (job, served, service_ms))
         if not job.confidential:
             measures.decided(target not in (LOCAL, SHED))
 
@@ -150,12 +170,12 @@ class Engine:
         if kind == LOCAL_DONE:
             self._local_done(payload, now)
         elif kind == CLOUD_DONE:
-            self._cloud_done(payload[0], payload[1], now)
+            self._cloud_done(payload[0], payload[1], payload[2], now)
         elif kind == SCRAPE:
             self._scrape(now)
         elif kind == SCRAPED:
             self.world.utilisation = payload[1]
-            self.router.scraped(payload[0], now, payload[1])
+            self.router.scraped(payload[0], now, payload[1], payload[2])
         elif kind == FLUSH:
             self._flush(now)
         elif kind == WARMUP:
@@ -170,10 +190,13 @@ class Engine:
             self.router.members_changed(payload, now)
 
     def _local_done(self, batch: Batch, now: float) -> None:
+        """A batch is done; each answer's time is to its first byte (a generation's first token),
+        which is also what the route reports of the cluster."""
         net, record = self.local_net_s, self.measures.record
         listens, returned = self.router.listens, self.router.returned
         for job in batch:
-            ms = (now - job.at + net) * 1000
+            compute_ms = (now - job.started) * 1000
+            ms = job.first_byte_ms((now - job.at + net) * 1000, compute_ms)
             record(job.at, ms, LOCAL_KIND)
             if listens:
                 returned(job, now)
@@ -183,10 +206,14 @@ class Engine:
         if started is not None:
             self.push(started[0], LOCAL_DONE, started[1])
 
-    def _cloud_done(self, job: Job, served: Served, now: float) -> None:
+    def _cloud_done(self, job: Job, served: Served, service_ms: float, now: float) -> None:
+        """A function's answer: its SLO from the first byte (a generation's first token), its
+        outcome as the route reports it, with the whole answer's time and its tokens."""
         self.outstanding -= 1
         ms = (now - job.at) * 1000
-        self.measures.record(job.at, ms, CLOUD_KIND if served.ok else FAILED_KIND)
+        self.measures.record(
+            job.at, job.first_byte_ms(ms, service_ms), CLOUD_KIND if served.ok else FAILED_KIND
+        )
         instance = served.instance
         if served.cold:
             self.measures.cold_hits += 1
@@ -201,9 +228,10 @@ class Engine:
                 served.ok,
                 ms / 1000,
                 job.tenant,
+                job.tokens,
             )
             if job.target in self.invoke:
-                self.router.answered_cloud(*answer[:5], now=now, tenant=job.tenant)
+                self.router.answered_cloud(*answer[:5], now=now, tenant=job.tenant, tokens=job.tokens)
             else:
                 self._report((CLOUD_DONE, answer), now)
 
@@ -220,8 +248,8 @@ class Engine:
             if kind == LOCAL_DONE:
                 router.answered_local(answer[0], now, answer[1])
             else:
-                target, instance, cold, ok, seconds, tenant = answer
-                router.answered_cloud(target, instance, cold, ok, seconds, now, tenant)
+                target, instance, cold, ok, seconds, tenant, tokens = answer
+                router.answered_cloud(target, instance, cold, ok, seconds, now, tenant, tokens)
 
     def _scrape(self, now: float) -> None:
         period = self.config.local.scrape_period_s
@@ -229,7 +257,8 @@ class Engine:
         utilisation = (busy - self.busy_at_scrape) / (period * self.cluster.servers)
         self.busy_at_scrape = busy
         lag = self.config.simulation.cluster.scrape_lag_ms / 1000
-        self.push(now + lag, SCRAPED, (self.cluster.counters(), utilisation))
+        occupied = (self.cluster.servers - self.cluster.free) / self.cluster.servers
+        self.push(now + lag, SCRAPED, (self.cluster.counters(), utilisation, occupied))
         self.push(now + period, SCRAPE, None)
 
     def _provisioned_until(self, now: float) -> None:

@@ -145,7 +145,8 @@ def sweep(
         run(router, router.params) for makers in SWEEPS.values() for router in (m(config) for m in makers)
     ]
     oracles: list[Point] = []
-    if oracle:
+    # The oracle plans whole answers; a generation's SLO is its first token, which it does not plan.
+    if oracle and config.simulation.generation is None:
         for price, pool, spread, eager in ORACLE_GRID:
             made = Oracle(config, arrivals, price, pool, spread, eager)
             oracles.append(run(made, made.params))

@@ -12,7 +12,7 @@ from gateway_plugin.books.state import GatewayState
 from gateway_plugin.books.target_states import Counts
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
-from gateway_plugin.config.thresholds import GPU_UTILIZATION
+from gateway_plugin.config.thresholds import GPU_UTILIZATION, KV_CACHE, WAITING
 from gateway_plugin.policy.admission import SHEDDABLE
 from gateway_plugin.policy.decide import decide
 from gateway_plugin.policy.gauges import compiled
@@ -42,6 +42,8 @@ class SpillwayRouter:
         self.now = 0.0
         self.state = _SimulatedState(config, GatewaySecrets(), clock=self._clock, wall=self._wall)
         self.model = config.simulation.model
+        # Requests are streamed generations: books kept, and bills settled, as streams.
+        self.streams = config.simulation.generation is not None
         self.tenant_header = config.tenants.header.lower()
         self.priority_header = self.state.policy.priority_header
         self.in_flight = {LOCAL: 0, **{t.name: 0 for t in config.targets}}
@@ -67,7 +69,7 @@ class SpillwayRouter:
         features = RequestFeatures(base.path, headers, base.args, base.model, job.body_bytes)
         state = self.state
         decision = decide(features, state.snapshot(job.tenant, self.model, self.counts), state.policy)
-        state.commit(decision, self.model)
+        state.commit(decision, self.model, streamed=self.streams)
         target = decision.target
         if target in self.in_flight:
             self.in_flight[target] += 1
@@ -81,25 +83,34 @@ class SpillwayRouter:
         if job.sent_cold:
             self.starting[job.target] -= 1
 
-    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
+    def scraped(
+        self, counters: Counters, now: float, utilisation: float = 0.0, occupied: float = 0.0
+    ) -> None:
         self.now = now
         members = [{self.model: counters}, *({} for _ in range(self.members - 1))]
-        self.state.load.observe(members, self._gauges(utilisation))
+        self.state.load.observe(members, self._gauges(utilisation, counters.pending, occupied))
 
     def members_changed(self, members: int, now: float) -> None:
         self.members = members
 
-    def _gauges(self, utilisation: float) -> tuple[float | None, ...]:
-        """GPU utilisation as the cluster's busy share of its parallelism over the scrape period;
-        any other gauge (GPU memory, CPU) is not in the model: absent, it never crosses. A share, as
-        Triton reports it (the busy seconds' sums round a hair past 1 on a saturated cluster)."""
-        share = min(1.0, max(0.0, utilisation))
-        return tuple(share if modelled(s.metric) else None for s in self.state.gauge_specs)
+    def _gauges(self, utilisation: float, waiting: float, occupied: float) -> tuple[float | None, ...]:
+        """GPU utilisation as the cluster's busy share of its parallelism over the scrape period (a
+        share, as Triton reports it: the busy seconds' sums round a hair past 1 on a saturated
+        cluster); an LLM engine's waiting requests as the cluster's queue, and its KV cache's use
+        as the share of its model instances (its sequences) running now, each holding its blocks
+        for its whole stream. Any other gauge (GPU memory, CPU) is not in the model: absent, it
+        never crosses."""
+        read = {
+            GPU_UTILIZATION: min(1.0, max(0.0, utilisation)),
+            **dict.fromkeys(_WAITING, waiting),
+            **dict.fromkeys(_KV_CACHE, occupied),
+        }
+        return tuple(read.get(s.metric) for s in self.state.gauge_specs)
 
     def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None:
         self.now = now
         self.state.answered_local(self.model, ms)
-        self.state.answered(None, tenant, True, seconds=ms / 1000)
+        self.state.answered(None, tenant, True, seconds=ms / 1000, streamed=self.streams)
 
     def answered_cloud(
         self,
@@ -110,9 +121,12 @@ class SpillwayRouter:
         seconds: float,
         now: float,
         tenant: str | None = None,
+        tokens: int = 0,
     ) -> None:
         self.now = now
-        self.state.answered(target, tenant, ok, instance or None, cold, seconds)
+        self.state.answered(target, tenant, ok, instance or None, cold, seconds, self.streams)
+        if self.streams:
+            self.state.stream_settled(target, tenant, self.model, seconds, tokens, cold)
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None:
         self.now = now
@@ -128,8 +142,12 @@ def per_member(config: SpillwayConfig) -> float:
     return config.local.parallelism / config.simulation.members_at_start(len(config.local.endpoints))
 
 
+_WAITING = frozenset(name for name, _ in WAITING.values())
+_KV_CACHE = frozenset(name for name, _ in KV_CACHE.values())
+
+
 def modelled(metric: str) -> bool:
-    return metric == GPU_UTILIZATION
+    return metric == GPU_UTILIZATION or metric in _WAITING or metric in _KV_CACHE
 
 
 def thresholds_modelled(config: SpillwayConfig) -> dict[str, list[str]]:

@@ -8,6 +8,8 @@ yours with ``simulate --calibrate``), and each target what its ``cost.expected_d
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -63,6 +65,23 @@ class SimulatedTarget(_Model):
     )
 
 
+class SimulatedGeneration(_Model):
+    """Requests are LLM generations streamed back (``generate_stream``): each draws its prompt and
+    output lengths from a published trace (``simulation.tokens``), takes ``prefill_ms_per_1k_tokens``
+    to its first token and ``ms_per_output_token`` for each after, on the cluster and on a function
+    alike (times the service's lognormal noise); the SLO is then the time to the first token, held
+    to ``local.model_ttft_targets_ms`` of the model (else ``latency_target_ms``), and a function is
+    billed the whole stream and its tokens."""
+
+    tokens: Literal["azure-conversation", "azure-code"] = Field(
+        default="azure-conversation", description="whose prompt and output lengths"
+    )
+    prefill_ms_per_1k_tokens: float = Field(
+        default=40.0, gt=0, description="time to read 1,000 prompt tokens"
+    )
+    ms_per_output_token: float = Field(default=20.0, gt=0, description="time between output tokens")
+
+
 class MemberChange(_Model):
     """From ``at_s`` on (seconds into the trace), the cluster has ``members`` pods: a rolling update
     (one leaves, its replacement joins), a drain, an autoscaler's step."""
@@ -98,6 +117,9 @@ class SimulationSettings(_Model):
         le=10_000,
         description="the cluster's members at the start (default: local.endpoints', at least 1); each "
         "runs local.member_parallelism, or local.parallelism's share",
+    )
+    generation: SimulatedGeneration | None = Field(
+        default=None, description="requests are streamed LLM generations (null: inference answered whole)"
     )
     membership: list[MemberChange] = Field(
         default_factory=list,

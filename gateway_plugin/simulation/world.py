@@ -31,8 +31,11 @@ class Router(Protocol):
 
     def route(self, job: Job, now: float, world: World) -> str: ...
 
-    def scraped(self, counters: Counters, now: float, utilisation: float = 0.0) -> None:
-        """A scrape: Triton's counters and the busy share of the cluster since the last one."""
+    def scraped(
+        self, counters: Counters, now: float, utilisation: float = 0.0, occupied: float = 0.0
+    ) -> None:
+        """A scrape: Triton's counters, the busy share of the cluster since the last one, and the
+        share of its model instances running a request now."""
 
     def answered_local(self, ms: float, now: float, tenant: str | None = None) -> None: ...
 
@@ -45,6 +48,7 @@ class Router(Protocol):
         seconds: float,
         now: float,
         tenant: str | None = None,
+        tokens: int = 0,
     ) -> None: ...
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None: ...

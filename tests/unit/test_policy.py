@@ -391,3 +391,18 @@ def test_rules_match_query_arguments_and_a_rule_without_targets_uses_the_default
     assert decide(staying, snap(BUSY, aws=WARM), ruled).label == "rule:keep"
     assert decide(req(), snap(BUSY, aws=WARM), ruled).target == "aws"
     assert decide(req(**{"x-out": "yes"}), snap(CALM, aws=WARM), ruled).target == "aws"
+
+
+def test_a_first_token_target_holds_the_wait_not_the_whole_answer() -> None:
+    """A generation runs seconds (Triton's compute counts its whole stream), but its users wait for
+    the first token: with ``model_ttft_targets_ms`` the wait alone is held to it, so a cluster
+    that would start it at once keeps it however long it runs, and one it would wait on sends it
+    out though the whole answer meets ``latency_target_ms``."""
+    llm = dataclasses.replace(POLICY, latency_target_ms=60_000, model_ttft_ms={"llm": 300.0})
+    running = LocalLoad(fresh=True, queue_ms=1, compute_ms=4000)
+    waiting = LocalLoad(fresh=True, queue_ms=400, compute_ms=4000, pending=1)
+    for load, want in ((running, LOCAL), (waiting, "aws")):
+        decision = decide(req(model="llm"), Snapshot({"llm": load}, {"aws": WARM}), llm)
+        assert decision.target == want, (load, decision)
+    whole = dataclasses.replace(llm, model_ttft_ms={})
+    assert decide(req(model="llm"), Snapshot({"llm": waiting}, {"aws": WARM}), whole).target == LOCAL

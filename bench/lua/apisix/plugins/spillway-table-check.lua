@@ -118,6 +118,7 @@ do
             and is_bool(p.tenant_from_consumer) and map_of(p.consumer_ceilings, is_str)
             and map_of(p.quotas, quota_ok) and quota_ok(p.default_quota)
             and is_num(p.latency_target_ms) and map_of(p.model_targets_ms, is_num)
+            and map_of(p.model_ttft_ms, is_num)
             and is_num(p.max_queue_ms) and is_num(p.enter_ratio) and is_num(p.exit_ratio)
             and is_num(p.saturation_ratio) and is_num(p.retry_after_s) and is_num(p.parallelism)
             and is_num(p.onprem_headroom)

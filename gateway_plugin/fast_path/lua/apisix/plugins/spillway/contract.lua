@@ -2,7 +2,7 @@
 -- do not edit; change the Python side and regenerate (a test fails while this file is stale).
 -- What the runner and this plugin agree on (see there for what each one means).
 return {
-    FORMAT = 8,
+    FORMAT = 9,
     FAIL_SAFE = "table_stale",
     PATH = { alive = "/spillway/alive", table = "/spillway/table", outcomes = "/spillway/fast-outcomes" },
     PLUGIN = "spillway",

@@ -279,7 +279,7 @@ end
 
 -- Steps 3 to 7 of policy/decide.py (its _route); late: the cluster would answer past the
 -- request's deadline.
-local function routed(f, tbl, policy, live, tenant, load, model_key, target_ms, latency, late)
+local function routed(f, tbl, policy, live, tenant, load, model_key, target_ms, latency, late, held)
     local rule
     for _, r in ipairs(policy.rules) do
         if rule_matches(r, f) then
@@ -292,7 +292,7 @@ local function routed(f, tbl, policy, live, tenant, load, model_key, target_ms, 
     local rule_name = rule and rule.name
     local hot = false
     if load.fresh then
-        hot = overflowing(load, target_ms, policy, latency)
+        hot = overflowing(load, target_ms, policy, held)
     end
     if action == ACTION.shed then
         return decision(SHED, R.rule, { status = 503, retry_after_s = policy.retry_after_s,
@@ -329,7 +329,7 @@ local function routed(f, tbl, policy, live, tenant, load, model_key, target_ms, 
     if action == ACTION.overflow then
         local_wait = latency - load.compute_ms
     end
-    local grow = latency > target_ms
+    local grow = held > target_ms
         or latency - load.compute_ms > policy.max_queue_ms
         or latency > policy.latency_target_ms * policy.saturation_ratio
     local name, reason, cost = pick_target(chain, tbl, policy, tenant, local_wait, live, f, grow)
@@ -370,7 +370,9 @@ function _M.decide(f, tbl, policy, live)
         latency = latency_of(load, policy, live:local_in_flight(model_key))
     end
     local late = deadline ~= nil and load.fresh and latency > deadline
-    local d = routed(f, tbl, policy, live, tenant, load, model_key, target_ms, latency, late)
+    local first_token_ms, held = policy.model_ttft_ms[f.model or ""], latency  -- see decide.py
+    if first_token_ms then target_ms, held = first_token_ms, latency - load.compute_ms end
+    local d = routed(f, tbl, policy, live, tenant, load, model_key, target_ms, latency, late, held)
     if late and d.target == LOCAL then
         return decision(SHED, R.deadline, { status = 503, retry_after_s = policy.retry_after_s,
             residency_kept = d.residency_kept, overflowing = d.overflowing, tenant = tenant,

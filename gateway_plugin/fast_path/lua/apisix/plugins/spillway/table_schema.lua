@@ -47,6 +47,10 @@ return {
                     additionalProperties = { type = "number", minimum = -1e+308, maximum = 1e+308 },
                     type = "object",
                 },
+                model_ttft_ms = {
+                    additionalProperties = { type = "number", minimum = -1e+308, maximum = 1e+308 },
+                    type = "object",
+                },
                 max_queue_ms = { type = "number", minimum = -1e+308, maximum = 1e+308 },
                 enter_ratio = { type = "number", minimum = -1e+308, maximum = 1e+308 },
                 exit_ratio = { type = "number", minimum = -1e+308, maximum = 1e+308 },
@@ -110,7 +114,7 @@ return {
                 max_deadline_ms = { type = "number", minimum = -1e+308, maximum = 1e+308 },
                 default_sheddable = { type = "boolean" },
             },
-            required = { "classification_header", "cloud_allowed", "unclassified_may_leave", "tenant_header", "tenant_from_consumer", "consumer_ceilings", "quotas", "default_quota", "latency_target_ms", "model_targets_ms", "max_queue_ms", "enter_ratio", "exit_ratio", "saturation_ratio", "retry_after_s", "parallelism", "onprem_headroom", "default_chain", "rules", "deadline_header", "priority_header", "max_deadline_ms", "default_sheddable" },
+            required = { "classification_header", "cloud_allowed", "unclassified_may_leave", "tenant_header", "tenant_from_consumer", "consumer_ceilings", "quotas", "default_quota", "latency_target_ms", "model_targets_ms", "model_ttft_ms", "max_queue_ms", "enter_ratio", "exit_ratio", "saturation_ratio", "retry_after_s", "parallelism", "onprem_headroom", "default_chain", "rules", "deadline_header", "priority_header", "max_deadline_ms", "default_sheddable" },
             type = "object",
         },
         content = {
