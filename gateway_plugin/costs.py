@@ -22,12 +22,15 @@ def request_cost_usd(cost: TargetCost, cold: bool = False, cold_start_ms: float 
 def answer_cost_usd(cost: TargetCost, seconds: float, tokens: float = 0.0) -> float:
     """What an answer that took ``seconds`` and generated ``tokens`` is billed (a stream, settled
     when it ends; the platforms round billed time up to the millisecond)."""
-    billed_s = math.ceil(max(0.0, seconds) * 1000 - 1e-9) / 1000
-    return (
-        cost.usd_per_request
-        + billed_s * (cost.memory_gb * cost.usd_per_gb_second + cost.usd_per_gpu_second)
-        + tokens * cost.usd_per_output_token
-    )
+    per_request, per_second, per_token, _ = stream_price(cost)
+    return per_request + math.ceil(max(0.0, seconds) * 1000 - 1e-9) / 1000 * per_second + tokens * per_token
+
+
+def stream_price(cost: TargetCost) -> tuple[float, float, float, float]:
+    """A stream's bill as the fast path's plugin settles it: USD per request, per second billed,
+    per generated token, and the tokens expected where none were counted."""
+    per_second = cost.memory_gb * cost.usd_per_gb_second + cost.usd_per_gpu_second
+    return cost.usd_per_request, per_second, cost.usd_per_output_token, cost.expected_output_tokens
 
 
 def warm_ping_cost_usd(cost: TargetCost, dwell_ms: float) -> float:

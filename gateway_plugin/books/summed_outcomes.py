@@ -214,12 +214,15 @@ class SummedOutcomes:
             self.shared.tenant_reported(tenant, arrivals, spend, wall)
 
     def spent_elsewhere(self, target: str, usd: float) -> None:
-        """What another node's plugin spent at ``target`` since it last said."""
+        """What another node's plugin spent at ``target`` since it last said: less than nothing
+        where streams it settled cost less than their price, which the budget gets back (a shared
+        one keeps it until the window rolls; the spend counter, which only grows, too)."""
         wall = self.wall()
         self.ledger.spend(f"target:{target}", usd, wall)
         if self.shared is not None:
             self.shared.spent_elsewhere(target, usd, wall)
-        self.metrics.spend.labels(target).inc(usd)
+        if usd > 0:
+            self.metrics.spend.labels(target).inc(usd)
 
     def overflow_decided(self, model: str | None, hot: bool) -> None:
         """The overflow flag a node last decided for ``model``."""

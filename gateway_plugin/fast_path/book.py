@@ -30,6 +30,7 @@ from gateway_plugin.books.cost_series import UNNAMED
 from gateway_plugin.books.ledger import TenantBook
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.content.checks import Unscannable
+from gateway_plugin.costs import stream_price
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.contract import FAIL_SAFE, USAGE_SEP
 from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
@@ -49,6 +50,7 @@ class FastPathReport(BaseModel):
 
     node: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     spent: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
+    given_back: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
     hot: dict[str, bool] = Field(default_factory=dict, max_length=MAX_KEYS)
     fail_safe: float = Field(default=0.0, ge=0)
     dropped: float = Field(default=0.0, ge=0)
@@ -63,6 +65,7 @@ class FastPathReport(BaseModel):
 @dataclass
 class _Node:
     spent: _Counters = field(default_factory=dict)
+    given_back: _Counters = field(default_factory=dict)
     content: _Counters = field(default_factory=dict)
     unscannable: _Counters = field(default_factory=dict)
     fail_safe: float = 0.0
@@ -88,7 +91,9 @@ class FastPathBook:
         """Take a report in, answer with the table (JSON) as the state now stands."""
         node = self._take(report)
         self.version += 1
-        table = self.table({n: node.spent.get(n, 0.0) for n in self.state.targets})
+        table = self.table(
+            {n: (node.spent.get(n, 0.0), node.given_back.get(n, 0.0)) for n in self.state.targets}
+        )
         text, left_out = decision_table.encode_within(table, report.room)
         metrics = self.state.metrics
         node.left_out = left_out
@@ -106,7 +111,7 @@ class FastPathBook:
             )
         return text
 
-    def table(self, marks: dict[str, float] | None = None) -> dict[str, object]:
+    def table(self, marks: dict[str, tuple[float, float]] | None = None) -> dict[str, object]:
         state = self.state
         now, wall = state.clock(), state.wall()
         loads = state.load.snapshot(None)
@@ -127,6 +132,7 @@ class FastPathBook:
                 target.signing_key_env,
                 target.sign_body,
                 target.forwarded,
+                stream_price(target.cost),
             )
             for name, target in state.targets.items()
         }
@@ -153,9 +159,12 @@ class FastPathBook:
         state = self.state
         for name, total in report.spent.items():
             if name in state.targets:
-                usd = _growth(total, node.spent.get(name, 0.0))
-                node.spent[name] = total
-                if usd > 0:
+                back = report.given_back.get(name, 0.0)
+                usd = _growth(total, node.spent.get(name, 0.0)) - _growth(
+                    back, node.given_back.get(name, 0.0)
+                )
+                node.spent[name], node.given_back[name] = total, back
+                if usd:
                     state.spent_elsewhere(name, usd)
         for model, hot in report.hot.items():
             state.overflow_decided(model or None, hot)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
+from gateway_plugin.books.ledger import STREAM_SUFFIX
 from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, TOKENS_VAR, UPSTREAM_VAR, WORKER_VAR
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
@@ -59,6 +60,7 @@ KEY_PREFIXES: Final = {
     "in_flight": "if:",  # a target's requests in flight
     "in_flight_cold": "ifc:",  # of those, the ones sent towards a cold start
     "spent": "sp:",  # a target's cumulative spend
+    "given_back": "gb:",  # ... and what streams settled below their price gave back of it
     "probe": "pr:",  # a half-open target's probe taken
     "tenant_in_flight": "tif:",  # a tenant's requests in flight
     "local_in_flight": "lif:",  # a model's requests at the cluster
@@ -158,6 +160,7 @@ def constants() -> dict[str, object]:
         "HEADER": dict(HEADERS),
         "FRAMING": list(FRAMING),
         "VAR": dict(VARS),
+        "STREAM_SUFFIX": STREAM_SUFFIX,
         "TARGET": dict(TARGETS),
         "REASON": dict(REASONS),
         "ACTION": dict(ACTIONS),

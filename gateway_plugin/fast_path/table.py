@@ -60,6 +60,8 @@ class TargetWiring(NamedTuple):
     key_env: str | None = None
     sign_body: bool = False
     forward: frozenset[str] = FORWARDED_TO_CLOUD
+    # A stream's price (``costs.stream_price``), which the plugin settles it at when it ends.
+    stream_price: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 def _quota(q: Quota) -> QuotaRow:
@@ -138,7 +140,9 @@ def _load(load: LocalLoad, policy: Policy) -> LoadRow:
     )
 
 
-def _target(spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: float, cap: int) -> TargetRow:
+def _target(
+    spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: tuple[float, float], cap: int
+) -> TargetRow:
     return TargetRow(
         cap=cap,
         slots=spec.slots,
@@ -151,10 +155,12 @@ def _target(spec: TargetPolicy, state: TargetState, wiring: TargetWiring, mark: 
         warm=state.warm_instances,
         spent_hour_usd=state.spent_hour_usd,
         spent_day_usd=state.spent_day_usd,
-        spent_mark=mark,
+        spent_mark=mark[0],
+        given_back_mark=mark[1],
         invoke=wiring.value is None,
         sign_body=wiring.sign_body,
         forward=sorted(wiring.forward),
+        stream_usd=list(wiring.stream_price),
         hourly_usd=spec.hourly_usd,
         daily_usd=spec.daily_usd,
         max_request_bytes=spec.max_request_bytes,
@@ -169,15 +175,16 @@ def build_table(
     wiring: Mapping[str, TargetWiring],
     version: int,
     built_at: float,
-    spent_marks: Mapping[str, float] | None = None,
+    spent_marks: Mapping[str, tuple[float, float]] | None = None,
     decision_header: bool = True,
     caps: Mapping[str, int] | None = None,
     content: ContentPolicy | None = None,
 ) -> dict[str, Any]:
     """The table for ``snapshot`` (every model's load, every target's state, tracked tenants).
 
-    ``spent_marks``: per target, the plugin's cumulative spend counter as of the spend this
-    snapshot includes; the plugin adds what it spent past the mark. ``caps``: per target, the
+    ``spent_marks``: per target, the plugin's cumulative spend counter and what it gave back of it
+    (streams settled below their price) as of the spend this snapshot includes; the plugin adds
+    what it spent past the first, less what it gave back past the second. ``caps``: per target, the
     concurrency cap this node may fill (its slots of a cap shared by several nodes); the
     configured cap where absent. ``content``: the detectors and the rules that ask for them
     (``content.checks``); none where absent.
@@ -196,7 +203,7 @@ def build_table(
                 spec,
                 snapshot.targets.get(name, TargetState()),
                 wiring[name],
-                marks.get(name, 0.0),
+                marks.get(name, (0.0, 0.0)),
                 node_caps.get(name, spec.concurrency_cap),
             )
             for name, spec in policy.targets.items()

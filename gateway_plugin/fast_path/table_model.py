@@ -120,9 +120,11 @@ class TargetRow:
     spent_hour_usd: float
     spent_day_usd: float
     spent_mark: float
+    given_back_mark: float
     invoke: bool
     sign_body: bool
     forward: list[str]
+    stream_usd: list[float]
     hourly_usd: float | None = None
     daily_usd: float | None = None
     max_request_bytes: int | None = None

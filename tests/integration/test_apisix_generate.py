@@ -37,11 +37,19 @@ class Chain:
     onprem_model: Path
     metrics_url: str
 
-    def spend(self) -> float:
-        """What the runner has counted as spent at the function."""
+    def spend(self, series: str = 'spillway_cloud_spend_usd_total{target="aws"}') -> float:
+        """What the runner has counted as spent at the function (by default its spend counter)."""
         _, _, body = http("GET", self.metrics_url)
-        found = re.search(rb'^spillway_cloud_spend_usd_total\{target="aws"\} (\S+)$', body, re.M)
+        found = re.search(rb"^" + re.escape(series.encode()) + rb" (\S+)$", body, re.M)
         return float(found.group(1)) if found else 0.0
+
+    def settled(self, series: str) -> float:
+        """``series`` once it stays put: what earlier streams spent comes within about a second."""
+        before = -1.0
+        while (now := self.spend(series)) != before:
+            before = now
+            time.sleep(1.5)
+        return now
 
     def stream(
         self, route: str, classification: str, spill: bool, tokens: int = 4, first_token_ms: float = 0
@@ -140,18 +148,33 @@ def test_a_stream_cut_by_the_client_frees_its_cloud_slot(chain: Chain, hold: Non
     wait_until(lambda: chain.spills("fast"), 20, "the cut stream's slot freed while its model still holds it")
 
 
-def test_a_spilled_stream_is_billed_the_tokens_it_sent_on_the_ext_plugin_route(chain: Chain) -> None:
+@pytest.mark.parametrize("route", list(HOSTS))
+def test_a_spilled_stream_is_billed_the_tokens_it_sent(chain: Chain, route: str) -> None:
     """The function is priced per generated token alone, 4 expected: a stream of 9 is held at 4
-    while it runs and settled at the events the edge counted going by, once its outcome arrives."""
-    before = -1.0
-    while (settled := chain.spend()) != before:  # the outcomes of earlier streams come in 1 s batches
-        before = settled
-        time.sleep(1.5)
-    with chain.spilled("ext-plugin", tokens=9) as events:
+    while it runs and settled at the events the gateway counted going by, when it ends (the
+    runner, from the ext-plugin route's outcome; the fast path's plugin in its log phase, which
+    the runner learns with the next table it fetches)."""
+    before = chain.settled('spillway_cloud_spend_usd_total{target="aws"}')
+    with chain.spilled(route, tokens=9) as events:
         sent = [events.next(), *events.rest()]
     assert len(sent) == 9, sent
-    wait_until(lambda: chain.spend() != before, 20, "the stream's outcome settled")
+    wait_until(lambda: chain.spend() - before >= 9 * USD_PER_TOKEN - 1e-9, 20, "the stream settled")
+    time.sleep(1.5)
     assert chain.spend() - before == pytest.approx(9 * USD_PER_TOKEN)
+
+
+@pytest.mark.parametrize("route", list(HOSTS))
+def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
+    chain: Chain, hold: None, route: str
+) -> None:
+    """Held at 4 tokens' price while it runs, a stream the client cuts after its first token is
+    settled at that one token: the target's budget takes 1 token's price in all."""
+    budget = 'spillway_target_spent_usd{target="aws",window="hour"}'
+    before = chain.settled(budget)
+    with chain.spilled(route) as events:
+        assert events.next() is not None
+    wait_until(lambda: chain.spend(budget) - before < 2 * USD_PER_TOKEN, 20, "the stream settled")
+    assert chain.settled(budget) - before == pytest.approx(USD_PER_TOKEN)
 
 
 def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain: Chain) -> None:

@@ -104,6 +104,7 @@ RULES: dict[str, tuple[str, ...]] = {
         "gateway_plugin.fast_path",
         *ROUTING,
         "gateway_plugin.config",
+        "gateway_plugin.costs",
         "gateway_plugin.targets",
         "gateway_plugin.apisix_route",
         "functions.contract",

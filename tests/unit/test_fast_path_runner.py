@@ -110,6 +110,24 @@ def test_reported_counters_are_taken_once_and_a_restarted_node_starts_afresh() -
     assert state.metrics.fast_path_fail_safe._value.get() == 3
 
 
+def test_what_settled_streams_gave_back_comes_off_the_spend_once_and_is_marked_for_the_plugin() -> None:
+    """Streams the plugin settled below their price give back through a counter of their own,
+    which only grows: the runner takes its growth off the target's spend, and marks it in the
+    table so the plugin counts only what it gave back since."""
+    state = gateway_state(config())
+    book = FastPathBook(state)
+    spent = lambda: state.ledger.spent("target:aws", state.wall())[0]  # noqa: E731
+    book.exchange(report(spent={"aws": 0.5}))
+    table = json.loads(book.exchange(report(spent={"aws": 0.5}, given_back={"aws": 0.2})))
+    assert spent() == pytest.approx(0.3)
+    assert table["targets"]["aws"]["spent_mark"] == 0.5 and table["targets"]["aws"]["given_back_mark"] == 0.2
+    book.exchange(report(spent={"aws": 0.6}, given_back={"aws": 0.2}))
+    assert spent() == pytest.approx(0.4), "given back once"
+    assert state.metrics.spend.labels("aws")._value.get() == pytest.approx(0.6), "the counter only grows"
+    aws = json.loads(book.exchange(report(spent={"aws": 0.6})))["targets"]["aws"]
+    assert aws["stream_usd"] == [0.0000002, 4.0 * 0.0000166667, 0.0, 0.0], "the price a stream settles at"
+
+
 def test_a_report_is_bounded_and_its_node_named_plainly() -> None:
     for bad in (
         {"node": ""},

@@ -92,7 +92,8 @@ do
             and is_num(t.cost_usd)
             and is_num(t.cold_cost_usd) and BREAKERS[t.breaker] and is_bool(t.probe_allowed)
             and is_num(t.warm) and is_num(t.spent_hour_usd) and is_num(t.spent_day_usd)
-            and is_num(t.spent_mark) and is_bool(t.invoke) and opt_num(t.hourly_usd)
+            and is_num(t.spent_mark) and is_num(t.given_back_mark) and list_of(t.stream_usd, is_num)
+            and is_bool(t.invoke) and opt_num(t.hourly_usd)
             and opt_num(t.daily_usd) and opt_num(t.max_request_bytes) and (t.invoke or is_str(t.value))
             and (t.key_env == nil or is_str(t.key_env)) and list_of(t.forward, is_str)
     end

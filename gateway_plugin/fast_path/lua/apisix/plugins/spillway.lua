@@ -22,6 +22,7 @@ local edge = require("apisix.plugins.spillway.edge")
 local content = require("apisix.plugins.spillway.content")
 local reserve = require("apisix.plugins.spillway.reserve")
 local upstream = require("apisix.plugins.spillway.upstream")
+local stream = require("apisix.plugins.spillway.stream")
 
 local ngx = ngx
 local dkey = counters.key
@@ -232,7 +233,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
             seen.local_counted = true
         end
     elseif d.target ~= decide.SHED then
-        seen.cloud, seen.cold_counted = true, d.cold_counted
+        seen.cloud, seen.cold_counted, seen.streamed = true, d.cold_counted, stream.streamed(f.path)
     end
     if d.on_prem_only then
         report.on_prem(worker.agg, model_key)
@@ -320,7 +321,7 @@ function _M.access(conf, ctx)
         return
     end
     local spec = tbl.targets[d.target]
-    ctx.spillway.value = spec.value
+    ctx.spillway.value, ctx.spillway.price = spec.value, spec.stream_usd
     to_cloud(ctx, conf, d.target, spec, raw)
 end
 
@@ -336,6 +337,14 @@ function _M.header_filter(conf, ctx)
     if show then
         ngx.header[DECISION_HEADER] = seen.decision
     end
+    if seen.streamed then
+        stream.start(ctx)
+    end
+end
+
+-- A stream sent to a target: its events, counted for its bill (spillway/stream.lua).
+function _M.body_filter(conf, ctx)
+    stream.count(ctx)
 end
 
 function _M.log(conf, ctx)
@@ -345,6 +354,9 @@ function _M.log(conf, ctx)
     end
     local d_ = dict()
     if seen.cloud then
+        if seen.streamed then
+            stream.settle(d_, seen, ctx, report.last_number(ngx.var.upstream_response_time))
+        end
         counters.release(d_, dkey(seen.keys.inflight, seen.target))
         if seen.cold_counted then
             counters.release(d_, dkey(seen.keys.cold, seen.target))

@@ -91,7 +91,8 @@ end
 -- per table version rather than concatenated per request; tenants' keys (clients choose them) are
 -- not kept. A ring holds its prefix at [1] (no name is a number).
 function _M.keys()
-    return { inflight = { PREFIX.in_flight }, spent = { PREFIX.spent }, probe = { PREFIX.probe },
+    return { inflight = { PREFIX.in_flight }, spent = { PREFIX.spent }, given_back = { PREFIX.given_back },
+             probe = { PREFIX.probe },
              cold = { PREFIX.in_flight_cold }, local_ = { PREFIX.local_in_flight }, hot = { PREFIX.hot } }
 end
 

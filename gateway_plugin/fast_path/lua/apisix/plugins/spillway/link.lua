@@ -175,6 +175,7 @@ function _M.start(worker, with)
         return cjson.encode({
             node = shared_counters.node(d_),
             spent = counters(PREFIX.spent, targets),
+            given_back = counters(PREFIX.given_back, targets),
             hot = counters(PREFIX.hot, models),
             content = counters(PREFIX.content_match, tbl and tbl.content.names or {}),
             unscannable = counters(PREFIX.content_unscannable, UNSCANNABLE),

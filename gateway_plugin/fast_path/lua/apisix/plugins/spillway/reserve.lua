@@ -20,8 +20,14 @@ function _M.new(dict, tbl, keys)
     function live.in_flight(_, name)
         return dict():get(dkey(keys().inflight, name)) or 0
     end
+    -- What streams settled below their price gave back of it (spillway/stream.lua), past its mark.
+    local function given_back(d_, name, spec)
+        return counters.since_mark(d_:get(dkey(keys().given_back, name)) or 0, spec.given_back_mark)
+    end
     function live.spent(_, name)
-        return counters.since_mark(dict():get(dkey(keys().spent, name)) or 0, tbl().targets[name].spent_mark)
+        local d_, spec = dict(), tbl().targets[name]
+        return counters.since_mark(d_:get(dkey(keys().spent, name)) or 0, spec.spent_mark)
+            - given_back(d_, name, spec)
     end
     -- The tenant whose slot this request took before deciding, and its count before that.
     local slot = { tenant = nil, before = 0 }
@@ -86,7 +92,7 @@ function _M.new(dict, tbl, keys)
             counters.release(d_, key)
             return false
         end
-        local spent = counters.since_mark(total, spec.spent_mark)
+        local spent = counters.since_mark(total, spec.spent_mark) - given_back(d_, d.target, spec)
         local probe_ok = spec.breaker ~= contract.BREAKER.half_open or d_:safe_add(dkey(ring.probe, d.target), true, 1)
         if within(spec.spent_hour_usd + spent, spec.hourly_usd)
             and within(spec.spent_day_usd + spent, spec.daily_usd) and probe_ok then

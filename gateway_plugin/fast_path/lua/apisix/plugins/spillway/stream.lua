@@ -1,15 +1,19 @@
--- The events of a streamed answer (text/event-stream) counted as they go by, for the outcome the
--- ext-plugin route's logger reports (the spillway_tokens variable): a stream of generated tokens
--- sends one event per token (Triton's generate_stream), so the runner settles the stream's bill at
--- the tokens it sent. An event ends at a blank line; a chunk may end inside one, so the last two
--- bytes of each chunk are searched again with the next, and a blank line wholly in them is not
--- counted twice. Nothing is kept of the body beyond those two bytes.
+-- A stream of generated tokens (Triton's generate_stream) and its bill.
+--
+-- Its events are counted as they go by: one per token, so the stream is settled at the tokens it
+-- sent, by the runner on the ext-plugin route (the spillway_tokens variable, in the outcome the
+-- logger reports) and by the fast path's plugin in its log phase (bill). An event ends at a blank
+-- line; a chunk may end inside one, so the last two bytes of each chunk are searched again with
+-- the next, and a blank line wholly in them is not counted twice. Nothing is kept of the body
+-- beyond those two bytes.
 
 local core = require("apisix.core")
 local C = require("apisix.plugins.spillway.contract")
+local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
-local find, sub, lower, type = string.find, string.sub, string.lower, type
+local find, sub, lower, byte, type, ceil = string.find, string.sub, string.lower, string.byte, type, math.ceil
+local SLASH = byte("/")
 
 local _M = {}
 
@@ -17,6 +21,24 @@ local EVENT_STREAM = "text/event-stream"
 local BLANK_LINE = "\n\r?\n"
 
 core.ctx.register_var(C.VAR.tokens, function(ctx) return ctx.spillway_tokens end)
+
+local SUFFIX = C.STREAM_SUFFIX
+
+-- Whether a request's answer is a stream (books/ledger.py's streamed; the path has no query).
+function _M.streamed(path)
+    local last = #path
+    while last > 1 and byte(path, last) == SLASH do
+        last = last - 1
+    end
+    return last >= #SUFFIX and sub(path, last - #SUFFIX + 1, last) == SUFFIX
+end
+
+-- What a stream that took `seconds` and sent `tokens` (nil: not counted) costs at the target's
+-- price (the table's stream_usd, costs.stream_price): per request, per second billed (rounded up
+-- to the millisecond, as the platforms bill), per token, and the tokens expected.
+function _M.bill(price, seconds, tokens)
+    return price[1] + ceil(seconds * 1000 - 1e-9) / 1000 * price[2] + (tokens or price[4]) * price[3]
+end
 
 -- header_filter: an event stream starts counting.
 function _M.start(ctx)
@@ -47,6 +69,20 @@ function _M.count(ctx)
         at = last + 1
     end
     ctx.spillway_tokens, ctx.spillway_stream_tail = count, sub(text, -2)
+end
+
+-- The fast path's log phase: a stream sent to a target that took `seconds` is settled at what it
+-- cost in place of its price at decision, in the target's spend this node counts (d_: what it
+-- cost more is spent, what it cost less given back, each a counter that only grows, as the runner
+-- reads them) and in what it reports for the tenant and the bill (seen.cost).
+function _M.settle(d_, seen, ctx, seconds)
+    if seen.price and seconds then
+        local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens)
+        local more = bill - (seen.cost or 0)
+        local ring = more >= 0 and seen.keys.spent or seen.keys.given_back
+        counters.add(d_, counters.key(ring, seen.target), math.abs(more))
+        seen.cost = bill
+    end
 end
 
 return _M
