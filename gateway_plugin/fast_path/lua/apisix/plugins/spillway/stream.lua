@@ -51,8 +51,11 @@ end
 -- body_filter: the events that ended in this chunk.
 function _M.count(ctx)
     local count = ctx.spillway_tokens
+    if not count then
+        return
+    end
     local chunk = ngx.arg[1]
-    if not count or chunk == nil or chunk == "" then
+    if chunk == nil or chunk == "" then
         return
     end
     local tail = ctx.spillway_stream_tail
