@@ -29,6 +29,7 @@ from gateway_plugin.policy.model import (
     Reason,
     RuleAction,
 )
+from gateway_plugin.policy.overflow import WAIT_TAIL
 from gateway_plugin.policy.snapshot import BreakerState
 from gateway_plugin.request import audit
 from gateway_plugin.request.header_names import (
@@ -161,6 +162,7 @@ def constants() -> dict[str, object]:
         "FRAMING": list(FRAMING),
         "VAR": dict(VARS),
         "STREAM_SUFFIX": STREAM_SUFFIX,
+        "WAIT_TAIL": WAIT_TAIL,
         "TARGET": dict(TARGETS),
         "REASON": dict(REASONS),
         "ACTION": dict(ACTIONS),

@@ -45,7 +45,7 @@ from gateway_plugin.policy.model import (
     Reason,
     RuleAction,
 )
-from gateway_plugin.policy.overflow import estimated_latency_ms, overflowing, saturated
+from gateway_plugin.policy.overflow import WAIT_TAIL, estimated_latency_ms, overflowing, saturated
 from gateway_plugin.policy.snapshot import (
     BreakerState,
     LocalLoad,
@@ -84,8 +84,9 @@ def decide(features: RequestFeatures, snapshot: Snapshot, policy: Policy) -> Dec
     held = latency
     first_token_ms = policy.model_ttft_ms.get(features.model or "")
     if first_token_ms is not None:
-        # Its users wait for the first token: what it waits is held to that, however long it runs.
-        target_ms, held = first_token_ms, latency - load.compute_ms
+        # Its users wait for the first token: what it waits is held to that, however long it runs
+        # (its tail: ``overflow.WAIT_TAIL``).
+        target_ms, held = first_token_ms, (latency - load.compute_ms) * WAIT_TAIL
     decision = _route(features, snapshot, policy, tenant, load, target_ms, latency, late, held)
     if late and decision.target == LOCAL:
         return Decision(

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 # Triton reports a few microseconds of queue time even for requests that never waited.
 IDLE_QUEUE_SHARE = 0.1
+# A model with a first-token target holds its wait's 90th percentile to it, taking the wait as
+# exponential with the estimate's mean (ln 10 times it): a request queued behind streams waits
+# for the soonest of them to end, and stream lengths spread so wide that the mean says little of
+# the requests that miss.
+WAIT_TAIL = math.log(10)
 
 
 def capacity(load: LocalLoad, policy: Policy) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fc(repo: Path) -> Iterator[Running]:
-    with function_server(repo, repo.parent, SPILLWAY_MODELS="tokens") as running:
+    # A client that stops reading is let go after SPILLWAY_BODY_TIMEOUT_S: 3 s here.
+    with function_server(repo, repo.parent, SPILLWAY_MODELS="tokens", SPILLWAY_BODY_TIMEOUT_S="3") as running:
         yield running
 
 
@@ -123,6 +125,28 @@ def test_a_client_that_leaves_mid_stream_is_counted_and_the_function_serves_on(f
     wait_until(lambda: served(fc, "generate") == before + 1, 30, "the cut stream counted")
     with EventStream(stream_url(fc), prompt(3)) as events:
         assert text(events.rest()) == "alpha beta gamma "
+
+
+def test_a_client_that_stops_reading_is_let_go_and_holds_no_generation(fc: Running) -> None:
+    """The attack: ask for a long generation (16 MB of events) and read none of it. Once the
+    socket's buffers are full the function waits the stall bound for the client to read, then
+    closes the connection and ends the stream; another client is served meanwhile."""
+    before = served(fc, "generate")
+    host, port = fc.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"text_input": "x" * 8000, "max_tokens": 2000}).encode()
+    with socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        head = f"POST /v2/models/tokens/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
+        stalled.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        with EventStream(stream_url(fc), prompt(3)) as events:
+            assert text(events.rest()) == "alpha beta gamma "
+        wait_until(lambda: served(fc, "generate") >= before + 2, 30, "the stalled stream ended")
+        stalled.settimeout(30)
+        received = 0
+        while chunk := stalled.recv(1 << 16):
+            received += len(chunk)
+    assert received < 2000 * 8000, "the connection was closed before the generation was sent"
 
 
 def test_a_sidecar_that_dies_mid_stream_ends_it_with_an_error_event(fc: Running, hold: Path) -> None:

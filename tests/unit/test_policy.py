@@ -406,3 +406,9 @@ def test_a_first_token_target_holds_the_wait_not_the_whole_answer() -> None:
         assert decision.target == want, (load, decision)
     whole = dataclasses.replace(llm, model_ttft_ms={})
     assert decide(req(model="llm"), Snapshot({"llm": waiting}, {"aws": WARM}), whole).target == LOCAL
+    # A mean wait of 200 ms meets 300 ms, but its tail (ln 10 x 200 = 460 ms, overflow.WAIT_TAIL)
+    # does not: the share of requests that would wait past the target is what the SLO counts.
+    tail = LocalLoad(fresh=True, queue_ms=200, compute_ms=4000)
+    assert decide(req(model="llm"), Snapshot({"llm": tail}, {"aws": WARM}), llm).target == "aws"
+    short = LocalLoad(fresh=True, queue_ms=100, compute_ms=4000)
+    assert decide(req(model="llm"), Snapshot({"llm": short}, {"aws": WARM}), llm).target == LOCAL

@@ -16,6 +16,7 @@ return {
     FRAMING = { "content-length", "transfer-encoding" },
     VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant", tokens = "spillway_tokens" },
     STREAM_SUFFIX = "/generate_stream",
+    WAIT_TAIL = 2.302585092994046,
     TARGET = { ["local"] = "local", shed = "shed" },
     REASON = { local_ok = "local_ok", signals_missing = "signals_missing", rule = "rule", residency = "residency", no_target = "no_target", overflow_warm = "overflow_warm", overflow_cold = "overflow_cold", tenant_rate = "tenant_rate", tenant_concurrency = "tenant_concurrency", invoke_failed = "invoke_failed", local_failing = "local_failing", deadline = "deadline", admission_invalid = "admission_invalid" },
     ACTION = { ["local"] = "local", overflow = "overflow", target = "target", shed = "shed" },

@@ -371,7 +371,7 @@ function _M.decide(f, tbl, policy, live)
     end
     local late = deadline ~= nil and load.fresh and latency > deadline
     local first_token_ms, held = policy.model_ttft_ms[f.model or ""], latency  -- see decide.py
-    if first_token_ms then target_ms, held = first_token_ms, latency - load.compute_ms end
+    if first_token_ms then target_ms, held = first_token_ms, (latency - load.compute_ms) * C.WAIT_TAIL end
     local d = routed(f, tbl, policy, live, tenant, load, model_key, target_ms, latency, late, held)
     if late and d.target == LOCAL then
         return decision(SHED, R.deadline, { status = 503, retry_after_s = policy.retry_after_s,
