@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def render(prometheus: Prometheus, dashboard: Path, start: float, end: float, ou
     figure = plt.figure(figsize=(16, 3.2 * rows), dpi=80)
     grid = figure.add_gridspec(rows, 24, hspace=0.6, wspace=2.0)
     step = max(1.0, (end - start) / 200)
+    # The grid ends at ``end``: a counter that got its second sample in the last step has a rate
+    # there, and nowhere earlier.
+    start = end - step * math.floor((end - start) / step)
     minutes = end - start > 300
     empty = []
     for panel in panels:
