@@ -83,26 +83,55 @@ class ConfigError(ValueError):
 
 
 class SpillwayConfig(Model):
-    runner: RunnerSettings = Field(default_factory=RunnerSettings)
-    local: LocalCluster = Field(default_factory=LocalCluster)
-    targets: list[Target] = Field(default_factory=list)
-    rules: list[Rule] = Field(default_factory=list)
-    residency: Residency = Field(default_factory=Residency)
+    runner: RunnerSettings = Field(
+        default_factory=RunnerSettings,
+        description="how the runner meets APISIX: its socket, workers, plugins",
+    )
+    local: LocalCluster = Field(default_factory=LocalCluster, description="the on-prem Triton cluster")
+    targets: list[Target] = Field(
+        default_factory=list, description="cloud functions that take overflow, in the default overflow order"
+    )
+    rules: list[Rule] = Field(
+        default_factory=list,
+        description="first match by priority (higher first) wins; a request no rule matches: overflow",
+    )
+    residency: Residency = Field(
+        default_factory=Residency, description="which data classes may leave the premises"
+    )
     content: ContentChecks = Field(
         default_factory=ContentChecks,
         description="what keeps a request home by its text (routes and rules with content_checks)",
     )
-    overflow: Overflow = Field(default_factory=Overflow)
+    overflow: Overflow = Field(
+        default_factory=Overflow, description="when requests spill to the cloud and when they come back"
+    )
     admission: Admission = Field(
         default_factory=Admission, description="deadlines and priorities the requests carry"
     )
-    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
-    budgets: Budgets = Field(default_factory=Budgets)
-    tenants: Tenants = Field(default_factory=Tenants)
-    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
-    outcomes: OutcomeSettings = Field(default_factory=OutcomeSettings)
-    audit: AuditSettings = Field(default_factory=AuditSettings)
-    warmup: WarmupSettings = Field(default_factory=WarmupSettings)
+    breaker: BreakerSettings = Field(
+        default_factory=BreakerSettings,
+        description="when a failing target stops taking overflow, and returns",
+    )
+    budgets: Budgets = Field(
+        default_factory=Budgets, description="no overflow to a target past these estimated spends"
+    )
+    tenants: Tenants = Field(
+        default_factory=Tenants, description="who a request counts for, and their quotas"
+    )
+    metrics: MetricsSettings = Field(
+        default_factory=MetricsSettings, description="the runner's Prometheus endpoint and decision header"
+    )
+    outcomes: OutcomeSettings = Field(
+        default_factory=OutcomeSettings,
+        description="where the route's http-logger reports what happened to each request",
+    )
+    audit: AuditSettings = Field(
+        default_factory=AuditSettings,
+        description="one line per request on both routes, written by an APISIX logger",
+    )
+    warmup: WarmupSettings = Field(
+        default_factory=WarmupSettings, description="how many instances of each target to keep warm, and when"
+    )
     simulation: SimulationSettings = Field(
         default_factory=SimulationSettings, description="what `simulate` assumes; the runner ignores it"
     )

@@ -35,9 +35,11 @@ class Match(Model):
 
 
 class Rule(Model):
-    name: str
+    name: str = Field(description="the rule's name, as logs and decisions show it")
     priority: int = Field(default=0, description="higher runs first")
-    match: Match = Field(default_factory=Match)
+    match: Match = Field(
+        default_factory=Match, description="what a request must carry for the rule to apply (all of it)"
+    )
     action: RuleAction = Field(
         description="local: stay; overflow: local until the load says otherwise; target: cloud first; shed"
     )
@@ -64,9 +66,18 @@ class Overflow(Model):
     enter_ratio: float = Field(default=0.8, gt=0, description="overflow when estimate > target x this")
     exit_ratio: float = Field(default=0.7, gt=0, description="stop when estimate < target x this")
     saturation_ratio: float = Field(default=4.0, gt=0, description="local is saturated past target x this")
-    retry_after_s: int = Field(default=1, ge=1)
-    # Spill sooner by this many times the queueing that on-prem-only arrivals alone would cause.
-    onprem_headroom: float = Field(default=4.0, ge=0, le=100)
+    retry_after_s: int = Field(
+        default=1,
+        ge=1,
+        description="the Retry-After of a shed request's 503 (and of a 429 over a concurrency quota), in s",
+    )
+    onprem_headroom: float = Field(
+        default=4.0,
+        ge=0,
+        le=100,
+        description="spill sooner by this many times the queueing that on-prem-only arrivals alone would "
+        "cause (0: none)",
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Overflow:
@@ -98,12 +109,22 @@ class Admission(Model):
 
 
 class BreakerSettings(Model):
-    consecutive_failures: int = Field(default=5, ge=1)
-    failure_rate: float = Field(default=0.5, gt=0, le=1)
+    consecutive_failures: int = Field(
+        default=5, ge=1, description="failed answers in a row from a target that open its breaker"
+    )
+    failure_rate: float = Field(
+        default=0.5, gt=0, le=1, description="or this share of failed answers over the window opens it"
+    )
     window: int = Field(default=20, ge=2, description="outcomes the failure rate is taken over")
-    cooldown_s: float = Field(default=5.0, gt=0)
-    max_cooldown_s: float = Field(default=120.0, gt=0)
-    half_open_probes: int = Field(default=1, ge=1)
+    cooldown_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long an open breaker waits before a probe, in s; doubles on each reopening",
+    )
+    max_cooldown_s: float = Field(default=120.0, gt=0, description="the longest the cooldown grows to, in s")
+    half_open_probes: int = Field(
+        default=1, ge=1, description="probes in flight at once while half-open (for all nodes together)"
+    )
     retry_budget_ratio: float = Field(default=0.1, ge=0, le=1, description="retries as a share of requests")
 
 
@@ -111,15 +132,33 @@ Usd = Annotated[float, Field(ge=0)]
 
 
 class Budgets(Model):
-    per_target_hourly_usd: dict[str, Usd] = Field(default_factory=dict)
-    per_target_daily_usd: dict[str, Usd] = Field(default_factory=dict)
+    per_target_hourly_usd: dict[str, Usd] = Field(
+        default_factory=dict,
+        description="target name to its spend an hour, USD; a target not named: no limit",
+    )
+    per_target_daily_usd: dict[str, Usd] = Field(
+        default_factory=dict, description="target name to its spend a day, USD; a target not named: no limit"
+    )
 
 
 class TenantQuota(Model):
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    concurrency: int | None = Field(default=None, ge=1)
-    hourly_usd: float | None = Field(default=None, ge=0)
-    daily_usd: float | None = Field(default=None, ge=0)
+    requests_per_minute: int | None = Field(
+        default=None, ge=1, description="requests a minute; past it, 429 (unset: no limit)"
+    )
+    concurrency: int | None = Field(
+        default=None, ge=1, description="requests in flight at once; past it, 429 (unset: no limit)"
+    )
+    hourly_usd: float | None = Field(
+        default=None,
+        ge=0,
+        description="cloud spend an hour, USD: past it the tenant's requests no longer leave "
+        "(unset: no limit)",
+    )
+    daily_usd: float | None = Field(
+        default=None,
+        ge=0,
+        description="cloud spend a day, USD: past it the tenant's requests no longer leave (unset: no limit)",
+    )
 
 
 class Tenants(Model):
@@ -128,7 +167,9 @@ class Tenants(Model):
         description="consumer: the APISIX consumer that authenticated the request is the tenant, and the "
         "header is ignored (and removed); header: the header names it, as the client says",
     )
-    header: HeaderName = Field(default="x-tenant")
+    header: HeaderName = Field(
+        default="x-tenant", description="request header naming the tenant (with source: header)"
+    )
     quotas: dict[Annotated[str, Field(min_length=1, max_length=256)], TenantQuota] = Field(
         default_factory=dict, description="per tenant name (at most 256 characters)"
     )

@@ -18,7 +18,7 @@ class RunnerSettings(Model):
     conf_ttl_s: float | None = Field(
         default=None,
         gt=0,
-        description="how long a prepared conf lives; default 1.2 x APISIX_CONF_EXPIRE_TIME",
+        description="how long a prepared conf lives, in s; unset: 2 x APISIX_CONF_EXPIRE_TIME",
     )
     socket: str | None = Field(default=None, description="socket path when APISIX_LISTEN_ADDRESS is unset")
     uvloop: bool = Field(default=True, description="run on uvloop where installed")

@@ -23,7 +23,12 @@ class SharedState(Model):
         description="redis://host:6379/0, rediss:// (TLS), redis+sentinel://h1:26379,h2:26379/master/0 "
         "or redis+cluster://host:7000; no password here: it comes from password_env"
     )
-    key_prefix: str = Field(default="spillway", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    key_prefix: str = Field(
+        default="spillway",
+        pattern=r"^[A-Za-z0-9_.:-]{1,64}$",
+        description="every key is {key_prefix}:... (one Redis Cluster slot); the gateways that share "
+        "state use the same one",
+    )
     sync_period_ms: int = Field(default=100, ge=10, le=10_000, description="how old the local view may get")
     nodes_expected: int = Field(
         default=1, ge=1, le=1000, description="gateways sharing the state; each gets 1/N while Redis is away"

@@ -26,10 +26,18 @@ class TargetCost(Model):
     generated tokens. A stream of generated tokens is priced at decision as ``expected_duration_ms``
     and ``expected_output_tokens`` say, and settled when it ends at its real length and tokens."""
 
-    usd_per_request: float = Field(default=0.0000002, ge=0)
-    memory_gb: float = Field(default=4.0, gt=0)
-    usd_per_gb_second: float = Field(default=0.0000166667, ge=0)
-    usd_per_gpu_second: float = Field(default=0.0, ge=0)
+    usd_per_request: float = Field(
+        default=0.0000002, ge=0, description="the platform's price per request, USD"
+    )
+    memory_gb: float = Field(
+        default=4.0, gt=0, description="the function's memory in GB, billed per GB-second of its time"
+    )
+    usd_per_gb_second: float = Field(
+        default=0.0000166667, ge=0, description="price of one GB-second of billed time, USD"
+    )
+    usd_per_gpu_second: float = Field(
+        default=0.0, ge=0, description="price of one second of a GPU's billed time, USD (FC's GPU functions)"
+    )
     expected_duration_ms: float = Field(default=100.0, gt=0, description="billed time of one inference")
     billed_init: bool = Field(default=True, description="a cold start's init time is billed (Lambda images)")
     usd_per_idle_second: float = Field(default=0.0, ge=0, description="a live idle instance (FC's idle GPUs)")
@@ -52,7 +60,9 @@ class Target(Model):
     """A cloud function that takes overflow."""
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="the X-Spillway-Target value")
-    kind: Literal["aws_lambda", "aliyun_fc", "http"]
+    kind: Literal["aws_lambda", "aliyun_fc", "http"] = Field(
+        description="the platform: aws_lambda, aliyun_fc (Function Compute) or http (any HTTP endpoint)"
+    )
     mode: Literal["upstream", "invoke"] = Field(
         default="upstream", description="upstream: APISIX proxies; invoke: the runner calls the cloud API"
     )
@@ -62,12 +72,21 @@ class Target(Model):
     )
     function_name: str | None = Field(default=None, description="function to invoke (invoke mode)")
     service_name: str | None = Field(default=None, description="FC service (invoke mode on aliyun_fc)")
-    qualifier: str | None = None
-    region: str | None = None
+    qualifier: str | None = Field(
+        default=None, description="alias or version to invoke (invoke mode); unset: the unqualified function"
+    )
+    region: str | None = Field(
+        default=None,
+        description="the cloud region of the function (invoke mode's API, Lambda's request signing)",
+    )
     endpoint_url: str | None = Field(default=None, description="API endpoint override (invoke mode)")
     concurrency_cap: int = Field(default=10, ge=1, description="in-flight requests the gateway allows")
     cold_start_ms: float = Field(default=5000.0, ge=0, description="expected start of a cold instance")
-    timeout_s: float = Field(default=30.0, gt=0)
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a request sent here may take, in s (the upstream's timeouts)",
+    )
     signing_key_env: str | None = Field(
         default="SPILLWAY_SIGNING_KEY",
         description="environment variable holding the X-Spillway-Signature key",
@@ -87,7 +106,7 @@ class Target(Model):
         default_factory=list,
         description="request headers sent on to this target besides what inference needs (none by default)",
     )
-    cost: TargetCost = Field(default_factory=TargetCost)
+    cost: TargetCost = Field(default_factory=TargetCost, description="what a request sent here costs")
 
     @cached_property
     def forwarded(self) -> frozenset[str]:

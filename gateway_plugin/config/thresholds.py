@@ -69,7 +69,12 @@ class Share(Limit):
 class GaugeLimit(Limit):
     """Any gauge the endpoints' scrape carries, by name (its samples matching ``labels``)."""
 
-    metric: str = Field(min_length=1, max_length=200, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+    metric: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
+        description="the gauge's Prometheus metric name, as the endpoints' scrape carries it",
+    )
     labels: dict[str, str] = Field(default_factory=dict, description="label → value the sample must have")
 
 

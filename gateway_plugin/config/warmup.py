@@ -14,9 +14,12 @@ UNPUBLISHED = {"aws_lambda": "$LATEST", "aliyun_fc": "LATEST"}
 class Window(Model):
     """A time-of-day window (``HH:MM``, in ``warmup.timezone``) with its own instance count."""
 
-    start: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
-    end: str = Field(pattern=r"^([01]\d|2[0-4]):[0-5]\d$")
-    instances: int = Field(ge=0)
+    start: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$", description="when the window opens, HH:MM")
+    end: str = Field(
+        pattern=r"^([01]\d|2[0-4]):[0-5]\d$",
+        description="when it closes, HH:MM (24:00: midnight; before start: the window spans midnight)",
+    )
+    instances: int = Field(ge=0, description="instances to keep warm within the window")
 
 
 class Adaptive(Model):
@@ -24,17 +27,26 @@ class Adaptive(Model):
 
     metrics_url: str = Field(description="the runner's /metrics, e.g. http://127.0.0.1:9095/metrics")
     sample_s: float = Field(default=10.0, gt=0, description="the overflow rate is measured over this")
-    headroom: float = Field(default=1.5, ge=1.0)
-    floor: int = Field(default=0, ge=0)
-    ceiling: int = Field(default=20, ge=1)
+    headroom: float = Field(
+        default=1.5, ge=1.0, description="the count is overflow rate x cloud latency x this"
+    )
+    floor: int = Field(default=0, ge=0, description="the fewest instances it sizes to")
+    ceiling: int = Field(default=20, ge=1, description="the most instances it sizes to")
 
 
 class WarmTarget(Model):
     instances: int = Field(
         default=1, ge=0, description="fixed count, when neither windows nor adaptive apply"
     )
-    windows: list[Window] = Field(default_factory=list)
-    adaptive: Adaptive | None = None
+    windows: list[Window] = Field(
+        default_factory=list,
+        description="time-of-day windows with their own count; the first that holds now wins",
+    )
+    adaptive: Adaptive | None = Field(
+        default=None,
+        description="size from the gateway's overflow rate, never below the fixed or windowed count "
+        "(unset: not adaptive)",
+    )
     dwell_ms: int = Field(default=1000, ge=0, le=60_000, description="how long each ping holds its instance")
     probe: bool = Field(default=False, description="run one synthetic inference per model")
     models: list[str] = Field(default_factory=list, description="models to check (default: all)")
@@ -95,7 +107,7 @@ class WarmupSettings(Model):
         default=240.0, gt=0, description="between rounds (idle instances go after 3-10 min)"
     )
     waves: int = Field(default=3, ge=1, description="ping waves per round before giving up on a count")
-    ping_timeout_s: float = Field(default=30.0, gt=0)
+    ping_timeout_s: float = Field(default=30.0, gt=0, description="how long one ping may take, in s")
     timezone: str = Field(default="UTC", description="for windows")
     report_file: str | None = Field(
         default=None,

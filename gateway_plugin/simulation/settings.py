@@ -40,11 +40,18 @@ class SimulatedTarget(_Model):
     service_ms: float | None = Field(
         default=None, gt=0, description="mean inference time (default: cost.expected_duration_ms)"
     )
-    service_cv: float = Field(default=0.2, ge=0, le=5)
+    service_cv: float = Field(
+        default=0.2,
+        ge=0,
+        le=5,
+        description="the inference time's coefficient of variation (lognormal; 0: fixed)",
+    )
     cold_start_ms: float | None = Field(
         default=None, ge=0, description="mean cold start (default: the target's cold_start_ms)"
     )
-    cold_start_cv: float = Field(default=0.3, ge=0, le=5)
+    cold_start_cv: float = Field(
+        default=0.3, ge=0, le=5, description="the cold start's coefficient of variation (lognormal; 0: fixed)"
+    )
     network_ms: float = Field(
         default=20.0, ge=0, description="round trip from the gateway, added to each request"
     )
@@ -92,7 +99,10 @@ class MemberChange(_Model):
 
 class SimulationSettings(_Model):
     model: str = Field(default="model", description="the model every simulated request is for")
-    cluster: SimulatedCluster = Field(default_factory=SimulatedCluster)
+    cluster: SimulatedCluster = Field(
+        default_factory=SimulatedCluster,
+        description="how the on-prem cluster serves (measure it: simulate --calibrate)",
+    )
     targets: dict[str, SimulatedTarget] = Field(
         default_factory=dict, description="per target name; targets not listed get the defaults"
     )
