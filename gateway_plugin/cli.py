@@ -31,7 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Each command adds its own parser, in the order --help lists them.
-    commands = (_add_run, _add_check_config, _add_apisix_route, _add_apisix_lua_path, _add_import_targets)
+    commands = (
+        _add_run,
+        _add_check_config,
+        _add_config_schema,
+        _add_apisix_route,
+        _add_apisix_lua_path,
+        _add_import_targets,
+    )
     for add in (*commands, simulation.add_parser, bill.add_parser):
         add(sub)
     return parser
@@ -57,6 +64,18 @@ def _add_check_config(sub: Commands) -> None:
         "summarised: targets, rules in the order they apply, and what may leave the premises.",
     )
     check.add_argument("file", type=Path)
+
+
+def _add_config_schema(sub: Commands) -> None:
+    sub.add_parser(
+        "config-schema",
+        help="print the JSON Schema of spillway.yaml (for editors and CI validators)",
+        description="Print the JSON Schema (draft 2020-12) of spillway.yaml, made from the models the "
+        "runner loads it with. Editors read it through a first line such as '# yaml-language-server: "
+        "$schema=spillway.schema.json'; any JSON-Schema validator checks a file against it. Checks a "
+        "schema cannot express (regular expressions that compile, rules naming declared targets) are "
+        "still made by check-config.",
+    )
 
 
 def _add_apisix_route(sub: Commands) -> None:
@@ -171,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         return simulation.run(args)
     if args.command == "costs":
         return bill.run(args)
+    if args.command == "config-schema":
+        from gateway_plugin.config.schema import schema_text
+
+        print(schema_text(), end="")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "import-targets":

@@ -109,6 +109,13 @@ def prometheus_text(
     results: Iterable[TargetResult], spent_usd: Mapping[str, float] | None = None, now: float | None = None
 ) -> bytes:
     """The report; ``spent_usd``: each target's spend counter, this round's pings included."""
+    return generate_latest(registry(results, spent_usd, now))
+
+
+def registry(
+    results: Iterable[TargetResult], spent_usd: Mapping[str, float] | None, now: float | None
+) -> CollectorRegistry:
+    """The report's families, filled from the round's results."""
     registry = CollectorRegistry()
     registry.register(_Spent(spent_usd or {}))
     warm = Gauge(
@@ -161,7 +168,7 @@ def prometheus_text(
         for instance_id in r.warm:
             instance.labels(r.target, instance_id).set(1)
     stamp.set(now if now is not None else time.time())
-    return generate_latest(registry)
+    return registry
 
 
 def write_atomically(path: Path, data: bytes) -> None:

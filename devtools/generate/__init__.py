@@ -1,5 +1,6 @@
 """Files the repository holds that code writes: the Grafana dashboards (``dashboards``), the Lua half
-of the fast path's contract (``fast_path_contract``) and the APISIX examples (``examples``). Each
+of the fast path's contract (``fast_path_contract``), the APISIX examples (``examples``) and the
+docs site's reference pages with the config's JSON Schema (``reference``). Each
 module's ``files()`` says what each file should hold; ``python -m devtools.generate`` writes them,
 and a test fails while one is stale."""
 
@@ -8,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from devtools.generate import dashboards, examples, fast_path_contract
+from devtools.generate import dashboards, examples, fast_path_contract, reference
 
 GENERATORS: dict[str, Callable[[], dict[Path, str]]] = {
     "dashboards": dashboards.files,
     "fast-path-contract": fast_path_contract.files,
     "examples": examples.files,
+    "reference": reference.files,
 }
 
 

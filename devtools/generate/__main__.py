@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in stale(made):
             changed.append(path)
             if not args.check:
+                path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(made[path])
             print(f"{'stale' if args.check else 'wrote'}: {path}", file=sys.stderr)
     return 1 if args.check and changed else 0

@@ -1,0 +1,188 @@
+"""The published JSON Schema of spillway.yaml: what editors and a JSON-Schema validator check is what
+the runner checks. Every example names the schema on its first line and passes both; a mistake
+planted anywhere in an example (an unknown key, a number written as a word, a value not among the
+choices) is refused by both."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config.schema import SCHEMA_PATH, schema_text
+from testing.paths import ROOT
+
+SCHEMA_FILE = ROOT / SCHEMA_PATH
+SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
+# Every spillway.yaml the repository ships as an example.
+EXAMPLES = [
+    ROOT / "examples" / "spillway.yaml",
+    ROOT / "examples" / "simulation" / "bursty.yaml",
+    ROOT / "examples" / "kubernetes" / "spillway-local.yaml",
+]
+Path_ = tuple[str | int, ...]
+
+
+def _validator() -> jsonschema.protocols.Validator:
+    schema = json.loads(SCHEMA_FILE.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _pydantic_refuses(data: Any) -> bool:
+    try:
+        SpillwayConfig.model_validate(data)
+    except ValidationError:
+        return True
+    return False
+
+
+def test_the_command_prints_the_published_schema() -> None:
+    printed = subprocess.run(
+        [sys.executable, "-m", "gateway_plugin", "config-schema"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert printed == schema_text() == SCHEMA_FILE.read_text(), "run python -m devtools.generate reference"
+    assert json.loads(printed)["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_example_names_the_schema_and_passes_both_checks(example: Path) -> None:
+    first = example.read_text().splitlines()[0]
+    named = SCHEMA_LINE.match(first)
+    assert named, f"{example.name}: the first line names no schema for editors"
+    assert (example.parent / named.group(1)).resolve() == SCHEMA_FILE.resolve()
+    data = yaml.safe_load(example.read_text())
+    assert not list(_validator().iter_errors(data))
+    assert not _pydantic_refuses(data)
+
+
+def test_every_shipped_config_example_is_in_the_list() -> None:
+    """A new example with the schema line is checked here too (the list is the examples with it)."""
+    named = {
+        p for p in (ROOT / "examples").rglob("*.yaml") if SCHEMA_LINE.match(p.read_text().split("\n")[0])
+    }
+    assert named == set(EXAMPLES)
+
+
+def _mappings(node: Any, path: Path_ = ()) -> Iterator[Path_]:
+    """The paths of the example's mappings that are a model's fields (not a map of names)."""
+    if isinstance(node, dict):
+        yield path
+        for key, value in node.items():
+            yield from _mappings(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _mappings(value, (*path, index))
+
+
+def _leaves(node: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, (*path, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _leaves(value, (*path, index))
+    else:
+        yield path, node
+
+
+def _with(data: Any, path: Path_, change: Any) -> Any:
+    planted = copy.deepcopy(data)
+    node = planted
+    for step in path[:-1]:
+        node = node[step]
+    change(node, path[-1])
+    return planted
+
+
+def _refused_by_both(data: Any, where: str) -> None:
+    assert list(_validator().iter_errors(data)), f"the schema accepts {where}"
+    assert _pydantic_refuses(data), f"the runner accepts {where}"
+
+
+def _concrete(schema: dict[str, Any], node: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a schema node stands for, through refs and unions."""
+    if "$ref" in node:
+        return _concrete(schema, schema["$defs"][node["$ref"].rsplit("/", 1)[-1]])
+    if "anyOf" in node:
+        return [found for part in node["anyOf"] for found in _concrete(schema, part)]
+    return [node]
+
+
+def _models(schema: dict[str, Any], node: dict[str, Any], step: str | int) -> list[dict[str, Any]]:
+    """The schema nodes a value at ``step`` below ``node`` may match."""
+    if len(concrete := _concrete(schema, node)) != 1 or concrete[0] is not node:
+        return [found for part in concrete for found in _models(schema, part, step)]
+    if isinstance(step, int):
+        return [node["items"]] if "items" in node else []
+    if step in node.get("properties", {}):
+        return [node["properties"][step]]
+    extra = node.get("additionalProperties")
+    return [extra] if isinstance(extra, dict) else []
+
+
+def _is_model(path: Path_) -> bool:
+    """Whether the mapping at ``path`` is a model's (fixed keys), not a map of the user's names: its
+    keys are what the schema lists, so one more is a mistake both must see."""
+    schema = json.loads(SCHEMA_FILE.read_text())
+    nodes = [schema]
+    for step in path:
+        nodes = [found for node in nodes for found in _models(schema, node, step)]
+    return any("properties" in found for node in nodes for found in _concrete(schema, node))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_an_unknown_key_anywhere_is_refused_by_both(example: Path) -> None:
+    data = yaml.safe_load(example.read_text())
+    checked = 0
+    for path in _mappings(data):
+        if not _is_model(path):
+            continue
+        planted = copy.deepcopy(data)
+        node = planted
+        for step in path:
+            node = node[step]
+        node["lantency_target_ms"] = 200
+        _refused_by_both(planted, f"an unknown key at {path or 'the top'}")
+        checked += 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_number_written_as_a_word_is_refused_by_both(example: Path) -> None:
+    data = yaml.safe_load(example.read_text())
+    numbers = [
+        path
+        for path, value in _leaves(data)
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+    assert numbers
+    for path in numbers:
+        planted = _with(data, path, lambda node, key: node.__setitem__(key, "many"))
+        _refused_by_both(planted, f"'many' at {path}")
+
+
+def test_a_choice_not_offered_is_refused_by_both() -> None:
+    data = yaml.safe_load(EXAMPLES[0].read_text())
+    data["tenants"] = {"source": "cookie"}
+    _refused_by_both(data, "tenants.source: cookie")
+    data = yaml.safe_load(EXAMPLES[0].read_text())
+    data["rules"][0]["action"] = "spill"
+    _refused_by_both(data, "a rule's action: spill")
