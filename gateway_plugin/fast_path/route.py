@@ -68,7 +68,8 @@ def invoke_targets(config: SpillwayConfig) -> list[str]:
 def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
     """What APISIX's config.yaml needs for Spillway's routes (either kind): the plugins' path, their
     shared dict, where the runner serves its table (``outcomes.listen``), the variables nginx must
-    pass through (the route token's and every target's signing key's; names only), verified TLS
+    pass through (the route token's, every target's signing key's and the shared store's user and
+    password's; names only), verified TLS
     to the functions, and the DNS discovery of the on-prem members where the config has one."""
     if not config.outcomes.listen:
         raise RouteError("outcomes.listen is null: the fast path fetches its table from that endpoint")
@@ -83,6 +84,8 @@ def config_snippet(config: SpillwayConfig) -> dict[str, Any]:
                 "export_addr): one of them would not start; give the runner another port"
             )
     keys = [t.signing_key_env for t in config.targets if t.signing_key_env]
+    shared = config.shared_state
+    keys += [name for name in (shared.username_env, shared.password_env) if name] if shared else []
     dns = config.local.discovery.dns
     discovery: dict[str, Any] = {}
     if dns is not None:

@@ -319,7 +319,7 @@ def test_leaving_out_tenants_below_their_limits_changes_no_decision() -> None:
     assert set(kept) == {"b", "c"}
 
 
-def test_the_config_excerpt_names_every_signing_key_variable_and_no_value(tmp_path: Path) -> None:
+def test_the_config_excerpt_names_every_secret_variable_and_no_value(tmp_path: Path) -> None:
     path = tmp_path / "spillway.yaml"
     made = config(
         targets=[
@@ -327,7 +327,8 @@ def test_the_config_excerpt_names_every_signing_key_variable_and_no_value(tmp_pa
             {"name": "gcp", "kind": "http", "url": "https://b.example", "signing_key_env": "KEY_B"},
             {"name": "az", "kind": "http", "url": "https://c.example", "signing_key_env": "KEY_A"},
             {"name": "raw", "kind": "http", "url": "https://d.example", "signing_key_env": None},
-        ]
+        ],
+        shared_state={"redis_url": "redis://127.0.0.1:6379/0", "password_env": "REDIS_PW"},
     )
     path.write_text(yaml.safe_dump(made.model_dump(mode="json")))
     secret = "key-value-that-must-not-show-0123456789"
@@ -336,9 +337,10 @@ def test_the_config_excerpt_names_every_signing_key_variable_and_no_value(tmp_pa
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "KEY_A": secret, "KEY_B": secret},
+        env={**os.environ, "KEY_A": secret, "KEY_B": secret, "REDIS_PW": secret},
     ).stdout
-    assert yaml.safe_load(printed)["nginx_config"]["envs"] == ["SPILLWAY_ROUTE_TOKEN", "KEY_A", "KEY_B"]
+    envs = yaml.safe_load(printed)["nginx_config"]["envs"]
+    assert envs == ["SPILLWAY_ROUTE_TOKEN", "KEY_A", "KEY_B", "REDIS_PW"]
     assert secret not in printed
 
 
