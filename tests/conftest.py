@@ -51,6 +51,7 @@ SET_UP_INSTALLS: dict[str, re.Pattern[str]] = {
     "the nvidia-pytriton wheel (pip)": re.compile(r"\bnvidia-pytriton wheel\b.* not installed"),
     "buildah, podman and mmdebstrap (apt)": re.compile(r"\bbuildah is not installed"),
     "dnsmasq (apt dnsmasq-base)": re.compile(r"\bdnsmasq is not installed"),
+    "kubectl (apt)": re.compile(r"\bkubectl is not installed"),
 }
 
 

@@ -15,6 +15,7 @@ from devtools.redis_ha import SENTINEL_HINT
 from testing.images import MISSING_TOOLS
 from tests.conftest import SKIPS_KEPT_IN_CI, missing_set_up_component, why_not_skipped_in_ci
 from tests.unit.test_demo_report_browser import needs_chromium
+from tests.unit.test_kubernetes_manifests import KUBECTL_HINT
 
 TESTS = Path(__file__).resolve().parents[1]
 CONFTEST = (TESTS / "conftest.py").read_text()
@@ -50,6 +51,7 @@ def test_every_skip_reason_in_the_suite_is_known_to_ci(
         prometheus_server.INSTALL_HINT: "prometheus (apt)",
         needs_chromium.kwargs["reason"]: "Chromium (apt)",
         MISSING_TOOLS: "buildah, podman and mmdebstrap (apt)",
+        KUBECTL_HINT: "kubectl (apt)",
     }
     for reason, component in made_at_run_time.items():
         assert missing_set_up_component(reason) == component, reason

@@ -25,11 +25,12 @@ from testing.paths import ROOT
 
 SCHEMA_FILE = ROOT / SCHEMA_PATH
 SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
-# Every spillway.yaml the repository ships as an example.
+# Every spillway.yaml the repository ships, as an example or in the Kubernetes manifests.
 EXAMPLES = [
     ROOT / "examples" / "spillway.yaml",
     ROOT / "examples" / "simulation" / "bursty.yaml",
     ROOT / "examples" / "kubernetes" / "spillway-local.yaml",
+    ROOT / "deploy" / "kubernetes" / "base" / "config" / "spillway.yaml",
 ]
 Path_ = tuple[str | int, ...]
 
@@ -75,9 +76,8 @@ def test_every_example_names_the_schema_and_passes_both_checks(example: Path) ->
 
 def test_every_shipped_config_example_is_in_the_list() -> None:
     """A new example with the schema line is checked here too (the list is the examples with it)."""
-    named = {
-        p for p in (ROOT / "examples").rglob("*.yaml") if SCHEMA_LINE.match(p.read_text().split("\n")[0])
-    }
+    shipped = [*(ROOT / "examples").rglob("*.yaml"), *(ROOT / "deploy").rglob("*.yaml")]
+    named = {p for p in shipped if SCHEMA_LINE.match(p.read_text().split("\n")[0])}
     assert named == set(EXAMPLES)
 
 
