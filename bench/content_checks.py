@@ -20,7 +20,7 @@ Each body is a KServe v2 JSON request with one BYTES tensor of sentences that no
            runner sheds most such requests with 503: another path, not a cost)
 
 All four built-ins are on, and three operator patterns: two with a literal every match holds
-(``EMP-[0-9]{6}``, ``(?i)\bproject-[a-f0-9]{8}\b``, the README's) and one without
+(``EMP-[0-9]{6}``, ``(?i)\bproject-[a-f0-9]{8}\b``, the docs' residency page's) and one without
 (``\b[A-Z]{2}[0-9]{7}\b``), which the fast path's automaton reads byte by byte.
 
 For each body, route kind and round, ``wrk -t1 -c<connections>`` posts it to the route with checks

@@ -1,5 +1,5 @@
 """N gateway nodes sharing one store, past what this machine runs: measured where it can be, the
-rest arithmetic from README.md's stated rules, checked against the two-node measurement.
+rest arithmetic from docs/deploying/multi-node.md's stated rules, checked against the two-node measurement.
 
 Measured: what one round costs the Redis server as N grows. N nodes (a ``GatewayState`` each with
 its shared view and its own ``RedisStore``) share one real redis-server: two targets with hourly

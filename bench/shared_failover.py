@@ -1,6 +1,6 @@
 """The master of a Sentinel group or a Redis Cluster killed mid-spending: how long until its
 replica is promoted, how soon each node finds it, and what the nodes spend over a shared budget,
-trial by trial, against the bound README.md states.
+trial by trial, against the bound docs/deploying/multi-node.md states.
 
 Each trial is ``shared_restart.py``'s, with a failover instead of a restart: ``nodes`` nodes (a
 ``GatewayState`` each, with its shared view, its own ``RedisStore`` on the group's URL and the

@@ -1,5 +1,5 @@
 """Redis killed mid-load and brought back, empty or with its data: what the nodes spend over a
-shared budget, trial by trial, against the bound README.md states for it.
+shared budget, trial by trial, against the bound docs/deploying/multi-node.md states for it.
 
 Each trial: ``nodes`` nodes (a ``GatewayState`` each, with its shared view, its own
 ``RedisStore`` and the real rounds of ``SharedSync``) share an hourly budget worth ``budget``
@@ -10,7 +10,7 @@ random number of decisions, the nodes go on alone for a random number more, the 
 back (empty, or with its data from its append-only file, fsync'd on every write) and each node
 finds it at its own next round; they go on until none may spend more.
 
-The bound of a trial is the one README.md states ("Several APISIX nodes"): alone, each node
+The bound of a trial is the one docs/deploying/multi-node.md states: alone, each node
 spends at most its unused lease plus ``1/N`` of what was left at its last round, so together at
 most the budget plus ``1/N`` of what the others were leased after each one's last round. Here a
 node's last round is its last answered round that carried its lease before its first failed one,

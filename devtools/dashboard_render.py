@@ -1,6 +1,6 @@
 """A static render of a Grafana dashboard: every panel's queries run against a real Prometheus'
 HTTP API over a time range and drawn with matplotlib, in the dashboard's layout, with each panel's
-unit, thresholds and legends. For the README's pictures and the demo's report (Grafana itself is
+unit, thresholds and legends. For the docs' pictures and the demo's report (Grafana itself is
 not packaged here).
 
     python -m devtools.dashboard_render --prometheus http://127.0.0.1:9090 \\

@@ -109,7 +109,7 @@ def page() -> str:
         "models that load the file. `python -m gateway_plugin check-config FILE` validates a file and "
         "explains it; `python -m gateway_plugin config-schema` prints the "
         f"[JSON Schema](../schema/{Path(SCHEMA_PATH).name}) that editors read through the first line "
-        "of each example:",
+        "of each example; `examples/spillway.yaml` starts with:",
         "",
         "```yaml",
         f"# yaml-language-server: $schema=../{SCHEMA_PATH}",

@@ -4,10 +4,10 @@ node runs its own runner (its ext-plugin route) and the fast path, and the two r
 hourly budget and one concurrency cap through Redis: a single redis-server, a Sentinel group and a
 Redis Cluster, whose master is killed while traffic goes through both nodes and both routes.
 
-What is checked is what README.md states: no request goes unanswered while the store fails over;
-both runners find the promoted replica within 10 s of the promotion; the cap holds throughout;
-the budget holds while Redis answers and, across the failover, within the stated bound (the
-budget, or the sum of what each runner's last answered round let it spend alone, which it
+What is checked is what docs/deploying/multi-node.md states: no request goes unanswered while the
+store fails over; both runners find the promoted replica within 10 s of the promotion; the cap holds
+throughout; the budget holds while Redis answers and, across the failover, within the stated bound
+(the budget, or the sum of what each runner's last answered round let it spend alone, which it
 publishes as ``spillway_shared_state_alone_usd``); each request's spend counted once.
 """
 
@@ -47,9 +47,11 @@ pytestmark = [
 COST_USD = 0.01
 BUDGET_REQUESTS = 100
 CAP = 4
-# README: a block and a half (of 2 requests) a runner holds, and the block kept for its plugin.
+# docs/deploying/multi-node.md: a block and a half (of 2 requests) a runner holds, and the block
+# kept for its plugin.
 UNUSED_PER_NODE = 5
-FOLLOW_S = 10.0  # README: each runner finds the promoted replica within 10 s of the promotion
+# docs/deploying/multi-node.md: each runner finds the promoted replica within 10 s of the promotion.
+FOLLOW_S = 10.0
 ROUTES = ("/v2/models/add_sub/infer", "/fast/v2/models/add_sub/infer")
 
 

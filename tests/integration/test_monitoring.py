@@ -399,7 +399,7 @@ def _utc(at: float) -> Any:
 
 
 def test_the_dashboards_render_from_the_real_data(world: World, tmp_path: Path) -> None:
-    """The README's pictures: each dashboard drawn from Prometheus' answers over the run, every
+    """The docs' pictures (docs/images): each dashboard drawn from Prometheus' answers over the run, every
     panel with data (SPILLWAY_RENDER_TO names a folder to keep them in)."""
     from devtools.dashboard_render import render
 

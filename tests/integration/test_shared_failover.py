@@ -4,10 +4,10 @@ a replica, three ``redis-sentinel``) and a Redis Cluster (three masters with a r
 (SIGKILL) while nodes spend a shared budget; its replica is promoted; the nodes find it.
 
 Nodes in one process, each round run through ``SharedSync`` after every decision (so a dead master
-is a failed round, as in a runner, and what each node knew at its last answered round is exact):
-the bound README.md states is the budget or, where more, the sum of each node's alone share as
-its last answered round left it. The runner processes behind two real APISIX nodes go through the
-same in test_apisix_nodes.py.
+is a failed round, as in a runner, and what each node knew at its last answered round is exact): the
+bound docs/deploying/multi-node.md states is the budget or, where more, the sum of each node's alone
+share as its last answered round left it. The runner processes behind two real APISIX nodes go
+through the same in test_apisix_nodes.py.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from tests.integration.test_shared_state import Clock, config
 
 pytestmark = [pytest.mark.integration, needs_redis]
 
-# The issue's goal and README's stated bound: a node finds the promoted replica within 10 s.
+# The stated bound (docs/deploying/multi-node.md): a node finds the promoted replica within 10 s.
 FOLLOW_S = 10.0
 Group = SentinelGroup | ClusterGroup
 

@@ -3,9 +3,9 @@ with its data (an append-only file fsync'd on every write): one real redis-serve
 process, each round run by hand through ``SharedSync`` (so a killed server is a failed round, as
 in a runner), the wall clock fixed.
 
-The bound README.md states: alone, each node spends at most its unused lease plus ``1/N`` of what
-was left at its last round; back, claims are set, never added, so together the nodes never spend
-more than the budget or, where more, the sum of those shares.
+The bound docs/deploying/multi-node.md states: alone, each node spends at most its unused lease plus
+``1/N`` of what was left at its last round; back, claims are set, never added, so together the nodes
+never spend more than the budget or, where more, the sum of those shares.
 """
 
 from __future__ import annotations
