@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 from prometheus_client import CollectorRegistry
-from prometheus_client.registry import Collector
+from prometheus_client.metrics_core import Metric
 
 from devtools.generate import config_reference
 
@@ -89,11 +89,14 @@ def _registries() -> Iterator[tuple[str, str, CollectorRegistry]]:
     yield "The warm-up", "its report file (`warmup.report_path`)", warmup_registry([], {}, None)
 
 
-def _label_names(registry: CollectorRegistry, name: str) -> tuple[str, ...]:
-    """A family's label names. prometheus_client has no public way to ask a collector for them;
-    its collectors keep them in ``_labelnames``."""
-    collector: Collector | None = registry._names_to_collectors.get(name)
-    return tuple(getattr(collector, "_labelnames", ()))
+def _label_names(registry: CollectorRegistry, family: Metric) -> tuple[str, ...]:
+    """A family's label names, sampled or not. prometheus_client has no public way to ask for them:
+    its metric objects keep them in ``_labelnames``, and so do the families a custom collector makes."""
+    exposed = family.name + ("_total" if family.type == "counter" else "")
+    for owner in (registry._names_to_collectors.get(exposed), registry._names_to_collectors.get(family.name)):
+        if names := tuple(getattr(owner, "_labelnames", ())):
+            return names
+    return tuple(getattr(family, "_labelnames", ()))
 
 
 def metrics_page() -> str:
@@ -103,9 +106,7 @@ def metrics_page() -> str:
         lines += ["| metric | type | labels | help |", "| --- | --- | --- | --- |"]
         for family in registry.collect():
             exposed = family.name + ("_total" if family.type == "counter" else "")
-            labels = _label_names(registry, exposed) or _label_names(registry, family.name)
-            if not labels:
-                labels = tuple(sorted({key for sample in family.samples for key in sample.labels} - {"le"}))
+            labels = _label_names(registry, family)
             shown = ", ".join(f"`{label}`" for label in labels) or "-"
             text = " ".join(family.documentation.split()).replace("|", "\\|")
             lines.append(f"| `{exposed}` | {family.type} | {shown} | {text} |")

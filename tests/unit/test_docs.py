@@ -108,3 +108,15 @@ def test_readme_is_the_way_in() -> None:
     assert "bash scripts/test.sh" in readme
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
         assert (ROOT / target).exists(), f"README links to {target}, which is not there"
+
+
+def test_every_metric_the_rules_and_dashboards_read_is_in_the_reference() -> None:
+    """What operators query is what the reference lists (histograms by their family's name)."""
+    listed = set(
+        re.findall(r"^\| `(spillway_\w+)` \|", (ROOT / "docs" / "reference" / "metrics.md").read_text(), re.M)
+    )
+    queried = (ROOT / "ops" / "prometheus" / "spillway-rules.yml").read_text()
+    queried += "".join(p.read_text() for p in (ROOT / "ops" / "grafana" / "dashboards").glob("*.json"))
+    names = {re.sub(r"_(bucket|sum|count)$", "", name) for name in re.findall(r"\bspillway_\w+", queried)}
+    missing = sorted(names - listed)
+    assert not missing, f"queried but not in docs/reference/metrics.md: {missing}"
