@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from functions.contract import PathError, gateway_path
+from gateway_plugin.books.ledger import streamed
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.content.checks import (
     HEADER_JSON_LENGTH,
@@ -52,6 +53,9 @@ PATHS = (
     "/v2/models/unknown/infer",
     "/v2/models/add_sub",
     "/v2/health/ready",
+    "/v2/models/add_sub/generate_stream",
+    "/v2/models/resnet/generate",
+    "/v2/models/generate_stream/infer",
     # refused: not in normal form, or encoded more than once (no layer may read them two ways)
     "/v2//models/resnet/./infer",
     "/v2/models/%61dd_sub/infer",
@@ -396,4 +400,5 @@ def expected(group: Group, case: dict[str, Any]) -> dict[str, Any]:
         "overflowing": d.overflowing,
         "tenant": d.tenant,
         "on_prem_only": d.on_prem_only,
+        "streamed": streamed(gateway_path(case["uri"])),
     }

@@ -1,14 +1,14 @@
 -- Test-only plugin: evaluates batches of equivalence cases with the spillway plugin's own code
 -- (edge.gateway_path, table.parse, decide.route_policy, decide.features, content.check,
--- decide.decide), so one request to APISIX checks thousands of decisions. Each group carries a
--- decision table as the runner encodes it and the cases to decide under it; each case its route
--- conf, request (with its body, base64) and live counters.
-
+-- decide.decide, stream.streamed), so one request to APISIX checks thousands of decisions. Each
+-- group carries a decision table as the runner encodes it and the cases to decide under it; each
+-- case its route conf, request (with its body, base64) and live counters.
 local core = require("apisix.core")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
 local edge = require("apisix.plugins.spillway.edge")
 local content = require("apisix.plugins.spillway.content")
+local stream = require("apisix.plugins.spillway.stream")
 local json = require("cjson").new()
 -- Costs go back as "%.17g" text: this cjson writes at most 16 significant digits.
 
@@ -45,6 +45,7 @@ local function decide_one(tbl, case, path)
         retry_after_s = d.retry_after_s or 0, cost_usd = string.format("%.17g", d.cost_usd or 0),
         residency_kept = d.residency_kept or false, overflowing = d.overflowing or false,
         tenant = d.tenant or json.null, on_prem_only = d.on_prem_only or false,
+        streamed = stream.streamed(path),
     }
 end
 

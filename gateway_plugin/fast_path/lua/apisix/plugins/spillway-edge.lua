@@ -104,10 +104,13 @@ function _M.access(conf, ctx)
 end
 
 -- The runner's audit fields (X-Spillway-Audit, on every answer when the config has an audit
--- logger) go into the request's context for the logger, never to the client.
+-- logger) go into the request's context for the logger, never to the client. Only a stream's
+-- path (the runner's books settle no other as a stream) has its answer's type read.
 function _M.header_filter(conf, ctx)
     edge.take_audit(ctx, false)
-    stream.start(ctx)
+    if stream.streamed(ctx.var.uri) then
+        stream.start(ctx)
+    end
 end
 
 -- A streamed answer's events, counted for its outcome (spillway/stream.lua).
