@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# Build a function image with Docker where its daemon answers, else with buildah (no daemon, no
-# registry), print its size and fail when it is over the platform's limit. --help says more.
+# Build a function image, or the gateway's, with Docker where its daemon answers, else with buildah
+# (no daemon, no registry), print its size and fail when it is over the limit. --help says more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
   cat <<'EOF'
-Usage: scripts/build-images.sh [OPTIONS] lambda|fc
+Usage: scripts/build-images.sh [OPTIONS] lambda|fc|gateway
 
-Builds images/aws-lambda/Dockerfile (lambda) or images/aliyun-fc/Dockerfile (fc) from the
+Builds images/aws-lambda/Dockerfile (lambda), images/aliyun-fc/Dockerfile (fc) or
+images/gateway/Dockerfile (gateway: APISIX with Spillway's runner and Lua plugins) from the
 repository root for linux/amd64, prints the image's uncompressed size, and fails (exit 1) when it
-is over the platform's limit on uncompressed images:
-  lambda  10 GB  (AWS Lambda quotas: container image code package size, all layers)
-  fc      15 GB  (Function Compute 3.0 custom containers on GPU instances; 10 GB on CPU instances)
+is over the limit on uncompressed images:
+  lambda   10 GB  (AWS Lambda quotas: container image code package size, all layers)
+  fc       15 GB  (Function Compute 3.0 custom containers on GPU instances; 10 GB on CPU instances)
+  gateway   2 GB  (no platform's: a bound that catches a build gone wrong)
 
 Options:
-  -t, --tag NAME          image name (default: spillway-aws-lambda or spillway-aliyun-fc)
+  -t, --tag NAME          image name (default: spillway-aws-lambda, spillway-aliyun-fc or
+                          spillway-gateway)
   --build-arg NAME=VALUE  passed to the build (repeatable). The Dockerfiles take:
                             lambda: PYTHON_BUILD_IMAGE, PYTHON_IMAGE, MODEL_REPOSITORY
                             fc:     TRITON_IMAGE, UV_IMAGE, TRITON_BACKENDS (backends to keep,
                                     e.g. python,onnxruntime), MAX_TREE_MB, FUNCTION_PYTHON,
                                     UV_PYTHON_PREFERENCE, MODEL_REPOSITORY
+                            gateway: BASE (APISIX's Debian image), UV_IMAGE, RUNNER_PYTHON,
+                                    UV_PYTHON_PREFERENCE
   --target STAGE          build only up to this stage of the Dockerfile
   --engine ENGINE         docker, buildah, or auto (default: docker if its daemon answers, else buildah)
   --standin               build on stand-in bases made here from Debian's packages instead of the
@@ -52,16 +57,17 @@ while [ $# -gt 0 ]; do
     --engine) engine=${2:?--engine needs docker, buildah or auto} && shift ;;
     --standin) standin=1 ;;
     --limit-gb) limit_gb=${2:?--limit-gb needs a number} && shift ;;
-    lambda | fc) [ -z "$which" ] || die "name one image, lambda or fc" && which=$1 ;;
+    lambda | fc | gateway) [ -z "$which" ] || die "name one image, lambda, fc or gateway" && which=$1 ;;
     *) usage >&2 && die "unknown argument '$1' (see above)" ;;
   esac
   shift
 done
-[ -n "$which" ] || { usage >&2 && die "name the image to build: lambda or fc"; }
+[ -n "$which" ] || { usage >&2 && die "name the image to build: lambda, fc or gateway"; }
 
 case "$which" in
   lambda) dockerfile=images/aws-lambda/Dockerfile && platform_limit=10 && tag=${tag:-spillway-aws-lambda} ;;
   fc) dockerfile=images/aliyun-fc/Dockerfile && platform_limit=15 && tag=${tag:-spillway-aliyun-fc} ;;
+  gateway) dockerfile=images/gateway/Dockerfile && platform_limit=2 && tag=${tag:-spillway-gateway} ;;
 esac
 limit_gb=${limit_gb:-$platform_limit}
 [[ "$limit_gb" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--limit-gb takes a number of GB, not '$limit_gb'"
@@ -119,8 +125,10 @@ size_gb, limit_gb = int(size) / 1e9, float(limit)
 print(f"{tag}: {int(size):,} bytes ({size_gb:.2f} GB) uncompressed, built in {seconds} s; "
       f"limit {limit_gb:g} GB (the platform's: {platform_limit} GB)")
 if size_gb > limit_gb:
-    hint = ("keep fewer Triton backends (TRITON_BACKENDS) or bake smaller models"
-            if which == "fc" else "bake smaller models, or load weights at start")
+    hint = {
+        "fc": "keep fewer Triton backends (TRITON_BACKENDS) or bake smaller models",
+        "gateway": "see what the venv or the base brought (buildah inspect, podman image tree)",
+    }.get(which, "bake smaller models, or load weights at start")
     sys.exit(f"error: {tag} is {size_gb:.2f} GB, over the {limit_gb:g} GB limit: {hint} "
              "(images/README.md, 'Model formats')")
 EOF

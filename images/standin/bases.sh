@@ -6,6 +6,9 @@
 #   fc:     nvcr.io/nvidia/tritonserver:24.10-py3  ->  Debian bookworm with /opt/tritonserver laid out as
 #           NGC lays it out, from the nvidia-pytriton wheel's server (CPU only), and placeholders for
 #           what the FC recipe prunes; ghcr.io/astral-sh/uv:0.5.11  ->  /uv from PyPI's uv wheel
+#   gateway: apache/apisix:3.18.0-debian  ->  Debian bookworm with the APISIX 3.18 this machine already
+#           runs (scripts/install-apisix.sh: Debian's nginx and Lua packages, APISIX's own Lua tree)
+#           laid out as the official image lays it out; uv as for fc
 #
 # Prints the build arguments that select them (NAME=IMAGE, one a line). Each image's tag carries a
 # hash of this script, so one already in the store is reused until the recipe changes (--refresh
@@ -14,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 usage() {
-  echo "usage: images/standin/bases.sh [--refresh] lambda|fc" >&2
+  echo "usage: images/standin/bases.sh [--refresh] lambda|fc|gateway" >&2
   exit 2
 }
 refresh=0
@@ -133,8 +136,19 @@ triton_layout() {  # triton_layout ROOT: /opt/tritonserver as NGC has it, from t
   chroot "$root" useradd --uid 1000 --create-home --shell /bin/bash triton-server
 }
 
+uv_base() {  # ghcr.io/astral-sh/uv:0.5.11: /uv from PyPI's uv wheel
+  local uv=$PREFIX/uv:0.5.11-$RECIPE
+  if [ $refresh = 1 ] || ! have "$uv"; then
+    python3 -m zipfile -e "$(wheel "$UV")" "$work/uv-wheel"
+    mkdir -p "$work/uv"
+    install -m 0755 "$work/uv-wheel/uv-0.5.11.data/scripts/uv" "$work/uv/uv"
+    commit "$work/uv" "$uv" --cmd /uv
+  fi
+  echo "UV_IMAGE=$uv"
+}
+
 fc_bases() {
-  local triton=$PREFIX/tritonserver:24.10-py3-$RECIPE uv=$PREFIX/uv:0.5.11-$RECIPE
+  local triton=$PREFIX/tritonserver:24.10-py3-$RECIPE
   if [ $refresh = 1 ] || ! have "$triton"; then
     # NGC's image runs Triton's Python backend on its python3 with numpy (3.10 there, 3.11 here).
     rootfs "$work/triton" python3,libpython3.11,python3-numpy,python3-venv,ca-certificates
@@ -143,21 +157,75 @@ fc_bases() {
     commit "$work/triton" "$triton" --env "PATH=/opt/tritonserver/bin:${PATH_ENV#PATH=}" \
       --env LD_LIBRARY_PATH=/opt/tritonserver/lib --env TRITON_SERVER_VERSION=2.51.0 --cmd /bin/bash
   fi
-  if [ $refresh = 1 ] || ! have "$uv"; then
-    python3 -m zipfile -e "$(wheel "$UV")" "$work/uv-wheel"
-    mkdir -p "$work/uv"
-    install -m 0755 "$work/uv-wheel/uv-0.5.11.data/scripts/uv" "$work/uv/uv"
-    commit "$work/uv" "$uv" --cmd /uv
-  fi
   echo "TRITON_IMAGE=$triton"
-  echo "UV_IMAGE=$uv"
+  uv_base
   # The stand-in has Python 3.11 (Debian's): the venv uses it instead of downloading one.
   echo "FUNCTION_PYTHON=3.11"
+  echo "UV_PYTHON_PREFERENCE=only-system"
+}
+
+# What APISIX's testbed needs at run time from Debian (third_party/apisix-testbed/install.sh, less
+# its compilers and headers), and Python for the runner's venv (the official image has none).
+APISIX_RUNTIME=nginx,libnginx-mod-http-lua,libnginx-mod-http-ndk,libnginx-mod-http-headers-more-filter
+APISIX_RUNTIME+=,lua-resty-core,lua-resty-lrucache,luajit2,lua-cjson,lua-socket,lua-filesystem,lua-yaml
+APISIX_RUNTIME+=,lua-argparse,lua-penlight,lua-posix,lua-dkjson,lua-sec,lua-lpeg,lua-inspect,lua-bitop
+APISIX_RUNTIME+=,lua-rex-pcre2,ca-certificates,python3,python3-venv
+
+apisix_layout() {  # apisix_layout ROOT INSTALL: the installed APISIX where the official image has it
+  local root=$1 install=$2 home=$1/usr/local/apisix
+  mkdir -p "$home"
+  # APISIX's code, Lua dependencies and default conf; not what a run made (logs, config, sockets).
+  tar -C "$install/apisix" --exclude=./logs --exclude=./conf/config.yaml --exclude=./conf/apisix.yaml \
+    --exclude=./conf/nginx.conf --exclude=./conf/apisix.uid --exclude='./conf/*.sock' -cf - . |
+    tar -C "$home" -xf -
+  mkdir -p "$home/logs"
+  # The testbed's CLI finds APISIX's home from its own place (/usr/local/bin/.. -> /usr/local/apisix);
+  # the official image has the CLI at /usr/bin/apisix and OpenResty in /usr/local/openresty/bin.
+  install -m 0755 "$install/bin/apisix" "$install/bin/openresty" "$root/usr/local/bin/"
+  printf '#!/bin/sh\nexec /usr/local/bin/apisix "$@"\n' >"$root/usr/bin/apisix"
+  chmod 0755 "$root/usr/bin/apisix"
+  mkdir -p "$root/usr/local/openresty/bin"
+  ln -s /usr/local/bin/openresty "$root/usr/local/openresty/bin/openresty"
+  # OpenResty keeps its temporary files under the prefix; Debian's nginx in /var/lib/nginx.
+  local debian openresty
+  rm -rf "$root/var/lib/nginx"
+  mkdir -p "$root/var/lib/nginx"
+  for debian in body:client_body proxy:proxy fastcgi:fastcgi uwsgi:uwsgi scgi:scgi; do
+    openresty=${debian#*:}_temp
+    ln -s "/usr/local/apisix/$openresty" "$root/var/lib/nginx/${debian%%:*}"
+  done
+  # The official image's user, and /usr/local/apisix owned by it.
+  chroot "$root" groupadd --system --gid 636 apisix
+  chroot "$root" useradd --system --gid apisix --no-create-home --shell /usr/sbin/nologin --uid 636 apisix
+  chroot "$root" chown -R apisix:apisix /usr/local/apisix
+  ln -sf /dev/stdout "$home/logs/access.log"
+  ln -sf /dev/stderr "$home/logs/error.log"
+}
+
+gateway_bases() {
+  local install=${SPILLWAY_APISIX_PREFIX:-/opt/spillway-apisix} stamp
+  stamp=$(find "$install" -maxdepth 1 -name '.spillway-installed-*' -printf '%f\n' 2>/dev/null | head -n 1)
+  if [ -z "$stamp" ] || [ ! -x "$install/bin/apisix" ]; then
+    echo "error: no APISIX in $install: run 'bash scripts/install-apisix.sh' (needs root and apt on Debian 12)" >&2
+    exit 1
+  fi
+  local apisix=$PREFIX/apisix:3.18.0-debian-$RECIPE-${stamp#.spillway-installed-}
+  if [ $refresh = 1 ] || ! have "$apisix"; then
+    rootfs "$work/apisix" "$APISIX_RUNTIME"
+    log "laying out /usr/local/apisix from $install"
+    apisix_layout "$work/apisix" "$install"
+    commit "$work/apisix" "$apisix" --env "${PATH_ENV}:/usr/local/openresty/bin" \
+      --workingdir /usr/local/apisix --user apisix --port 9080/tcp --port 9443/tcp --stop-signal SIGQUIT
+  fi
+  echo "BASE=$apisix"
+  uv_base
+  echo "RUNNER_PYTHON=3.11"
   echo "UV_PYTHON_PREFERENCE=only-system"
 }
 
 case "$which" in
   lambda) python_bases ;;
   fc) fc_bases ;;
+  gateway) gateway_bases ;;
   *) usage ;;
 esac
