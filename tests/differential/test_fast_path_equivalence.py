@@ -13,9 +13,11 @@ of cap, budget and probe (counted in the shared dict, exercised on the route by
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -479,3 +481,40 @@ def test_the_plugin_refuses_a_malformed_table_and_says_why(gateway: apisix.Apisi
     for what, answer in zip(bad, answers, strict=True):
         assert "error" in answer and "results" not in answer, f"{what}: {answer}"
     assert "results" in _lua(gateway, [group])[0]
+
+
+def _stream_body(rng: random.Random) -> bytes:
+    """Events as a stream may frame them: LF or CRLF line ends, blank lines doubled, data lines
+    split across chunks anywhere."""
+    pieces = [b"data: {}", b"data: x", b"\n", b"\r\n", b"\n\n", b"\r\n\r\n", b"\n\r\n", b"\r", b":k\n"]
+    return b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 40)))
+
+
+def _chunked(rng: random.Random, body: bytes) -> list[bytes]:
+    cuts = (
+        sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randrange(0, 12))))
+        if len(body) > 1
+        else []
+    )
+    return [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+
+
+def test_a_streams_events_are_counted_alike_chunk_by_chunk_and_whole(gateway: apisix.Apisix) -> None:
+    """The plugin counts a stream's events (its tokens, which its bill settles at) as chunks go by;
+    however the body is cut, the count is that of the whole body read at once (a blank line is
+    ``\\n\\r?\\n``, each line end taken once)."""
+    rng = random.Random(SEED)
+    bodies = [_stream_body(rng) for _ in range(2_000)]
+    groups = [{"chunks": [base64.b64encode(c).decode() for c in _chunked(rng, b)]} for b in bodies]
+    status, _, answer = http(
+        "POST",
+        gateway.url + "/spillway-cases",
+        json.dumps(groups).encode(),
+        {"content-type": "application/json"},
+    )
+    assert status == 200, answer[:500]
+    counts = [got["count"] for got in json.loads(answer)]
+    want = [len(re.findall(rb"\n\r?\n", body)) for body in bodies]
+    differ = [(b, c, w) for b, c, w in zip(bodies, counts, want, strict=True) if c != w]
+    assert not differ, f"{len(differ)} of {len(bodies)} differ; first: {differ[:3]}"
+    assert sum(want) > 5_000

@@ -1,8 +1,9 @@
 -- Test-only plugin: evaluates batches of equivalence cases with the spillway plugin's own code
 -- (edge.gateway_path, table.parse, decide.route_policy, decide.features, content.check,
--- decide.decide, stream.streamed), so one request to APISIX checks thousands of decisions. Each
--- group carries a decision table as the runner encodes it and the cases to decide under it; each
--- case its route conf, request (with its body, base64) and live counters.
+-- decide.decide, stream.streamed, stream.counted), so one request to APISIX checks thousands of
+-- decisions. Each group carries a decision table as the runner encodes it and the cases to decide
+-- under it; each case its route conf, request (with its body, base64) and live counters. A group
+-- of chunks instead is a stream's body, whose events are counted.
 local core = require("apisix.core")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
@@ -49,7 +50,19 @@ local function decide_one(tbl, case, path)
     }
 end
 
+-- A stream's body in chunks, counted as the plugin's body_filter counts it.
+local function count_events(chunks)
+    local count, tail = 0, ""
+    for _, chunk in ipairs(chunks) do
+        count, tail = stream.counted(count, tail, ngx.decode_base64(chunk))
+    end
+    return { count = count }
+end
+
 local function evaluate(group)
+    if group.chunks then
+        return count_events(group.chunks)
+    end
     local tbl, err = table_mod.parse(group.table)
     if not tbl then
         return { error = err }

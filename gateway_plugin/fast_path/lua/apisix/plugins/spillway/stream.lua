@@ -3,9 +3,9 @@
 -- Its events are counted as they go by: one per token, so the stream is settled at the tokens it
 -- sent, by the runner on the ext-plugin route (the spillway_tokens variable, in the outcome the
 -- logger reports) and by the fast path's plugin in its log phase (bill). An event ends at a blank
--- line; a chunk may end inside one, so the last two bytes of each chunk are searched again with
--- the next, and a blank line wholly in them is not counted twice. Nothing is kept of the body
--- beyond those two bytes.
+-- line; a chunk may end inside one, so the last two bytes of each chunk that no blank line took
+-- are searched again with the next (a blank line ending in them is not counted twice, nor is a
+-- line end it took counted again). Nothing is kept of the body beyond those two bytes.
 
 local core = require("apisix.core")
 local C = require("apisix.plugins.spillway.contract")
@@ -13,6 +13,7 @@ local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
 local find, sub, lower, byte, type, ceil = string.find, string.sub, string.lower, string.byte, type, math.ceil
+local max = math.max
 local SLASH = byte("/")
 
 local _M = {}
@@ -48,17 +49,9 @@ function _M.start(ctx)
     end
 end
 
--- body_filter: the events that ended in this chunk.
-function _M.count(ctx)
-    local count = ctx.spillway_tokens
-    if not count then
-        return
-    end
-    local chunk = ngx.arg[1]
-    if chunk == nil or chunk == "" then
-        return
-    end
-    local tail = ctx.spillway_stream_tail
+-- The events that end in `chunk`, given the count so far and the bytes kept before it: the new
+-- count and the bytes to keep (read alike chunk by chunk or whole).
+function _M.counted(count, tail, chunk)
     local text, seen = tail .. chunk, #tail
     local at = 1
     while true do
@@ -71,7 +64,20 @@ function _M.count(ctx)
         end
         at = last + 1
     end
-    ctx.spillway_tokens, ctx.spillway_stream_tail = count, sub(text, -2)
+    return count, sub(text, max(at, #text - 1))
+end
+
+-- body_filter: the events that ended in this chunk.
+function _M.count(ctx)
+    local count = ctx.spillway_tokens
+    if not count then
+        return
+    end
+    local chunk = ngx.arg[1]
+    if chunk == nil or chunk == "" then
+        return
+    end
+    ctx.spillway_tokens, ctx.spillway_stream_tail = _M.counted(count, ctx.spillway_stream_tail, chunk)
 end
 
 -- The fast path's log phase: a stream sent to a target that took `seconds` is settled at what it
