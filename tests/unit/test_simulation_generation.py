@@ -106,3 +106,37 @@ def test_the_trace_of_generations_draws_lengths_once_for_every_policy() -> None:
     assert [(j.tokens, j.base_ms) for j in first] == [(j.tokens, j.base_ms) for j in again]
     assert all(j.tokens >= 1 and 0 <= j.decode_share < 1 for j in first)
     assert len({j.tokens for j in first}) > 10
+
+
+def test_generations_follow_the_members_through_a_drain_and_settle_exactly() -> None:
+    """Members that change: two pods, one drained at 100 s, back at 200 s. The first-token target
+    spills more of what may leave while one pod serves and less once both do again, keeps every
+    on-prem-only generation home, and the runner's books settle each stream at what the gateway
+    saw it cost (the bill plus the network's part of each stream, 20 ms here)."""
+    cfg = SpillwayConfig.model_validate(
+        {
+            **config(member_parallelism=4).model_dump(exclude={"simulation"}),
+            "simulation": {
+                **config().simulation.model_dump(),
+                "members": 2,
+                "membership": [{"at_s": 100, "members": 1}, {"at_s": 200, "members": 2}],
+            },
+        }
+    )
+    arrivals = list(jobs(cfg, RateTrace((2.5,) * 300), Shaping(confidential_share=0.2), 7))
+    router = SpillwayRouter(cfg)
+    measures = replay(cfg, router, arrivals, seed=1)
+
+    def cloud_share(start: float, end: float) -> float:
+        kinds = [k for at, k in zip(measures.at, measures.kinds, strict=True) if start <= at < end]
+        return kinds.count(1) / len(kinds)
+
+    both, drained, back = cloud_share(20, 100), cloud_share(120, 200), cloud_share(240, 300)
+    assert drained > both + 0.1 and drained > back + 0.1, (both, drained, back)
+    assert measures.residency_breaches == 0
+    assert len(measures.kinds) == len(arrivals) and set(measures.kinds) <= {0, 1}
+    bill = measures.cost_by_target["aws"]
+    streams = measures.kinds.count(1)
+    seen = router.state.ledger.spent("target:aws", EPOCH + 400)[0]
+    network = streams * 0.020 * COST["usd_per_gb_second"] * COST["memory_gb"]
+    assert bill <= seen <= bill + network * 1.01, (bill, seen, network)
