@@ -18,6 +18,7 @@ from devtools.generate import examples, stale
 from functions.sidecar import free_port
 from testing.apisix import gateway_for, needs_apisix
 from testing.cloud_apis import AWS_KEY, AWS_SECRET, function_url_fake
+from testing.examples import EXAMPLE_ENVS, example_config, loopback_route
 from testing.function import ADD_SUB_BODY, Running, function_server, model_repository
 from testing.http import http, wait_until
 from testing.paths import ROOT
@@ -35,40 +36,6 @@ def test_the_examples_are_what_the_generator_makes(name: str) -> None:
     )
 
 
-def _example_config(local: str, aws: str, metrics_url: str, outcomes: str) -> dict[str, Any]:
-    """examples/spillway.yaml with its private-range hosts moved to loopback stand-ins."""
-    config: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "spillway.yaml").read_text())
-    config["local"]["endpoints"] = [{"url": local, "metrics_url": metrics_url}]
-    config["local"]["scrape_period_s"] = 0.1
-    config["local"]["stale_after_s"] = 1.0
-    config["targets"][0]["url"] = aws
-    config["targets"][0]["cold_start_ms"] = 0
-    config["metrics"]["listen"] = f"127.0.0.1:{free_port()}"
-    config["outcomes"]["listen"] = outcomes
-    return config
-
-
-def _loopback_route(route: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """The example route with the same hosts moved (upstream nodes, the logger's endpoint)."""
-    text = json.dumps(route)
-    for old, new in (
-        ("10.0.0.11:8000", config["local"]["endpoints"][0]["url"].removeprefix("http://")),
-        ("10.0.0.12:8000", config["local"]["endpoints"][0]["url"].removeprefix("http://")),
-        ("http://127.0.0.1:9092", f"http://{config['outcomes']['listen']}"),
-    ):
-        text = text.replace(old, new)
-    moved: dict[str, Any] = json.loads(text)
-    rules = moved["plugins"].get("traffic-split", {}).get("rules", [])
-    cloud = [weighted["upstream"] for rule in rules for weighted in rule["weighted_upstreams"]]
-    cloud += moved["plugins"].get("spillway", {}).get("upstreams", {}).values()
-    for up in cloud:
-        up["scheme"] = "http"
-        up["nodes"] = {config["targets"][0]["url"].removeprefix("http://"): 1}
-    if "aws-lambda" in moved["plugins"]:
-        moved["plugins"]["aws-lambda"]["function_uri"] = config["targets"][0]["url"] + "/v2"
-    return moved
-
-
 @pytest.fixture
 def cloud_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPILLWAY_ROUTE_TOKEN", EXAMPLE_TOKEN)
@@ -79,17 +46,6 @@ def cloud_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "LTAIexample")
     monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "example")
     monkeypatch.setenv("SPILLWAY_SIGNING_KEY", "example-signing-key-0123456789abcdef")
-
-
-ENVS = [
-    "SPILLWAY_ROUTE_TOKEN",
-    "SPILLWAY_SIGNING_KEY",
-    "AWS_REGION",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "ALIBABA_CLOUD_ACCESS_KEY_ID",
-    "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
-]
 
 
 def _decision(answer: tuple[int, dict[str, str], bytes]) -> str:
@@ -103,9 +59,9 @@ def test_the_example_route_as_apisix_loads_it(tmp_path: Path, cloud_env: None) -
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         feed = stack.enter_context(metrics_feed())
-        config = _example_config(local.url, aws.url, feed.url, f"127.0.0.1:{free_port()}")
-        route = _loopback_route(yaml.safe_load((EXAMPLES / "apisix.yaml").read_text())["routes"][0], config)
-        gateway = stack.enter_context(gateway_for(config, tmp_path, [route], envs=ENVS))
+        config = example_config(local.url, aws.url, feed.url, f"127.0.0.1:{free_port()}")
+        route = loopback_route(yaml.safe_load((EXAMPLES / "apisix.yaml").read_text())["routes"][0], config)
+        gateway = stack.enter_context(gateway_for(config, tmp_path, [route], envs=EXAMPLE_ENVS))
         url = gateway.url + "/v2/models/add_sub/infer"
         headers = {"x-data-classification": "public", "content-type": "application/json"}
         feed.queue_ms = 500
@@ -134,10 +90,10 @@ def test_the_lambda_iam_route_signs_with_sigv4_and_keeps_the_path(
         local = stack.enter_context(upstream("local"))
         fn_url = stack.enter_context(function_url_fake(real_function.url))
         feed = stack.enter_context(metrics_feed())
-        config = _example_config(local.url, fn_url.url, feed.url, f"127.0.0.1:{free_port()}")
+        config = example_config(local.url, fn_url.url, feed.url, f"127.0.0.1:{free_port()}")
         config["targets"][0]["signing_key_env"] = None
-        route = _loopback_route(json.loads((EXAMPLES / "route-lambda-iam.json").read_text()), config)
-        gateway = stack.enter_context(gateway_for(config, tmp_path, [route], envs=ENVS))
+        route = loopback_route(json.loads((EXAMPLES / "route-lambda-iam.json").read_text()), config)
+        gateway = stack.enter_context(gateway_for(config, tmp_path, [route], envs=EXAMPLE_ENVS))
         url = gateway.url + "/v2/models/add_sub/infer"
         headers = {
             "x-data-classification": "public",
@@ -167,7 +123,7 @@ def test_an_invoke_mode_answer_reaches_the_client(
         local = stack.enter_context(upstream("local"))
         feed = stack.enter_context(metrics_feed())
         lambda_api = stack.enter_context(cloud_fake(real_function.url))
-        config = _example_config(local.url, "http://127.0.0.1:9", feed.url, f"127.0.0.1:{free_port()}")
+        config = example_config(local.url, "http://127.0.0.1:9", feed.url, f"127.0.0.1:{free_port()}")
         config["targets"] = [
             {
                 "name": "aws",
@@ -183,7 +139,7 @@ def test_an_invoke_mode_answer_reaches_the_client(
             {"name": "out", "match": {"models": ["add_sub"]}, "action": "target", "targets": ["aws"]}
         ]
         config["budgets"] = {}
-        gateway = stack.enter_context(gateway_for(config, tmp_path, envs=ENVS))
+        gateway = stack.enter_context(gateway_for(config, tmp_path, envs=EXAMPLE_ENVS))
         headers = {"x-data-classification": "public", "content-type": "application/json"}
         status, answer_headers, body = http(
             "POST", gateway.url + "/v2/models/add_sub/infer", ADD_SUB_BODY, headers
@@ -222,8 +178,8 @@ def test_the_config_excerpts_hold_what_the_lua_plugins_need(name: str, plugins: 
 def _example_apisix(config: dict[str, Any], tmp: Path, fast_path: bool) -> AbstractContextManager[Apisix]:
     """APISIX serving the example route of one mode or the other (hosts moved to loopback)."""
     name = "apisix-fast-path.yaml" if fast_path else "apisix.yaml"
-    route = _loopback_route(yaml.safe_load((EXAMPLES / name).read_text())["routes"][0], config)
-    return gateway_for(config, tmp, [route], fast_path=fast_path, envs=ENVS)
+    route = loopback_route(yaml.safe_load((EXAMPLES / name).read_text())["routes"][0], config)
+    return gateway_for(config, tmp, [route], fast_path=fast_path, envs=EXAMPLE_ENVS)
 
 
 @pytest.mark.integration
@@ -242,7 +198,7 @@ def test_signatures_made_from_the_call_verify_at_the_function_whatever_the_targe
         fn = stack.enter_context(function_server(model_repository(tmp_path, "add_sub"), tmp_path, **env))
         local = stack.enter_context(upstream("local"))
         feed = stack.enter_context(metrics_feed())
-        config = _example_config(local.url, fn.url, feed.url, f"127.0.0.1:{free_port()}")
+        config = example_config(local.url, fn.url, feed.url, f"127.0.0.1:{free_port()}")
         config["targets"][0]["sign_body"] = sign_body
         gateway = stack.enter_context(_example_apisix(config, tmp_path, fast_path))
         headers = {"x-data-classification": "public", "content-type": "application/json"}

@@ -24,11 +24,11 @@ from devtools.apisix import ApisixSettings, config_yaml
 from devtools.generate import examples
 from functions.sidecar import free_port
 from testing.apisix import FAST_HOST, needs_apisix
+from testing.examples import EXAMPLE_ENVS, example_config, loopback_route
 from testing.http import http, wait_until
 from testing.images import Built, built_image, container, engine, logs, missing_reason, running
 from testing.paths import ROOT
 from testing.standins import MetricsFeed, Upstream, metrics_feed, upstream
-from tests.integration.test_apisix_examples import ENVS, _example_config, _loopback_route
 
 pytestmark = [
     pytest.mark.integration,
@@ -82,7 +82,7 @@ def apisix_config(config: dict[str, Any], port: int) -> str:
         routes_yaml="",
         runner_cmd=excerpt["ext-plugin"]["cmd"],
         plugins=excerpt["plugins"],
-        envs=ENVS,
+        envs=EXAMPLE_ENVS,
         extra_lua_path=Path(excerpt["apisix"]["extra_lua_path"]).parent,
         shared_dicts=excerpt["nginx_config"]["http"]["custom_lua_shared_dict"],
         plugin_attr=attr,
@@ -96,7 +96,7 @@ def routes(config: dict[str, Any]) -> str:
     """Both example routes with their hosts moved to the stand-ins; the fast path's on its own host."""
     ext = yaml.safe_load((examples.OUT / "apisix.yaml").read_text())["routes"][0]
     fast = yaml.safe_load((examples.OUT / "apisix-fast-path.yaml").read_text())["routes"][0]
-    made = [_loopback_route(ext, config), {**_loopback_route(fast, config), "hosts": [FAST_HOST]}]
+    made = [loopback_route(ext, config), {**loopback_route(fast, config), "hosts": [FAST_HOST]}]
     return yaml.safe_dump({"routes": made}, sort_keys=False) + "#END\n"
 
 
@@ -142,7 +142,7 @@ def gateway(image: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         local = stack.enter_context(upstream("local"))
         aws = stack.enter_context(upstream("aws", instance="fn-1"))
         feed = stack.enter_context(metrics_feed())
-        config = _example_config(local.url, aws.url, feed.url, f"127.0.0.1:{free_port()}")
+        config = example_config(local.url, aws.url, feed.url, f"127.0.0.1:{free_port()}")
         port = free_port()
         name = stack.enter_context(
             container(image.tag, f"spillway-test-gateway-{os.getpid()}", options(files, config, port))
