@@ -2,7 +2,7 @@
 
 Lambda bills requests and GB-seconds (and, for image functions, the init phase of a cold start);
 FC bills compute units and active GPU time: both fit requests + memory-seconds + GPU-seconds;
-an endpoint that bills generated tokens adds a price per token.
+an endpoint that bills tokens adds a price per generated token and per prompt token.
 """
 
 from __future__ import annotations
@@ -12,6 +12,15 @@ from typing import NamedTuple
 
 from gateway_plugin.config import TargetCost
 
+# A prompt's tokens as its bytes count them: about four bytes a token for English text under the
+# common BPE tokenizers (a JSON body's framing counts too). The gateway has no model's tokenizer.
+BYTES_PER_INPUT_TOKEN = 4
+
+
+def input_tokens(body_bytes: float | None) -> float | None:
+    """The prompt tokens a request body of ``body_bytes`` is counted as (None: its size unknown)."""
+    return None if body_bytes is None else float(math.ceil(max(0.0, body_bytes) / BYTES_PER_INPUT_TOKEN))
+
 
 def request_cost_usd(cost: TargetCost, cold: bool = False, cold_start_ms: float = 0.0) -> float:
     """The price at decision, from what an answer is expected to take."""
@@ -19,18 +28,31 @@ def request_cost_usd(cost: TargetCost, cold: bool = False, cold_start_ms: float 
     return answer_cost_usd(cost, ms / 1000, cost.expected_output_tokens)
 
 
-def answer_cost_usd(cost: TargetCost, seconds: float, tokens: float = 0.0) -> float:
-    """What an answer that took ``seconds`` and generated ``tokens`` is billed (a stream, settled
-    when it ends; the platforms round billed time up to the millisecond)."""
-    per_request, per_second, per_token, _ = stream_price(cost)
-    return per_request + math.ceil(max(0.0, seconds) * 1000 - 1e-9) / 1000 * per_second + tokens * per_token
+def answer_cost_usd(
+    cost: TargetCost, seconds: float, tokens: float = 0.0, prompt_tokens: float | None = None
+) -> float:
+    """What an answer that took ``seconds`` and generated ``tokens`` is billed, with a prompt of
+    ``prompt_tokens`` (None: the expected ones) (a stream, settled when it ends; the platforms round
+    billed time up to the millisecond)."""
+    per_request, per_second, per_token, _, per_input, expected_input = stream_price(cost)
+    billed_s = math.ceil(max(0.0, seconds) * 1000 - 1e-9) / 1000
+    prompt = expected_input if prompt_tokens is None else prompt_tokens
+    return per_request + billed_s * per_second + tokens * per_token + prompt * per_input
 
 
-def stream_price(cost: TargetCost) -> tuple[float, float, float, float]:
+def stream_price(cost: TargetCost) -> tuple[float, float, float, float, float, float]:
     """A stream's bill as the fast path's plugin settles it: USD per request, per second billed,
-    per generated token, and the tokens expected where none were counted."""
+    per generated token, the generated tokens expected where none were counted, per prompt token,
+    and the prompt tokens expected where the body's size is unknown."""
     per_second = cost.memory_gb * cost.usd_per_gb_second + cost.usd_per_gpu_second
-    return cost.usd_per_request, per_second, cost.usd_per_output_token, cost.expected_output_tokens
+    return (
+        cost.usd_per_request,
+        per_second,
+        cost.usd_per_output_token,
+        cost.expected_output_tokens,
+        cost.usd_per_input_token,
+        cost.expected_input_tokens,
+    )
 
 
 def warm_ping_cost_usd(cost: TargetCost, dwell_ms: float) -> float:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from functions.contract import HEADER_COLD, HEADER_INSTANCE, model_of
 from gateway_plugin.books.ledger import streamed
 from gateway_plugin.books.state import GatewayState
+from gateway_plugin.costs import input_tokens
 from gateway_plugin.policy.tenants import tenant_key
 
 MAX_ENTRIES = 10_000
@@ -41,6 +42,7 @@ FIELDS = (
     "uri",
     "worker",
     "tokens",
+    "body_bytes",
 )
 
 
@@ -72,6 +74,8 @@ def log_format() -> dict[str, str]:
         "uri": "$uri",
         "worker": f"${WORKER_VAR}",
         "tokens": f"${TOKENS_VAR}",
+        # The request body's size as nginx framed it (absent when chunked): a stream's prompt tokens.
+        "body_bytes": "$content_length",
     }
 
 
@@ -106,6 +110,7 @@ class Outcome(BaseModel):
     uri: str | None = Field(default=None, max_length=16384)
     worker: str | None = Field(default=None, max_length=8)
     tokens: str | None = Field(default=None, max_length=20)
+    body_bytes: str | None = Field(default=None, max_length=20)
     invalid: tuple[str, ...] = Field(default=(), max_length=len(FIELDS))
 
     @field_validator("tenant", mode="before")
@@ -255,5 +260,5 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
         ok = 0 < upstream_status < 500
         state.answered(target, tenant, ok, outcome.instance or None, cold, seconds, stream)
         if stream and target is not None:
-            tokens = _last_number(outcome.tokens)
-            state.stream_settled(target, tenant, model_of(outcome.uri or ""), seconds, tokens, cold)
+            tokens, prompt = _last_number(outcome.tokens), input_tokens(_last_number(outcome.body_bytes))
+            state.stream_settled(target, tenant, model_of(outcome.uri or ""), seconds, tokens, cold, prompt)

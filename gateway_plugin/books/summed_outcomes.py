@@ -147,12 +147,14 @@ class SummedOutcomes:
         seconds: float | None,
         tokens: float | None,
         cold: bool = False,
+        prompt_tokens: float | None = None,
     ) -> None:
         """A stream of generated tokens sent to ``target`` ended (or was cut) after ``seconds``,
-        having sent ``tokens`` (the expected ones where unknown): its bill takes the place of the
-        price held at decision in the budgets, and is counted in the spend metrics now. A shared
-        budget takes what it cost beyond that price; what it cost less stays taken there until the
-        window rolls (a lease is never handed back mid-window)."""
+        having sent ``tokens`` for a prompt of ``prompt_tokens`` (the expected ones where either is
+        unknown): its bill takes the place of the price held at decision in the budgets, and is
+        counted in the spend metrics now. A shared budget takes what it cost beyond that price; what
+        it cost less stays taken there until the window rolls (a lease is never handed back
+        mid-window)."""
         spec = self.targets.get(target)
         if spec is None:
             return
@@ -160,7 +162,7 @@ class SummedOutcomes:
         held = request_cost_usd(cost, cold, spec.cold_start_ms)
         if tokens is None:
             tokens = cost.expected_output_tokens
-        usd = held if seconds is None else answer_cost_usd(cost, seconds, tokens)
+        usd = held if seconds is None else answer_cost_usd(cost, seconds, tokens, prompt_tokens)
         wall, more = self.wall(), usd - held
         self.ledger.spend(f"target:{target}", more, wall)
         book = self.tenants.get(tenant) if tenant else None

@@ -49,6 +49,16 @@ class TargetCost(Model):
     expected_output_tokens: float = Field(
         default=0.0, ge=0, description="generated tokens of one answer, for its price at decision"
     )
+    usd_per_input_token: float = Field(
+        default=0.0,
+        ge=0,
+        description="a price per prompt token, on top of the rest; a stream's prompt is counted from its "
+        "body when it ends (costs.BYTES_PER_INPUT_TOKEN bytes a token), any other request's at "
+        "expected_input_tokens",
+    )
+    expected_input_tokens: float = Field(
+        default=0.0, ge=0, description="prompt tokens of one request, for its price at decision"
+    )
     usd_per_provisioned_gb_second: float = Field(
         default=0.0,
         ge=0,

@@ -17,6 +17,7 @@ from gateway_plugin.books.ledger import STREAM_SUFFIX
 from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, TOKENS_VAR, UPSTREAM_VAR, WORKER_VAR
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
+from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN
 from gateway_plugin.fast_path.summary import FastOutcomes
 from gateway_plugin.policy.admission import CRITICAL, DEADLINE_SYNTAX, SHEDDABLE
 from gateway_plugin.policy.model import (
@@ -41,7 +42,7 @@ from gateway_plugin.request.header_names import (
 )
 
 # The decision table's format: a plugin refuses a table of any other.
-FORMAT: Final = 9
+FORMAT: Final = 10
 # The reason of a decision made without a usable table (the plugin's fail-safe).
 FAIL_SAFE: Final = "table_stale"
 
@@ -163,6 +164,7 @@ def constants() -> dict[str, object]:
         "VAR": dict(VARS),
         "STREAM_SUFFIX": STREAM_SUFFIX,
         "WAIT_TAIL": WAIT_TAIL,
+        "BYTES_PER_INPUT_TOKEN": BYTES_PER_INPUT_TOKEN,
         "TARGET": dict(TARGETS),
         "REASON": dict(REASONS),
         "ACTION": dict(ACTIONS),

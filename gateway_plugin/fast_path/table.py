@@ -61,7 +61,7 @@ class TargetWiring(NamedTuple):
     sign_body: bool = False
     forward: frozenset[str] = FORWARDED_TO_CLOUD
     # A stream's price (``costs.stream_price``), which the plugin settles it at when it ends.
-    stream_price: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    stream_price: tuple[float, float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def _quota(q: Quota) -> QuotaRow:

@@ -58,6 +58,7 @@ class Unlearning:
         now: float,
         tenant: str | None = None,
         tokens: int = 0,
+        prompt: int = 0,
     ) -> None:
         pass
 

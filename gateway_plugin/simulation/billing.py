@@ -1,6 +1,6 @@
 """The cloud bill, as each target's cost model says: per request, plus billed time (service, and
 the init phase of a cold start where ``billed_init``) times memory and GPU prices, plus generated
-tokens, plus what live idle instances cost where the platform bills them (FC's idle GPU)."""
+tokens and prompt tokens, plus what live idle instances cost where the platform bills them (FC's idle GPU)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,20 @@ class Bill:
         self.by_target: dict[str, float] = defaultdict(float)
         self.by_second: dict[int, float] = defaultdict(float)
 
-    def request(self, target: str, service_ms: float, init_ms: float, at: float, tokens: int = 0) -> float:
-        """One invocation that generated ``tokens``, billed as the gateway settles it."""
+    def request(
+        self,
+        target: str,
+        service_ms: float,
+        init_ms: float,
+        at: float,
+        tokens: int = 0,
+        prompt: int | None = None,
+    ) -> float:
+        """One invocation that generated ``tokens`` from ``prompt`` tokens (None: the expected
+        ones), billed as the gateway settles it."""
         cost = self._costs[target]
-        usd = answer_cost_usd(cost, (service_ms + (init_ms if cost.billed_init else 0.0)) / 1000, tokens)
+        billed_s = (service_ms + (init_ms if cost.billed_init else 0.0)) / 1000
+        usd = answer_cost_usd(cost, billed_s, tokens, prompt)
         self.by_target[target] += usd
         self.by_second[int(at)] += usd
         return usd

@@ -78,9 +78,9 @@ class CloudTarget:
         self._reap(now)
         return len(self.ready)
 
-    def dispatch(self, now: float, service_ms: float, tokens: int = 0) -> Served:
+    def dispatch(self, now: float, service_ms: float, tokens: int = 0, prompt: int | None = None) -> Served:
         """Run one request (or a warm-up ping holding an instance for ``service_ms``) that
-        generates ``tokens``."""
+        generates ``tokens`` from a prompt of ``prompt`` tokens (None: not a generation)."""
         self._reap(now)
         cold = False
         if self.ready:
@@ -101,7 +101,7 @@ class CloudTarget:
         start = max(now + self.network_s / 2, instance.ready_at)
         done = start + service_ms / 1000
         init_ms = (instance.ready_at - now) * 1000 if cold else 0.0
-        self.bill.request(self.name, service_ms, init_ms, done, tokens)
+        self.bill.request(self.name, service_ms, init_ms, done, tokens, prompt)
         ok = self.error_rate == 0 or self.rng.random() >= self.error_rate
         return Served(done + self.network_s / 2, instance, cold, ok)
 

@@ -27,6 +27,7 @@ class Job:
         "confidential",
         "decode_share",
         "local_ms",
+        "prompt",
         "sent_cold",
         "sheddable",
         "started",
@@ -49,9 +50,10 @@ class Job:
         self.sheddable = False
         self.arrived = at
         self.started = at
-        # A generation: its output tokens, its compute before noise, and the share of its compute
-        # after its first token.
+        # A generation: its output tokens, its prompt's (as the gateway counts them from its body),
+        # its compute before noise, and the share of its compute after its first token.
         self.tokens = 0
+        self.prompt = 0
         self.base_ms = 0.0
         self.decode_share = 0.0
 
@@ -61,6 +63,7 @@ class Job:
         job.tenant = self.tenant
         job.sheddable = self.sheddable
         job.tokens, job.base_ms, job.decode_share = self.tokens, self.base_ms, self.decode_share
+        job.prompt = self.prompt
         return job
 
     def first_byte_ms(self, done_ms: float, compute_ms: float) -> float:

@@ -67,7 +67,7 @@ def jobs(config: SpillwayConfig, trace: Trace, shaping: Shaping, seed: int) -> I
             prompt, tokens = lengths.draw(rng)
             prefill = prompt * generation.prefill_ms_per_1k_tokens / 1000
             decode = (tokens - 1) * generation.ms_per_output_token
-            job.tokens, job.base_ms = tokens, prefill + decode
+            job.tokens, job.prompt, job.base_ms = tokens, prompt, prefill + decode
             job.decode_share = decode / job.base_ms if job.base_ms > 0 else 0.0
             job.local_ms = local * job.base_ms
         yield job
@@ -161,7 +161,7 @@ class Engine:
             self.outstanding += 1
             cloud = self.clouds[target]
             service_ms = cloud.service_ms(job.cloud_z, job.base_ms or None)
-            served = cloud.dispatch(now, service_ms, job.tokens)
+            served = cloud.dispatch(now, service_ms, job.tokens, job.prompt if job.tokens else None)
             self.push(served.done_at, CLOUD_DONE, (job, served, service_ms))
         if not job.confidential:
             measures.decided(target not in (LOCAL, SHED))
@@ -229,9 +229,12 @@ class Engine:
                 ms / 1000,
                 job.tenant,
                 job.tokens,
+                job.prompt,
             )
             if job.target in self.invoke:
-                self.router.answered_cloud(*answer[:5], now=now, tenant=job.tenant, tokens=job.tokens)
+                self.router.answered_cloud(
+                    *answer[:5], now=now, tenant=job.tenant, tokens=job.tokens, prompt=job.prompt
+                )
             else:
                 self._report((CLOUD_DONE, answer), now)
 
@@ -248,8 +251,8 @@ class Engine:
             if kind == LOCAL_DONE:
                 router.answered_local(answer[0], now, answer[1])
             else:
-                target, instance, cold, ok, seconds, tenant, tokens = answer
-                router.answered_cloud(target, instance, cold, ok, seconds, now, tenant, tokens)
+                target, instance, cold, ok, seconds, tenant, tokens, prompt = answer
+                router.answered_cloud(target, instance, cold, ok, seconds, now, tenant, tokens, prompt)
 
     def _scrape(self, now: float) -> None:
         period = self.config.local.scrape_period_s

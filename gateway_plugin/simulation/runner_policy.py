@@ -122,11 +122,12 @@ class SpillwayRouter:
         now: float,
         tenant: str | None = None,
         tokens: int = 0,
+        prompt: int = 0,
     ) -> None:
         self.now = now
         self.state.answered(target, tenant, ok, instance or None, cold, seconds, self.streams)
         if self.streams:
-            self.state.stream_settled(target, tenant, self.model, seconds, tokens, cold)
+            self.state.stream_settled(target, tenant, self.model, seconds, tokens, cold, prompt)
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None:
         self.now = now

@@ -49,6 +49,7 @@ class Router(Protocol):
         now: float,
         tenant: str | None = None,
         tokens: int = 0,
+        prompt: int = 0,
     ) -> None: ...
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None: ...

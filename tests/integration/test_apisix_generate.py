@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -19,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN
 from testing.apisix import FAST_HOST, needs_apisix
 from testing.http import http, wait_until
-from testing.llm import SPILL, USD_PER_TOKEN, running_chain
+from testing.llm import SPILL, USD_PER_PROMPT_TOKEN, USD_PER_TOKEN, running_chain
 from testing.sse import EventStream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -57,12 +59,7 @@ class Chain:
         headers = {"host": HOSTS[route], "x-data-classification": classification}
         if spill:
             headers[SPILL] = "yes"
-        prompt = {
-            "text_input": "alpha beta gamma delta",
-            "max_tokens": tokens,
-            "first_token_delay_ms": first_token_ms,
-        }
-        body = json.dumps(prompt).encode()
+        body = _prompt(tokens, first_token_ms)
         return EventStream(f"{self.url}/v2/models/tokens/generate_stream", body, headers)
 
     def decision(self, route: str, classification: str = "public") -> str:
@@ -87,6 +84,20 @@ class Chain:
             events.close()
             time.sleep(0.1)
         raise AssertionError(f"no request spilled on the {route} route")
+
+
+def _prompt(tokens: int, first_token_ms: float = 0) -> bytes:
+    prompt = {
+        "text_input": "alpha beta gamma delta",
+        "max_tokens": tokens,
+        "first_token_delay_ms": first_token_ms,
+    }
+    return json.dumps(prompt).encode()
+
+
+def _prompt_usd(tokens: int) -> float:
+    """What the prompt of a stream asking for ``tokens`` is billed: its body's bytes, 4 a token."""
+    return math.ceil(len(_prompt(tokens)) / BYTES_PER_INPUT_TOKEN) * USD_PER_PROMPT_TOKEN
 
 
 @pytest.fixture(scope="module")
@@ -150,17 +161,19 @@ def test_a_stream_cut_by_the_client_frees_its_cloud_slot(chain: Chain, hold: Non
 
 @pytest.mark.parametrize("route", list(HOSTS))
 def test_a_spilled_stream_is_billed_the_tokens_it_sent(chain: Chain, route: str) -> None:
-    """The function is priced per generated token alone, 4 expected: a stream of 9 is held at 4
-    while it runs and settled at the events the gateway counted going by, when it ends (the
-    runner, from the ext-plugin route's outcome; the fast path's plugin in its log phase, which
-    the runner learns with the next table it fetches)."""
+    """The function is priced per token alone, 4 generated and no prompt token expected: a stream
+    of 9 is held at 4 while it runs and settled at the events the gateway counted going by and at
+    its prompt's tokens (its body's bytes / 4), when it ends (the runner, from the ext-plugin
+    route's outcome; the fast path's plugin in its log phase, which the runner learns with the next
+    table it fetches)."""
     before = chain.settled('spillway_cloud_spend_usd_total{target="aws"}')
     with chain.spilled(route, tokens=9) as events:
         sent = [events.next(), *events.rest()]
     assert len(sent) == 9, sent
-    wait_until(lambda: chain.spend() - before >= 9 * USD_PER_TOKEN - 1e-9, 20, "the stream settled")
+    billed = 9 * USD_PER_TOKEN + _prompt_usd(9)
+    wait_until(lambda: chain.spend() - before >= billed - 1e-9, 20, "the stream settled")
     time.sleep(1.5)
-    assert chain.spend() - before == pytest.approx(9 * USD_PER_TOKEN)
+    assert chain.spend() - before == pytest.approx(billed)
 
 
 @pytest.mark.parametrize("route", list(HOSTS))
@@ -168,13 +181,13 @@ def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
     chain: Chain, hold: None, route: str
 ) -> None:
     """Held at 4 tokens' price while it runs, a stream the client cuts after its first token is
-    settled at that one token: the target's budget takes 1 token's price in all."""
+    settled at that one token: the target's budget takes 1 token's price (and its prompt's) in all."""
     budget = 'spillway_target_spent_usd{target="aws",window="hour"}'
     before = chain.settled(budget)
     with chain.spilled(route) as events:
         assert events.next() is not None
     wait_until(lambda: chain.spend(budget) - before < 2 * USD_PER_TOKEN, 20, "the stream settled")
-    assert chain.settled(budget) - before == pytest.approx(USD_PER_TOKEN)
+    assert chain.settled(budget) - before == pytest.approx(USD_PER_TOKEN + _prompt_usd(4))
 
 
 def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain: Chain) -> None:

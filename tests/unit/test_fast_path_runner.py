@@ -125,7 +125,9 @@ def test_what_settled_streams_gave_back_comes_off_the_spend_once_and_is_marked_f
     assert spent() == pytest.approx(0.4), "given back once"
     assert state.metrics.spend.labels("aws")._value.get() == pytest.approx(0.6), "the counter only grows"
     aws = json.loads(book.exchange(report(spent={"aws": 0.6})))["targets"]["aws"]
-    assert aws["stream_usd"] == [0.0000002, 4.0 * 0.0000166667, 0.0, 0.0], "the price a stream settles at"
+    assert aws["stream_usd"] == [0.0000002, 4.0 * 0.0000166667, 0.0, 0.0, 0.0, 0.0], (
+        "the price a stream settles at"
+    )
 
 
 def test_a_report_is_bounded_and_its_node_named_plainly() -> None:

@@ -25,6 +25,7 @@ COST = {
     "usd_per_output_token": 0.00001,
     "expected_duration_ms": 2000,
     "expected_output_tokens": 100,
+    "usd_per_input_token": 0.000001,
     "billed_init": False,
 }
 
@@ -73,6 +74,7 @@ def _generation(prompt: int, tokens: int) -> Job:
     job = Job(1.0, 1000, False, 0.0, 0.0)
     prefill, decode = prompt * 0.1, (tokens - 1) * 10.0
     job.tokens, job.base_ms, job.decode_share = tokens, prefill + decode, decode / (prefill + decode)
+    job.prompt = prompt
     job.local_ms = job.base_ms
     return job
 
@@ -85,16 +87,16 @@ def test_a_generation_kept_home_is_measured_to_its_first_token() -> None:
 
 def test_a_spilled_generation_is_billed_its_whole_stream_and_tokens_and_the_books_settle_at_that() -> None:
     """A rule sends it out: its first token after the network's half, the prefill and the other
-    half; billed 200 ms of prefill and 2,990 ms of tokens and its 300 tokens; the runner's budget
-    book holds what it saw the stream take, not the price at decision ($0.0031)."""
+    half; billed 200 ms of prefill and 2,990 ms of tokens, its 300 tokens and its prompt's 2,000;
+    the runner's budget book holds what it saw the stream take, not the price at decision."""
     spill = SpillwayConfig.model_validate(
         {**config().model_dump(), "rules": [{"name": "out", "action": "target", "targets": ["aws"]}]}
     )
     ms, spent, router = _one(_generation(2000, 300), spill)
     assert ms == pytest.approx(20 + 200, abs=0.01)  # and a cold start of 1 us (cold_start_ms 0)
     cost = spill.targets[0].cost
-    assert spent == pytest.approx(answer_cost_usd(cost, 3.19, 300))
-    seen = answer_cost_usd(cost, 3.21 + 1e-6, 300)  # as long as the gateway saw it, the network's 20 ms too
+    assert spent == pytest.approx(answer_cost_usd(cost, 3.19, 300, 2000))
+    seen = answer_cost_usd(cost, 3.21 + 1e-6, 300, 2000)  # as long as the gateway saw it, the network's too
     assert router.state.ledger.spent("target:aws", EPOCH + 10)[0] == pytest.approx(seen)
 
 

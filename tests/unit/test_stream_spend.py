@@ -13,7 +13,7 @@ import pytest
 from gateway_plugin.books import outcomes
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.costs import answer_cost_usd, request_cost_usd
+from gateway_plugin.costs import answer_cost_usd, input_tokens, request_cost_usd
 from gateway_plugin.policy.model import Decision, Reason
 from testing.gateway import gateway_state
 
@@ -120,3 +120,27 @@ def test_the_cost_series_counts_a_stream_once_with_its_tenant_and_model() -> Non
     bill = 0.001 + 10 * 0.01 + 50 * 0.0001
     assert samples == {("t1", "llm", "aws", "spillway_spend_usd_total"): pytest.approx(bill)}
     assert requests == {("t1", "llm"): 1.0}
+
+
+def test_a_streams_prompt_is_held_at_the_expected_tokens_and_settled_at_its_bodys() -> None:
+    """Priced per prompt token too: held at ``expected_input_tokens`` (200) while it runs, settled
+    at the body's bytes / 4 (a 1,001-byte body: 251 tokens) when its outcome names the body's size,
+    and at the expected ones when it does not (a chunked body)."""
+    priced = {**COST, "usd_per_input_token": 0.00001, "expected_input_tokens": 200}
+    config = SpillwayConfig.model_validate(
+        {**CONFIG.model_dump(), "targets": [{**CONFIG.targets[0].model_dump(), "cost": priced}]}
+    )
+    held = PRICE + 200 * 0.00001
+    assert request_cost_usd(config.targets[0].cost) == pytest.approx(held)
+    assert input_tokens(1001) == 251 and input_tokens(None) is None
+    state = gateway_state(config)
+    state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=held), "llm", streamed=True)
+    entry = {"status": 200, "upstream_status": "200", "upstream_s": 30.0, "uri": STREAM, "tenant": "t1"}
+    entry |= {"target": state.route_value("aws"), "tokens": 900, "body_bytes": "1001"}
+    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    bill = 0.001 + 30 * 0.01 + 900 * 0.0001 + 251 * 0.00001
+    assert _spent(state) == pytest.approx((bill, bill, bill))
+    state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=held), "llm", streamed=True)
+    outcomes.apply(state, outcomes.parse_batch(json.dumps([{**entry, "body_bytes": None}]).encode()).entries)
+    chunked = 0.001 + 30 * 0.01 + 900 * 0.0001 + 200 * 0.00001
+    assert _spent(state) == pytest.approx((bill + chunked,) * 3)

@@ -2,7 +2,7 @@
 -- do not edit; change the Python side and regenerate (a test fails while this file is stale).
 -- What the runner and this plugin agree on (see there for what each one means).
 return {
-    FORMAT = 9,
+    FORMAT = 10,
     FAIL_SAFE = "table_stale",
     PATH = { alive = "/spillway/alive", table = "/spillway/table", outcomes = "/spillway/fast-outcomes" },
     PLUGIN = "spillway",
@@ -17,6 +17,7 @@ return {
     VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant", tokens = "spillway_tokens" },
     STREAM_SUFFIX = "/generate_stream",
     WAIT_TAIL = 2.302585092994046,
+    BYTES_PER_INPUT_TOKEN = 4,
     TARGET = { ["local"] = "local", shed = "shed" },
     REASON = { local_ok = "local_ok", signals_missing = "signals_missing", rule = "rule", residency = "residency", no_target = "no_target", overflow_warm = "overflow_warm", overflow_cold = "overflow_cold", tenant_rate = "tenant_rate", tenant_concurrency = "tenant_concurrency", invoke_failed = "invoke_failed", local_failing = "local_failing", deadline = "deadline", admission_invalid = "admission_invalid" },
     ACTION = { ["local"] = "local", overflow = "overflow", target = "target", shed = "shed" },

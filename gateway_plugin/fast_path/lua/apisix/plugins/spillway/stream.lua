@@ -12,8 +12,8 @@ local C = require("apisix.plugins.spillway.contract")
 local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
-local find, sub, lower, byte, type, ceil = string.find, string.sub, string.lower, string.byte, type, math.ceil
-local max = math.max
+local find, sub, lower, byte = string.find, string.sub, string.lower, string.byte
+local type, tonumber, ceil, max = type, tonumber, math.ceil, math.max
 local SLASH = byte("/")
 
 local _M = {}
@@ -34,11 +34,19 @@ function _M.streamed(path)
     return last >= #SUFFIX and sub(path, last - #SUFFIX + 1, last) == SUFFIX
 end
 
--- What a stream that took `seconds` and sent `tokens` (nil: not counted) costs at the target's
--- price (the table's stream_usd, costs.stream_price): per request, per second billed (rounded up
--- to the millisecond, as the platforms bill), per token, and the tokens expected.
-function _M.bill(price, seconds, tokens)
+-- What a stream that took `seconds` and sent `tokens` for a prompt of `prompt` tokens (nil: not
+-- counted, the expected ones) costs at the target's price (the table's stream_usd,
+-- costs.stream_price): per request, per second billed (rounded up to the millisecond, as the
+-- platforms bill), per token and the tokens expected, per prompt token and those expected.
+function _M.bill(price, seconds, tokens, prompt)
     return price[1] + ceil(seconds * 1000 - 1e-9) / 1000 * price[2] + (tokens or price[4]) * price[3]
+        + (prompt or price[6]) * price[5]
+end
+
+-- The prompt tokens a body of `bytes` is counted as (costs.input_tokens; nil: its size unknown).
+function _M.prompt_tokens(bytes)
+    local n = tonumber(bytes)
+    return n and ceil(max(0, n) / C.BYTES_PER_INPUT_TOKEN) or nil
 end
 
 -- header_filter: an event stream starts counting.
@@ -86,7 +94,8 @@ end
 -- reads them) and in what it reports for the tenant and the bill (seen.cost).
 function _M.settle(d_, seen, ctx, seconds)
     if seen.price and seconds then
-        local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens)
+        local prompt = _M.prompt_tokens(ngx.var.content_length)
+        local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens, prompt)
         local more = bill - (seen.cost or 0)
         local ring = more >= 0 and seen.keys.spent or seen.keys.given_back
         counters.add(d_, counters.key(ring, seen.target), math.abs(more))
