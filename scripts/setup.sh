@@ -57,7 +57,8 @@ apt_component cc gcc "the Lambda image's shim tests"
 for tool in buildah mmdebstrap podman runc slirp4netns; do
   apt_component "$tool" "$tool" "the image tests (tests/integration/test_images_*.py)"
 done
-# kubectl renders the Kubernetes manifests (its built-in kustomize) for their offline validation.
-apt_component kubectl kubectl "the Kubernetes manifests' tests (tests/unit/test_kubernetes_manifests.py)"
+# kubectl renders the Kubernetes manifests (its built-in kustomize) for their offline validation:
+# Debian 12 packages it as kubernetes-client (1.20), whose kustomize renders them as 1.32's does.
+apt_component kubectl kubernetes-client "the Kubernetes manifests' tests (tests/unit/test_kubernetes_manifests.py)"
 # A real Apache APISIX 3.18 for the gateway tests, the demo and the benchmarks (root and apt).
 bash scripts/install-apisix.sh

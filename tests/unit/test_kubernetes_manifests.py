@@ -30,7 +30,7 @@ HELM_VALUES = ROOT / "deploy" / "helm" / "apisix-values.yaml"
 # The base and every overlay: each must render and validate on its own.
 KUSTOMIZATIONS = sorted(path.parent.relative_to(ROOT) for path in DEPLOY.rglob("kustomization.yaml"))
 KUBERNETES_VERSION = "1.32"
-KUBECTL_HINT = "kubectl is not installed (apt-get install kubectl; scripts/setup.sh installs it)"
+KUBECTL_HINT = "kubectl is not installed (apt-get install kubernetes-client; scripts/setup.sh installs it)"
 GATEWAY = {"app.kubernetes.io/name": "spillway-gateway"}
 REDIS = {"app.kubernetes.io/name": "spillway-redis"}
 # What the gateway, Redis and the warm-up read from their environment that must stay secret.
