@@ -119,6 +119,35 @@ class InFlight:
         return len(self.answers.started) + len(self.streams.started)
 
 
+class HeldPrices:
+    """The prices streams still running were held at in one target's budgets, each its decision's
+    own (warm or cold as the decision saw the target's instances): a stream's settlement replaces
+    that price, whatever its answer's instance then says. Outcomes name no decision, so one takes
+    the oldest price held for its tenant. At most ``limit`` are held; one older than ``ttl_s`` (an
+    hour: the budget's window it was held in has rolled) was a stream whose outcome never came."""
+
+    def __init__(self, ttl_s: float = HOUR, limit: int = 4096) -> None:
+        self.ttl_s = ttl_s
+        self.held: deque[tuple[float, str | None, float]] = deque(maxlen=limit)
+
+    def hold(self, now: float, tenant: str | None, usd: float) -> None:
+        self._expire(now)
+        self.held.append((now, tenant, usd))
+
+    def take(self, now: float, tenant: str | None) -> float | None:
+        """The oldest price held for ``tenant``'s streams, no longer held; None when none is."""
+        self._expire(now)
+        for i, (_, whose, usd) in enumerate(self.held):
+            if whose == tenant:
+                del self.held[i]
+                return usd
+        return None
+
+    def _expire(self, now: float) -> None:
+        while self.held and self.held[0][0] < now - self.ttl_s:
+            self.held.popleft()
+
+
 def streamed(path: str) -> bool:
     """Whether a request's answer is a stream of generated tokens (Triton's ``generate_stream``)."""
     return path.partition("?")[0].rstrip("/").endswith(STREAM_SUFFIX)

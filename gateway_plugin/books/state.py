@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE
-from gateway_plugin.books.ledger import InFlight, Ledger, Outstanding, TenantBook, TenantBooks
+from gateway_plugin.books.ledger import HeldPrices, InFlight, Ledger, Outstanding, TenantBook, TenantBooks
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.summed_outcomes import SummedOutcomes, residency_log
 from gateway_plugin.books.target_header import target_values
@@ -70,6 +70,8 @@ class GatewayState(SummedOutcomes):
         self.outstanding: dict[str, InFlight] = {}
         # Cold dispatches not yet answered by an instance that said it was cold.
         self.starting: dict[str, Outstanding] = {}
+        # What each stream still running was held at, per target (its settlement replaces it).
+        self.held: dict[str, HeldPrices] = {}
         self.shared = shared
         # Where several runner workers share the socket: this one's index, sent with each decision.
         self.worker: str | None = None
@@ -100,6 +102,7 @@ class GatewayState(SummedOutcomes):
             n: self.outstanding.get(n) or InFlight(t.timeout_s) for n, t in self.targets.items()
         }
         self.starting = {n: self.starting.get(n) or Outstanding(t.timeout_s) for n, t in self.targets.items()}
+        self.held = {n: self.held.get(n) or HeldPrices() for n in self.targets}
         keys = secrets.signing_keys
         self.signers = {n: TargetSigner(keys.get(n), t.sign_body) for n, t in self.targets.items()}
         self.target_values = self.route_values(config, secrets)
@@ -245,6 +248,8 @@ class GatewayState(SummedOutcomes):
         elif decision.is_cloud:
             name = decision.target
             self.outstanding[name].add(now, streamed)
+            if streamed:
+                self.held[name].hold(now, decision.tenant, decision.cost_usd)
             if decision.reason is Reason.OVERFLOW_COLD:
                 self.starting[name].add(now)
             self.breakers[name].dispatched(now)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from functions.contract import PROVISIONED_METRIC, WARMUP_SPEND_METRIC
-from gateway_plugin.books.ledger import Ledger, TenantBooks
+from gateway_plugin.books.ledger import HeldPrices, Ledger, TenantBooks
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.warm_instances import WarmPool
 from gateway_plugin.config import SpillwayConfig, Target
@@ -54,6 +54,7 @@ class SummedOutcomes:
     targets: dict[str, Target]
     breakers: dict[str, Breaker]
     pools: dict[str, WarmPool]
+    held: dict[str, HeldPrices]
     shared: SharedView | None
     policy: Policy
     config: SpillwayConfig
@@ -159,7 +160,9 @@ class SummedOutcomes:
         if spec is None:
             return
         cost = spec.cost
-        held = request_cost_usd(cost, cold, spec.cold_start_ms)
+        held = self.held[target].take(self.clock(), tenant)
+        if held is None:  # held before this process started, or past the bounds: as it was priced
+            held = request_cost_usd(cost, cold, spec.cold_start_ms)
         if tokens is None:
             tokens = cost.expected_output_tokens
         usd = held if seconds is None else answer_cost_usd(cost, seconds, tokens, prompt_tokens)

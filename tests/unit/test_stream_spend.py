@@ -11,6 +11,7 @@ import json
 import pytest
 
 from gateway_plugin.books import outcomes
+from gateway_plugin.books.ledger import HeldPrices
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.costs import answer_cost_usd, input_tokens, request_cost_usd
@@ -144,3 +145,58 @@ def test_a_streams_prompt_is_held_at_the_expected_tokens_and_settled_at_its_body
     outcomes.apply(state, outcomes.parse_batch(json.dumps([{**entry, "body_bytes": None}]).encode()).entries)
     chunked = 0.001 + 30 * 0.01 + 900 * 0.0001 + 200 * 0.00001
     assert _spent(state) == pytest.approx((bill + chunked,) * 3)
+
+
+@pytest.mark.parametrize(("held_cold", "answered_cold"), [(False, True), (True, False)])
+def test_a_stream_settles_against_the_price_its_decision_held(held_cold: bool, answered_cold: bool) -> None:
+    """The decision holds a warm or a cold price as it saw the target's instances; the answer's
+    instance may say otherwise (a warm one recycled, a cold one that another request warmed). The
+    budgets must end at the bill either way: settling against a price rebuilt from the answer's
+    cold flag left them short (or over) by the cold start's billed init every time the two differ."""
+    cost = CONFIG.targets[0].cost
+    cold_start_ms = CONFIG.targets[0].cold_start_ms
+    held = request_cost_usd(cost, held_cold, cold_start_ms)
+    assert held != request_cost_usd(cost, answered_cold, cold_start_ms)
+    state = gateway_state(CONFIG)
+    reason = Reason.OVERFLOW_COLD if held_cold else Reason.OVERFLOW_WARM
+    state.commit(Decision("aws", reason, tenant="t1", cost_usd=held), "llm", streamed=True)
+    entry = {"status": 200, "upstream_status": "200", "upstream_s": 8.0, "uri": STREAM, "tenant": "t1"}
+    entry |= {"target": state.route_value("aws"), "tokens": 40, "cold": "1" if answered_cold else "0"}
+    entry |= {"instance": "i-1"}
+    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    bill = 0.001 + 8 * 0.01 + 40 * 0.0001
+    assert _spent(state) == pytest.approx((bill, bill, bill))
+
+
+def test_streams_of_two_tenants_settle_against_their_own_held_prices() -> None:
+    """Outcomes name no decision: each takes the oldest price held for its own tenant, so a tenant's
+    budget ends at its own bills whichever stream ends first."""
+    config = SpillwayConfig.model_validate(
+        {**CONFIG.model_dump(), "tenants": {"quotas": {"t1": {"hourly_usd": 5}, "t2": {"hourly_usd": 5}}}}
+    )
+    cost, cold_start_ms = config.targets[0].cost, config.targets[0].cold_start_ms
+    state = gateway_state(config)
+    cold, warm = request_cost_usd(cost, True, cold_start_ms), request_cost_usd(cost)
+    state.commit(Decision("aws", Reason.OVERFLOW_COLD, tenant="t2", cost_usd=cold), "llm", streamed=True)
+    state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=warm), "llm", streamed=True)
+    entry = {"status": 200, "upstream_status": "200", "upstream_s": 1.0, "uri": STREAM, "tenant": "t1"}
+    entry |= {"target": state.route_value("aws"), "tokens": 10, "cold": "1", "instance": "i-1"}
+    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    wall = state.wall()
+    books = {name: state.tenants.get(name) for name in ("t1", "t2")}
+    assert all(book is not None for book in books.values())
+    spent = {name: book.spent(wall)[0] for name, book in books.items() if book is not None}
+    assert spent == pytest.approx({"t1": 0.001 + 1 * 0.01 + 10 * 0.0001, "t2": cold})
+
+
+def test_held_prices_are_bounded_and_lapse_with_the_budgets_window() -> None:
+    """Streams whose outcome never comes cannot grow the runner's memory: at most ``limit`` prices
+    are held, and one older than the hour's window is gone."""
+    held = HeldPrices(ttl_s=3600, limit=3)
+    for i in range(5):
+        held.hold(float(i), "t1", float(i))
+    assert len(held.held) == 3
+    assert held.take(4.0, "t1") == 2.0, "the oldest kept"
+    assert held.take(4.0, "t2") is None
+    assert held.take(3604.5, "t1") is None, "past the window"
+    assert not held.held
