@@ -290,7 +290,8 @@ class Engine:
                 self.push(now + WARM_REPORT_DELAY_S, WARM_REPORT, (name, list(cloud.pinned)))
                 continue
             before = self.bill.by_target[name]
-            pings = [cloud.dispatch(now, float(spec.dwell_ms)) for _ in range(spec.instances)]
+            # A ping carries no prompt: priced as the warm-up prices it (costs.warm_ping_cost_usd).
+            pings = [cloud.dispatch(now, float(spec.dwell_ms), prompt=0) for _ in range(spec.instances)]
             self.measures.warmup_cost_usd += self.bill.by_target[name] - before
             reached = [p.instance.id for p in pings if p.instance is not None]
             for ping in pings:

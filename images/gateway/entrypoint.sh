@@ -24,7 +24,12 @@ done
     || die "mount APISIX's config.yaml and apisix.yaml in $home/conf (examples/apisix)"
 [ -r "$config" ] || die "mount spillway.yaml at $config (or set SPILLWAY_CONFIG)"
 
-cp -Rn /opt/spillway/apisix-conf/. "$home/conf/"
+# The image's conf/ under what was mounted there (a mounted file wins). Not `cp -n`: coreutils
+# 9.2-9.4 exit 1 when it skips a file.
+for file in /opt/spillway/apisix-conf/* /opt/spillway/apisix-conf/.[!.]*; do
+    [ -e "$file" ] || continue
+    [ -e "$home/conf/${file##*/}" ] || cp -R "$file" "$home/conf/"
+done
 # Logs to the container's own output, unless a file is wanted (an existing one is kept).
 [ -e "$home/logs/error.log" ] || ln -s /dev/stderr "$home/logs/error.log"
 [ -e "$home/logs/access.log" ] || ln -s /dev/stdout "$home/logs/access.log"

@@ -178,18 +178,31 @@ def test_image_runs_as_its_own_user_with_nothing_secret_in_it(image: Built) -> N
     assert re.search(r"spillway-test-gateway:\d+: [\d,]+ bytes \([\d.]+ GB\) uncompressed", image.output)
 
 
-def test_the_image_runs_the_warmup_as_the_cronjob_runs_it(image: Built) -> None:
-    """deploy/kubernetes's warm-up CronJob runs this image with the warm-up's own command."""
-    cronjob = next(
-        yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "base" / "warmup-cronjob.yaml").read_text())
-    )
-    command = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
+def test_the_image_runs_the_warmup_as_the_cronjob_runs_it(image: Built, tmp_path: Path) -> None:
+    """deploy/kubernetes's warm-up CronJob runs this image with the warm-up's own command, as its
+    user, on a read-only root with /tmp and the config mounted: the warm-up reads the deployed
+    spillway.yaml and plans its rounds there (``plan``: its ``run`` would ping the cluster's
+    functions)."""
+    base = ROOT / "deploy" / "kubernetes" / "base"
+    cronjob = next(yaml.safe_load_all((base / "warmup-cronjob.yaml").read_text()))
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    container_spec, user = pod["containers"][0], pod["securityContext"]
+    command = container_spec["command"]
     python, module = command[0], command[1:3]
-    assert module == ["-m", "warmup"]
+    assert module == ["-m", "warmup"] and command[3:5] == ["run", "--once"]
+    config = command[command.index("--config") + 1]
+    files = tmp_path / "config"
+    files.mkdir()
+    files.chmod(0o755)
+    mounted(files, "spillway.yaml", (base / "config" / "spillway.yaml").read_text())
     planned = engine(
-        "podman", "run", "--rm", "--network", "none", "--entrypoint", python, image.tag, *module, "--help"
-    )
-    assert "keep as many cloud function instances warm" in planned.stdout.lower(), planned.stdout
+        "podman", "run", "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp",
+        "--user", f"{user['runAsUser']}:{user['runAsGroup']}", "--env", "HOME=/tmp",
+        "--volume", f"{files}:{Path(config).parent}:ro", "--entrypoint", python,
+        image.tag, *module, "plan", "--config", config,
+    )  # fmt: skip
+    plans = [json.loads(line) for line in planned.stdout.splitlines()]
+    assert [(p["event"], p["target"]) for p in plans] == [("plan", "aws")], planned.stdout + planned.stderr
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["ext-plugin", "fast-path"])

@@ -21,6 +21,7 @@ import kubernetes_validate  # type: ignore[import-untyped]  # no stubs, no py.ty
 import pytest
 import yaml
 
+from devtools.apisix import ApisixSettings, config_yaml
 from gateway_plugin.config import SpillwayConfig, parse
 from tests.conftest import in_ci
 
@@ -358,6 +359,23 @@ def test_the_helm_values_run_the_same_runner() -> None:
     policy = yaml.safe_load((DEPLOY / "base" / "config" / "spillway.yaml").read_text())
     assert values["autoscaling"]["maxReplicas"] == policy["shared_state"]["nodes_expected"]
     assert values["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    image = f"{values['image']['repository']}:{values['image']['tag']}"
+    assert [c["image"] for c in values["extraInitContainers"]] == [image], "the init container's image"
+
+
+def test_the_gateway_reads_its_routes_from_the_mounted_file() -> None:
+    """Standalone as every real-APISIX test runs it (devtools.apisix, without etcd): a data plane
+    reading conf/apisix.yaml. Under role traditional, config_provider yaml is APISIX's API-driven
+    standalone mode, which keeps the Admin API on and ignores the mounted routes: every request
+    would be a 404. The Helm chart writes the same section from role data_plane and mode
+    standalone."""
+    base = yaml.safe_load((DEPLOY / "base" / "config" / "config.yaml").read_text())
+    tested = yaml.safe_load(config_yaml(ApisixSettings(port=1, routes_yaml="")))
+    assert base["deployment"] == tested["deployment"]
+    assert "enable_admin" not in base["apisix"] or base["apisix"]["enable_admin"] is False
+    chart = yaml.safe_load(HELM_VALUES.read_text())["apisix"]["deployment"]
+    assert (chart["mode"], chart["role"]) == ("standalone", "data_plane")
+    assert "role_traditional" not in chart
 
 
 def test_a_missing_kubectl_fails_in_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,6 +89,19 @@ def test_every_policys_bill_adds_up_with_the_warmup_counted_once() -> None:
     assert local["routed_cost_usd"] == pytest.approx(0.0, abs=2e-6)
 
 
+def test_warmup_pings_are_not_billed_for_prompts() -> None:
+    """A ping carries no prompt: pricing prompt tokens leaves the warm-up's part of the bill as it
+    was (the warm-up's own price, costs.warm_ping_cost_usd, has no tokens either)."""
+    data = BURSTY.model_dump()
+    for target in data["targets"]:
+        target["cost"] |= {"usd_per_input_token": 0.001, "expected_input_tokens": 500}
+    priced = SpillwayConfig.model_validate(data)
+    plain = run_policies(BURSTY, SHORT, Shaping(), 5)["all_local"].summary()
+    prompts = run_policies(priced, SHORT, Shaping(), 5)["all_local"].summary()
+    assert plain["warmup_cost_usd"] > 0
+    assert prompts["warmup_cost_usd"] == pytest.approx(plain["warmup_cost_usd"])
+
+
 def _cluster(servers: int, max_batch: int = 1) -> Cluster:
     return Cluster(servers, SimulatedCluster(max_batch=max_batch, batch_growth=0.5))
 
