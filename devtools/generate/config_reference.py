@@ -41,7 +41,10 @@ class _Reader:
     def kind(self, node: Schema) -> str:
         """A reader's name for a type: ``list of Target``, ``map of string to number``."""
         if "$ref" in node:
-            return f"`{node['$ref'].rsplit('/', 1)[-1]}`"
+            resolved = self.resolve(node)
+            return self.kind(resolved) if "anyOf" in resolved else f"`{node['$ref'].rsplit('/', 1)[-1]}`"
+        if "properties" in node and "title" in node:  # a model written in place (``number or Share``)
+            return f"`{node['title']}`"
         if "anyOf" in node:
             kinds = [self.kind(part) for part in node["anyOf"] if part.get("type") != "null"]
             nullable = any(part.get("type") == "null" for part in node["anyOf"])
@@ -60,8 +63,10 @@ class _Reader:
     def models_in(self, node: Schema) -> Iterator[tuple[str, Schema]]:
         """The models a key holds, with the path step into each (``[]`` for a list's items,
         ``.<name>`` for a map's values)."""
+        if "properties" in node:
+            yield "", node
         if "$ref" in node:
-            yield "", self.resolve(node)
+            yield from self.models_in(self.resolve(node))
         for part in node.get("anyOf", []):
             yield from self.models_in(part)
         if node.get("type") == "array" and isinstance(node.get("items"), dict):

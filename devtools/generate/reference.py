@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
+from pydantic import BaseModel
 
 from devtools.generate import config_reference
 
@@ -82,11 +83,20 @@ def cli_page() -> str:
 def _registries() -> Iterator[tuple[str, str, CollectorRegistry]]:
     from functions.metrics import FunctionMetrics
     from gateway_plugin.books.metrics import RunnerMetrics
+    from gateway_plugin.config import MetricsSettings, WarmupSettings
     from warmup.report import registry as warmup_registry
 
-    yield "The gateway runner", "its `metrics.listen` (`/metrics`)", RunnerMetrics().registry
+    listen, report = _key(MetricsSettings, "listen"), _key(WarmupSettings, "report_file")
+    yield "The gateway runner", f"its `metrics.{listen}` (`/metrics`)", RunnerMetrics().registry
     yield "The function", "the function's `/metrics`, beside Triton's own", FunctionMetrics().registry
-    yield "The warm-up", "its report file (`warmup.report_path`)", warmup_registry([], {}, None)
+    yield "The warm-up", f"its report file (`warmup.{report}`)", warmup_registry([], {}, None)
+
+
+def _key(model: type[BaseModel], name: str) -> str:
+    """A config key the page names, checked against the model that reads it."""
+    if name not in model.model_fields:
+        raise KeyError(f"{model.__name__} has no field {name!r}: the page would name a key that is not read")
+    return name
 
 
 def _label_names(registry: CollectorRegistry, family: Metric) -> tuple[str, ...]:

@@ -15,9 +15,11 @@ Gateway API Inference Extension's saturation defaults (5 waiting, 80 % of the KV
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, GetJsonSchemaHandler, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 from gateway_plugin.config.model import Model
 
@@ -48,12 +50,26 @@ class Limit(Model):
     limit: float = Field(ge=0, description="the cluster overflows above this")
     exit: float | None = Field(default=None, ge=0, description="and stops below this")
     across: Across = Field(default="max", description="over the endpoints: max (default) or mean")
+    # What a bare number may be, in the published schema (None: the model takes none).
+    BARE: ClassVar[dict[str, Any] | None] = {"type": "number", "minimum": 0}
 
     @model_validator(mode="before")
     @classmethod
     def _bare(cls, data: object) -> object:
         """A bare number is the limit (``gpu_memory: 0.9``)."""
         return {"limit": data} if isinstance(data, int | float) and not isinstance(data, bool) else data
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """Editors and validators take the bare number the model takes."""
+        written = handler(schema)
+        if cls.BARE is None:
+            return written
+        model = handler.resolve_ref_schema(written)
+        described = {"description": model["description"]} if "description" in model else {}
+        return {**described, "anyOf": [cls.BARE, model]}
 
     @model_validator(mode="after")
     def _hysteresis(self) -> Limit:
@@ -64,6 +80,7 @@ class Limit(Model):
 
 class Share(Limit):
     limit: float = Field(ge=0, le=1, description="a share, 0 to 1: the cluster overflows above this")
+    BARE: ClassVar[dict[str, Any] | None] = {"type": "number", "minimum": 0, "maximum": 1}
 
 
 class GaugeLimit(Limit):
@@ -76,6 +93,7 @@ class GaugeLimit(Limit):
         description="the gauge's Prometheus metric name, as the endpoints' scrape carries it",
     )
     labels: dict[str, str] = Field(default_factory=dict, description="label → value the sample must have")
+    BARE: ClassVar[dict[str, Any] | None] = None
 
 
 class Engine(Model):

@@ -186,3 +186,21 @@ def test_a_choice_not_offered_is_refused_by_both() -> None:
     data = yaml.safe_load(EXAMPLES[0].read_text())
     data["rules"][0]["action"] = "spill"
     _refused_by_both(data, "a rule's action: spill")
+
+
+def test_a_bare_number_limit_passes_both_checks_where_the_runner_takes_one() -> None:
+    """``gpu_memory: 0.9`` and an engine's ``waiting: 5`` / ``kv_cache: 0.8`` (the docs' own
+    examples) are limits to both; a share past 1 is refused by both, and a gauge by name needs its
+    metric."""
+    data = yaml.safe_load(EXAMPLES[0].read_text())
+    data["local"]["thresholds"] = {
+        "gpu_memory": 0.9,
+        "gpu_utilization": {"limit": 0.95, "exit": 0.8},
+        "engine": {"backend": "vllm", "waiting": 5, "kv_cache": 0.8},
+    }
+    assert not list(_validator().iter_errors(data))
+    assert not _pydantic_refuses(data)
+    data["local"]["thresholds"]["engine"]["kv_cache"] = 1.5
+    _refused_by_both(data, "a KV-cache share of 1.5")
+    data["local"]["thresholds"] = {"gauges": [3]}
+    _refused_by_both(data, "a gauge limit with no metric")
