@@ -13,11 +13,20 @@ class EventStream:
     """A POST whose answer is read event by event; each read waits at most ``timeout`` seconds,
     so a proxy that holds the stream back fails the test instead of hanging it."""
 
-    def __init__(self, url: str, body: bytes, headers: dict[str, str] | None = None, timeout: float = 20):
+    def __init__(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        timeout: float = 20,
+        chunked: bool = False,
+    ):
         parts = urlsplit(url)
         self._conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        self._conn.request("POST", target, body, {"content-type": "application/json", **(headers or {})})
+        sent = {"content-type": "application/json", **(headers or {})}
+        # Chunked: the body's size is framed by no Content-Length.
+        self._conn.request("POST", target, iter([body]) if chunked else body, sent, encode_chunked=chunked)
         self.response = self._conn.getresponse()
         self.status = self.response.status
         self.headers = {k.lower(): v for k, v in self.response.getheaders()}

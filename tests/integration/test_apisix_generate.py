@@ -54,13 +54,19 @@ class Chain:
         return now
 
     def stream(
-        self, route: str, classification: str, spill: bool, tokens: int = 4, first_token_ms: float = 0
+        self,
+        route: str,
+        classification: str,
+        spill: bool,
+        tokens: int = 4,
+        first_token_ms: float = 0,
+        chunked: bool = False,
     ) -> EventStream:
         headers = {"host": HOSTS[route], "x-data-classification": classification}
         if spill:
             headers[SPILL] = "yes"
         body = _prompt(tokens, first_token_ms)
-        return EventStream(f"{self.url}/v2/models/tokens/generate_stream", body, headers)
+        return EventStream(f"{self.url}/v2/models/tokens/generate_stream", body, headers, chunked=chunked)
 
     def decision(self, route: str, classification: str = "public") -> str:
         with self.stream(route, classification, spill=False, tokens=1) as events:
@@ -74,11 +80,11 @@ class Chain:
                 events.headers.get("x-spillway-decision", "").startswith("aws;") and len(events.rest()) == 1
             )
 
-    def spilled(self, route: str, tokens: int = 4) -> EventStream:
+    def spilled(self, route: str, tokens: int = 4, chunked: bool = False) -> EventStream:
         """A stream the function answers: the ext-plugin route frees the target's one slot when the
         previous request's outcome arrives (up to ``outcomes.batch_s`` after its answer)."""
         for _ in range(100):
-            events = self.stream(route, "public", spill=True, tokens=tokens)
+            events = self.stream(route, "public", spill=True, tokens=tokens, chunked=chunked)
             if events.headers.get("x-spillway-decision", "").startswith("aws;"):
                 return events
             events.close()
@@ -177,6 +183,22 @@ def test_a_spilled_stream_is_billed_the_tokens_it_sent(chain: Chain, route: str)
 
 
 @pytest.mark.parametrize("route", list(HOSTS))
+def test_a_chunked_prompt_is_billed_at_the_whole_request(chain: Chain, route: str) -> None:
+    """A body framed by no Content-Length (no prompt token is expected at decision) is not free: its
+    prompt is counted at the whole request's bytes, more than its body's and less than the body's
+    with a few hundred bytes of headers."""
+    before = chain.settled('spillway_cloud_spend_usd_total{target="aws"}')
+    with chain.spilled(route, tokens=3, chunked=True) as events:
+        sent = [events.next(), *events.rest()]
+    assert len(sent) == 3, sent
+    body_only = 3 * USD_PER_TOKEN + _prompt_usd(3)
+    wait_until(lambda: chain.spend() - before > body_only + 1e-9, 20, "the stream settled past its body")
+    spent = chain.settled('spillway_cloud_spend_usd_total{target="aws"}') - before
+    headers_usd = math.ceil(1024 / BYTES_PER_INPUT_TOKEN) * USD_PER_PROMPT_TOKEN
+    assert body_only < spent < body_only + headers_usd, (spent, body_only)
+
+
+@pytest.mark.parametrize("route", list(HOSTS))
 def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
     chain: Chain, hold: None, route: str
 ) -> None:
@@ -186,8 +208,10 @@ def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
     before = chain.settled(budget)
     with chain.spilled(route) as events:
         assert events.next() is not None
-    wait_until(lambda: chain.spend(budget) - before < 2 * USD_PER_TOKEN, 20, "the stream settled")
-    assert chain.settled(budget) - before == pytest.approx(USD_PER_TOKEN + _prompt_usd(4))
+    settled = USD_PER_TOKEN + _prompt_usd(4)
+    assert settled < 4 * USD_PER_TOKEN, "what it sent costs less than its price: the test sees the return"
+    wait_until(lambda: abs(chain.spend(budget) - before - settled) < 1e-9, 20, "the stream settled")
+    assert chain.settled(budget) - before == pytest.approx(settled)
 
 
 def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain: Chain) -> None:
