@@ -52,10 +52,6 @@ UPSTREAM_VAR, WORKER_VAR, TENANT_VAR = "spillway_upstream", "spillway_worker", "
 # The events of a streamed answer (``text/event-stream``) as the edge counted them going by: a
 # stream of generated tokens sends one per token (Triton's generate_stream).
 TOKENS_VAR = "spillway_tokens"
-# A request's size for its prompt's tokens: the body's Content-Length, or where none framed it
-# (chunked, or HTTP/2 without one) the whole request as read, headers too: more than the prompt,
-# never nothing (``spillway/stream.lua`` registers it).
-PROMPT_BYTES_VAR = "spillway_prompt_bytes"
 
 
 def log_format() -> dict[str, str]:
@@ -78,7 +74,8 @@ def log_format() -> dict[str, str]:
         "uri": "$uri",
         "worker": f"${WORKER_VAR}",
         "tokens": f"${TOKENS_VAR}",
-        "body_bytes": f"${PROMPT_BYTES_VAR}",
+        # The request body's size as nginx framed it (absent when chunked): a stream's prompt tokens.
+        "body_bytes": "$content_length",
     }
 
 

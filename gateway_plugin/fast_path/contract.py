@@ -14,14 +14,7 @@ from typing import Final
 
 from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
 from gateway_plugin.books.ledger import STREAM_SUFFIX
-from gateway_plugin.books.outcomes import (
-    AUTH_LABEL,
-    PROMPT_BYTES_VAR,
-    TENANT_VAR,
-    TOKENS_VAR,
-    UPSTREAM_VAR,
-    WORKER_VAR,
-)
+from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, TOKENS_VAR, UPSTREAM_VAR, WORKER_VAR
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
 from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN
@@ -124,7 +117,6 @@ VARS: Final = {
     "worker": WORKER_VAR,
     "decision_tenant": TENANT_VAR,
     "tokens": TOKENS_VAR,
-    "prompt_bytes": PROMPT_BYTES_VAR,
 }
 # Where a decision sends a request besides a cloud target, and why.
 TARGETS: Final = {"local": LOCAL, "shed": SHED}

@@ -14,7 +14,7 @@ return {
     TOKEN = { min_len = 16, auth_label = "spillway-outcomes" },
     HEADER = { own_prefix = "x-spillway-", decision = "x-spillway-decision", signature = "x-spillway-signature", target = "x-spillway-target", audit = "x-spillway-audit", instance = "x-spillway-instance", cold = "x-spillway-cold", worker = "x-spillway-worker", tenant = "x-spillway-tenant", consumer = "x-spillway-consumer" },
     FRAMING = { "content-length", "transfer-encoding" },
-    VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant", tokens = "spillway_tokens", prompt_bytes = "spillway_prompt_bytes" },
+    VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant", tokens = "spillway_tokens" },
     STREAM_SUFFIX = "/generate_stream",
     WAIT_TAIL = 2.302585092994046,
     BYTES_PER_INPUT_TOKEN = 4,

@@ -21,16 +21,7 @@ local _M = {}
 local EVENT_STREAM = "text/event-stream"
 local BLANK_LINE = "\n\r?\n"
 
--- The request's size for its prompt (books/outcomes.py's PROMPT_BYTES_VAR): its body's
--- Content-Length, or where none framed it (chunked) the whole request as read, headers too: more
--- than the prompt, never nothing.
-local function prompt_bytes()
-    local var = ngx.var
-    return var.content_length or var.request_length
-end
-
 core.ctx.register_var(C.VAR.tokens, function(ctx) return ctx.spillway_tokens end)
-core.ctx.register_var(C.VAR.prompt_bytes, prompt_bytes)
 
 local SUFFIX = C.STREAM_SUFFIX
 
@@ -103,7 +94,7 @@ end
 -- reads them) and in what it reports for the tenant and the bill (seen.cost).
 function _M.settle(d_, seen, ctx, seconds)
     if seen.price and seconds then
-        local prompt = _M.prompt_tokens(prompt_bytes())
+        local prompt = _M.prompt_tokens(ngx.var.content_length)
         local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens, prompt)
         local more = bill - (seen.cost or 0)
         local ring = more >= 0 and seen.keys.spent or seen.keys.given_back
