@@ -9,6 +9,8 @@ MAC'd value) and whose default upstream is the "local" one:
     plain            the route's upstream alone: no plugin at all
     noop             the route's upstream and bench/lua's ``spillway-noop``: the fast path's three
                      phases at its priority, doing nothing (what any per-request Lua plugin costs)
+    noop-body        the same plugin reading the body in its access phase and nothing else (what
+                     any plugin that sees the whole request before it lets it on costs)
     trivial          ext-plugin-pre-req + third_party/apisix-testbed/runner/runner.py (asyncio,
                      the a6pluginprotos FlatBuffers classes; sets X-Spillway-Target: local)
     go-noop          ext-plugin-pre-req + apache/apisix-go-plugin-runner's ``say`` with conf {}
@@ -142,6 +144,7 @@ ALL_CASES = (
     "split",
     "plain",
     "noop",
+    "noop-body",
     "trivial",
     "go-noop",
     "spillway-local",
@@ -433,8 +436,8 @@ def make_case(name: str, setup: Setup) -> Case:
             lua=None if outcomes_port is None else config_snippet(SpillwayConfig.model_validate(config)),
         )
     plugins: dict[str, Any] = {"traffic-split": made["plugins"]["traffic-split"]}
-    if name in ("plain", "noop"):
-        plugins = {NOOP_PLUGIN: {}} if name == "noop" else {}
+    if name in ("plain", "noop", "noop-body"):
+        plugins = {NOOP_PLUGIN: {"read_body": name == "noop-body"}} if name != "plain" else {}
     runner_cmd: list[str] | None = None
     if name == "trivial":
         runner_cmd, plugin = [sys.executable, str(TESTBED_RUNNER)], "trivial"
@@ -486,7 +489,7 @@ def apisix_settings(case: Case, setup: Setup, workers: int, port: int) -> apisix
         }
     if case.name.startswith("fast-"):
         extra["plugins"] = FAST_PLUGINS
-    elif case.name == "noop":
+    elif case.name in ("noop", "noop-body"):
         extra |= {"plugins": (*FAST_PLUGINS, NOOP_PLUGIN), "more_lua_paths": [BENCH_LUA]}
     return apisix.ApisixSettings(
         port=port,
@@ -1020,6 +1023,7 @@ DESCRIPTIONS = {
     "split": "traffic-split only",
     "plain": "the upstream alone, no plugin",
     "noop": "no-op Lua plugin (three phases)",
+    "noop-body": "no-op Lua plugin reading the body",
     "fast-content": "fast path (Lua), decides cloud, content checks",
     "trivial": "trivial Python runner (testbed)",
     "go-noop": "Go runner, no-op `say`",
