@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config import SpillwayConfig, Target
 from gateway_plugin.config.thresholds import (
     CPU_UTILIZATION,
     GPU_MEMORY_TOTAL,
@@ -62,6 +62,7 @@ def explain(config: SpillwayConfig) -> str:
             f"target {t.name}: {t.kind}, {t.mode} mode → {where}; cap {t.concurrency_cap} in flight, "
             f"cold start {t.cold_start_ms:g} ms"
         )
+        lines.extend(_unexpected_tokens(t))
     if not config.targets:
         lines.append("no cloud targets: every request stays local")
     for rule in sorted(config.rules, key=lambda r: -r.priority):
@@ -84,6 +85,22 @@ def explain(config: SpillwayConfig) -> str:
             f"node(s) expected, each alone keeps 1/{shared.nodes_expected} of every budget and cap"
         )
     return "\n".join(lines)
+
+
+def _unexpected_tokens(target: Target) -> list[str]:
+    """Tokens priced but none expected: a stream is held at less than it will cost until it ends,
+    so budgets and caps let more through meanwhile."""
+    cost = target.cost
+    priced = (
+        ("output", "usd_per_output_token", cost.usd_per_output_token, cost.expected_output_tokens),
+        ("input", "usd_per_input_token", cost.usd_per_input_token, cost.expected_input_tokens),
+    )
+    return [
+        f"  warning: {name} is priced but cost.expected_{kind}_tokens is 0: a stream is held at less "
+        f"than it will cost until it ends; set it to a typical request's"
+        for kind, name, price, expected in priced
+        if price > 0 and expected == 0
+    ]
 
 
 def _content(config: SpillwayConfig) -> str:

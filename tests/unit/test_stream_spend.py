@@ -15,6 +15,7 @@ from gateway_plugin.books.ledger import HeldPrices
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.costs import answer_cost_usd, input_tokens, request_cost_usd
+from gateway_plugin.explain import explain
 from gateway_plugin.policy.model import Decision, Reason
 from testing.gateway import gateway_state
 
@@ -200,3 +201,15 @@ def test_held_prices_are_bounded_and_lapse_with_the_budgets_window() -> None:
     assert held.take(4.0, "t2") is None
     assert held.take(3604.5, "t1") is None, "past the window"
     assert not held.held
+
+
+def test_check_config_warns_of_tokens_priced_but_none_expected() -> None:
+    """Prompt tokens priced with none expected: a stream is held at less than it costs while it
+    runs. check-config says so for that kind of token only, and names the key to set."""
+    priced = {**COST, "usd_per_input_token": 0.00001}
+    config = SpillwayConfig.model_validate(
+        {**CONFIG.model_dump(), "targets": [{**CONFIG.targets[0].model_dump(), "cost": priced}]}
+    )
+    warnings = [line for line in explain(config).splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "cost.expected_input_tokens is 0" in warnings[0], warnings
+    assert not [line for line in explain(CONFIG).splitlines() if "warning" in line]
