@@ -204,3 +204,22 @@ def test_a_bare_number_limit_passes_both_checks_where_the_runner_takes_one() -> 
     _refused_by_both(data, "a KV-cache share of 1.5")
     data["local"]["thresholds"] = {"gauges": [3]}
     _refused_by_both(data, "a gauge limit with no metric")
+
+
+def _docs_snippets() -> Iterator[tuple[str, dict[str, Any]]]:
+    """The docs' YAML blocks that are spillway.yaml (every top-level key one of its keys)."""
+    keys = set(json.loads(SCHEMA_FILE.read_text())["properties"])
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for block in re.findall(r"```ya?ml\n(.*?)```", page.read_text(), re.S):
+            data = yaml.safe_load(block)
+            if isinstance(data, dict) and data and set(data) <= keys:
+                yield str(page.relative_to(ROOT)), data
+
+
+def test_every_spillway_yaml_snippet_in_the_docs_passes_the_schema() -> None:
+    """What a reader copies from the docs into an editor is not flagged there: each snippet passes
+    the published schema (a part of a file: names it uses may be declared elsewhere in it)."""
+    snippets = list(_docs_snippets())
+    assert len(snippets) >= 10, snippets
+    failing = [(page, e.message) for page, data in snippets for e in _validator().iter_errors(data)]
+    assert not failing
