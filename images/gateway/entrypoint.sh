@@ -24,8 +24,9 @@ done
     || die "mount APISIX's config.yaml and apisix.yaml in $home/conf (examples/apisix)"
 [ -r "$config" ] || die "mount spillway.yaml at $config (or set SPILLWAY_CONFIG)"
 
-# The image's conf/ under what was mounted there (a mounted file wins). Not `cp -n`: coreutils
-# 9.2-9.4 exit 1 when it skips a file.
+# The image's conf/ under what was mounted there: a mounted file or folder (cert/) wins whole, and
+# nothing is written into a mount (a Secret's is read-only). Not `cp -n`: coreutils 9.2-9.4 exit 1
+# when it skips a file.
 for file in /opt/spillway/apisix-conf/* /opt/spillway/apisix-conf/.[!.]*; do
     [ -e "$file" ] || continue
     [ -e "$home/conf/${file##*/}" ] || cp -R "$file" "$home/conf/"

@@ -43,14 +43,18 @@ def _sent(state: GatewayState, model: str, streamed: bool) -> None:
     state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=PRICE), model, streamed=streamed)
 
 
-def _answer(state: GatewayState, uri: str, seconds: float, tokens: int | None = None) -> None:
+def _answer(
+    state: GatewayState, uri: str, seconds: float, tokens: int | None = None, tenant: str = "t1", **extra: str
+) -> None:
+    """An outcome from the edge; ``extra``: more of its fields (the instance, its cold flag)."""
     entry: dict[str, object] = {
         "status": 200,
         "upstream_status": "200",
         "upstream_s": seconds,
         "uri": uri,
-        "tenant": "t1",
+        "tenant": tenant,
         "target": state.route_value("aws"),
+        **extra,
     }
     if tokens is not None:
         entry["tokens"] = tokens
@@ -161,10 +165,7 @@ def test_a_stream_settles_against_the_price_its_decision_held(held_cold: bool, a
     state = gateway_state(CONFIG)
     reason = Reason.OVERFLOW_COLD if held_cold else Reason.OVERFLOW_WARM
     state.commit(Decision("aws", reason, tenant="t1", cost_usd=held), "llm", streamed=True)
-    entry = {"status": 200, "upstream_status": "200", "upstream_s": 8.0, "uri": STREAM, "tenant": "t1"}
-    entry |= {"target": state.route_value("aws"), "tokens": 40, "cold": "1" if answered_cold else "0"}
-    entry |= {"instance": "i-1"}
-    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    _answer(state, STREAM, 8.0, tokens=40, cold="1" if answered_cold else "0", instance="i-1")
     bill = 0.001 + 8 * 0.01 + 40 * 0.0001
     assert _spent(state) == pytest.approx((bill, bill, bill))
 
@@ -180,9 +181,7 @@ def test_streams_of_two_tenants_settle_against_their_own_held_prices() -> None:
     cold, warm = request_cost_usd(cost, True, cold_start_ms), request_cost_usd(cost)
     state.commit(Decision("aws", Reason.OVERFLOW_COLD, tenant="t2", cost_usd=cold), "llm", streamed=True)
     state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=warm), "llm", streamed=True)
-    entry = {"status": 200, "upstream_status": "200", "upstream_s": 1.0, "uri": STREAM, "tenant": "t1"}
-    entry |= {"target": state.route_value("aws"), "tokens": 10, "cold": "1", "instance": "i-1"}
-    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    _answer(state, STREAM, 1.0, tokens=10, cold="1", instance="i-1")
     wall = state.wall()
     books = {name: state.tenants.get(name) for name in ("t1", "t2")}
     assert all(book is not None for book in books.values())
