@@ -39,6 +39,8 @@ class TritonPythonModel:
         }
         self.gauges = {n: family.Metric(labels=labels) for n, family in self.families.items()}
         self.stopping = threading.Event()
+        # Set before the model is ready: a scrape never sees the gauges' zero of before the first pass.
+        self._set_gauges()
         threading.Thread(target=self._export, daemon=True).start()
 
     def finalize(self):
@@ -46,10 +48,13 @@ class TritonPythonModel:
 
     def _export(self):
         while not self.stopping.wait(GAUGE_PERIOD_S):
-            running = self.running
-            self.gauges["vllm:num_requests_running"].set(running)
-            self.gauges["vllm:num_requests_waiting"].set(self._override("waiting", 0.0))
-            self.gauges["vllm:gpu_cache_usage_perc"].set(self._override("kv_cache", running / KV_SLOTS))
+            self._set_gauges()
+
+    def _set_gauges(self):
+        running = self.running
+        self.gauges["vllm:num_requests_running"].set(running)
+        self.gauges["vllm:num_requests_waiting"].set(self._override("waiting", 0.0))
+        self.gauges["vllm:gpu_cache_usage_perc"].set(self._override("kv_cache", running / KV_SLOTS))
 
     def _override(self, name, default):
         try:
