@@ -123,11 +123,17 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
 
 @pytest.fixture
 def hold(chain: Chain) -> Iterator[None]:
+    """Holds both models' streams after their first token; after the test, waits until the cluster
+    is cool again: each try of ``spilled`` that found the function's slot taken went home and was
+    held there, and enough of them fill the KV cache past its limit until the runner scrapes them
+    gone."""
     for flag in chain.holds:
         flag.touch()
     yield
     for flag in chain.holds:
         flag.unlink(missing_ok=True)
+    for route in HOSTS:
+        wait_until(functools.partial(_decided, chain, route, "local;"), 30, f"{route}: the cluster cools")
 
 
 @pytest.mark.parametrize("spill", [False, True], ids=["on-prem", "spilled"])
