@@ -10,11 +10,19 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 HOUR, DAY = 3600, 86400
 STREAM_SUFFIX = "/generate_stream"
 STALE_ANSWERS_S = 20.0
 MIN_HORIZON_S = 0.005
+
+
+class Held(NamedTuple):
+    """A stream's price held in the budgets, and the wall time it was held at."""
+
+    usd: float
+    wall: float
 
 
 @dataclass
@@ -31,11 +39,16 @@ class _Spend:
         if day != self.day:
             self.day, self.day_usd = day, 0.0
 
-    def add(self, usd: float, now: float) -> None:
-        """Never below nothing: what a settlement gives back may have been held in a window gone."""
+    def add(self, usd: float, now: float, held_at: float | None = None) -> None:
+        """``usd`` spent now; less than nothing, given back of what was held at ``held_at`` (None:
+        in the windows now), only to a window that still holds it: taken off a window rolled since,
+        it would let through more than its budget. Never below nothing."""
         self.roll(now)
-        self.hour_usd = max(0.0, self.hour_usd + usd)
-        self.day_usd = max(0.0, self.day_usd + usd)
+        since = now if held_at is None or usd >= 0 else held_at
+        if int(since // HOUR) == self.hour:
+            self.hour_usd = max(0.0, self.hour_usd + usd)
+        if int(since // DAY) == self.day:
+            self.day_usd = max(0.0, self.day_usd + usd)
 
 
 @dataclass
@@ -121,26 +134,27 @@ class InFlight:
 
 class HeldPrices:
     """The prices streams still running were held at in one target's budgets, each its decision's
-    own (warm or cold as the decision saw the target's instances): a stream's settlement replaces
-    that price, whatever its answer's instance then says. Outcomes name no decision, so one takes
-    the oldest price held for its tenant. At most ``limit`` are held; one older than ``ttl_s`` (an
-    hour: the budget's window it was held in has rolled) was a stream whose outcome never came."""
+    own (warm or cold as the decision saw the target's instances) and the wall time it was held at
+    (the budgets' windows it is in): a stream's settlement replaces that price, whatever its
+    answer's instance then says. Outcomes name no decision, so one takes the oldest price held for
+    its tenant. At most ``limit`` are held; one older than ``ttl_s`` (an hour: the budget's window
+    it was held in has rolled) was a stream whose outcome never came."""
 
     def __init__(self, ttl_s: float = HOUR, limit: int = 4096) -> None:
         self.ttl_s = ttl_s
-        self.held: deque[tuple[float, str | None, float]] = deque(maxlen=limit)
+        self.held: deque[tuple[float, str | None, Held]] = deque(maxlen=limit)
 
-    def hold(self, now: float, tenant: str | None, usd: float) -> None:
+    def hold(self, now: float, tenant: str | None, usd: float, wall: float) -> None:
         self._expire(now)
-        self.held.append((now, tenant, usd))
+        self.held.append((now, tenant, Held(usd, wall)))
 
-    def take(self, now: float, tenant: str | None) -> float | None:
+    def take(self, now: float, tenant: str | None) -> Held | None:
         """The oldest price held for ``tenant``'s streams, no longer held; None when none is."""
         self._expire(now)
-        for i, (_, whose, usd) in enumerate(self.held):
+        for i, (_, whose, held) in enumerate(self.held):
             if whose == tenant:
                 del self.held[i]
-                return usd
+                return held
         return None
 
     def _expire(self, now: float) -> None:
@@ -159,9 +173,9 @@ class Ledger:
 
     _spend: dict[str, _Spend] = field(default_factory=lambda: defaultdict(_Spend))
 
-    def spend(self, key: str, usd: float, now: float) -> None:
-        """``usd`` spent (less than nothing: a stream settled below its price at decision)."""
-        self._spend[key].add(usd, now)
+    def spend(self, key: str, usd: float, now: float, held_at: float | None = None) -> None:
+        """``usd`` spent (less than nothing: a stream held at ``held_at`` settled below its price)."""
+        self._spend[key].add(usd, now, held_at)
 
     def spent(self, key: str, now: float) -> tuple[float, float]:
         bucket = self._spend.get(key)
@@ -184,8 +198,8 @@ class TenantBook:
         self.spend.roll(now)
         return self.spend.hour_usd, self.spend.day_usd
 
-    def add_spend(self, usd: float, now: float) -> None:
-        self.spend.add(usd, now)
+    def add_spend(self, usd: float, now: float, held_at: float | None = None) -> None:
+        self.spend.add(usd, now, held_at)
 
     def last_minute(self, now: float) -> int:
         arrivals = self.arrivals

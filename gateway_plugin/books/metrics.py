@@ -90,6 +90,7 @@ class RunnerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._said: dict[str, Sometimes] = {}
         self._decision_children: dict[tuple[str, str], Counter] = {}
+        self._spend_owed: dict[str, float] = {}
         self._build(FAMILIES_BEFORE_COST)
         self.cost = CostSeries(self.registry, tenants=20, models=20)
         self._build(FAMILIES_AFTER_COST)
@@ -120,6 +121,14 @@ class RunnerMetrics:
         if said is None:
             said = self._said[kind] = Sometimes()
         return said.due()
+
+    def spend_counted(self, target: str, usd: float) -> None:
+        """``usd`` spent at ``target`` (a configured one); less than nothing, given back. The
+        counter only grows, so what is given back is owed and taken off the spend that follows."""
+        net = usd - self._spend_owed.get(target, 0.0)
+        self._spend_owed[target] = max(0.0, -net)
+        if net > 0:
+            self.spend.labels(target).inc(net)
 
     def decided(self, target: str, reason: str, count: int = 1) -> None:
         key = (target, reason)

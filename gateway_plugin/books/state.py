@@ -249,7 +249,7 @@ class GatewayState(SummedOutcomes):
             name = decision.target
             self.outstanding[name].add(now, streamed)
             if streamed:
-                self.held[name].hold(now, decision.tenant, decision.cost_usd)
+                self.held[name].hold(now, decision.tenant, decision.cost_usd, wall)
             if decision.reason is Reason.OVERFLOW_COLD:
                 self.starting[name].add(now)
             self.breakers[name].dispatched(now)

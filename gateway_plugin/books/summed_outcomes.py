@@ -160,17 +160,20 @@ class SummedOutcomes:
         if spec is None:
             return
         cost = spec.cost
+        wall = self.wall()
         held = self.held[target].take(self.clock(), tenant)
-        if held is None:  # held before this process started, or past the bounds: as it was priced
-            held = request_cost_usd(cost, cold, spec.cold_start_ms)
+        price = request_cost_usd(cost, cold, spec.cold_start_ms) if held is None else held.usd
         if tokens is None:
             tokens = cost.expected_output_tokens
-        usd = held if seconds is None else answer_cost_usd(cost, seconds, tokens, prompt_tokens)
-        wall, more = self.wall(), usd - held
-        self.ledger.spend(f"target:{target}", more, wall)
+        usd = price if seconds is None else answer_cost_usd(cost, seconds, tokens, prompt_tokens)
+        more = usd - price
+        if held is None:  # held before this process started, or past the bounds: in no window known
+            more = max(0.0, more)
+        held_at = None if held is None else held.wall
+        self.ledger.spend(f"target:{target}", more, wall, held_at)
         book = self.tenants.get(tenant) if tenant else None
         if book is not None:
-            book.add_spend(more, wall)
+            book.add_spend(more, wall, held_at)
         if self.shared is not None and more > 0:
             self.shared.spent_elsewhere(target, more, wall)
             if tenant and book is not None:
@@ -221,13 +224,12 @@ class SummedOutcomes:
     def spent_elsewhere(self, target: str, usd: float) -> None:
         """What another node's plugin spent at ``target`` since it last said: less than nothing
         where streams it settled cost less than their price, which the budget gets back (a shared
-        one keeps it until the window rolls; the spend counter, which only grows, too)."""
+        one keeps it until the window rolls; the spend counter, which only grows, owes it)."""
         wall = self.wall()
         self.ledger.spend(f"target:{target}", usd, wall)
         if self.shared is not None:
             self.shared.spent_elsewhere(target, usd, wall)
-        if usd > 0:
-            self.metrics.spend.labels(target).inc(usd)
+        self.metrics.spend_counted(target, usd)
 
     def overflow_decided(self, model: str | None, hot: bool) -> None:
         """The overflow flag a node last decided for ``model``."""

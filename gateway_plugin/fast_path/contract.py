@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from functions.contract import HEADER_COLD, HEADER_DECISION, HEADER_INSTANCE, HEADER_SIGNATURE, HEADER_TARGET
-from gateway_plugin.books.ledger import STREAM_SUFFIX
+from gateway_plugin.books.ledger import HOUR, STREAM_SUFFIX
 from gateway_plugin.books.outcomes import AUTH_LABEL, TENANT_VAR, TOKENS_VAR, UPSTREAM_VAR, WORKER_VAR
 from gateway_plugin.config.secrets import MIN_TOKEN_LEN
 from gateway_plugin.content.checks import Unscannable
@@ -163,6 +163,7 @@ def constants() -> dict[str, object]:
         "FRAMING": list(FRAMING),
         "VAR": dict(VARS),
         "STREAM_SUFFIX": STREAM_SUFFIX,
+        "BUDGET_HOUR_S": HOUR,
         "WAIT_TAIL": WAIT_TAIL,
         "BYTES_PER_INPUT_TOKEN": BYTES_PER_INPUT_TOKEN,
         "TARGET": dict(TARGETS),

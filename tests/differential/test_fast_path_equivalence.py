@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from devtools import apisix
+from gateway_plugin.books.ledger import HOUR, Ledger
 from gateway_plugin.content.checks import HEADER_JSON_LENGTH, Unscannable
 from gateway_plugin.fast_path import table as decision_table
 from gateway_plugin.fast_path.route import lua_path
@@ -518,3 +519,35 @@ def test_a_streams_events_are_counted_alike_chunk_by_chunk_and_whole(gateway: ap
     differ = [(b, c, w) for b, c, w in zip(bodies, counts, want, strict=True) if c != w]
     assert not differ, f"{len(differ)} of {len(bodies)} differ; first: {differ[:3]}"
     assert sum(want) > 5_000
+
+
+def test_a_stream_settled_after_its_hour_rolled_gives_back_to_no_later_hour(gateway: apisix.Apisix) -> None:
+    """The plugin settles a stream against the price its decision held; what the stream cost less
+    is given back only to the budget's hour it was held in, as the runner's ledger does: an hour
+    gone must not hand it to the hour now, which would then spend more than its budget. Compared
+    on random holds and bills around hour boundaries with what the ledger's hour holds."""
+    rng = random.Random(SEED)
+    rows = []
+    for _ in range(2_000):
+        held_at = rng.choice([3599.0, 7199.5, 86399.9, 1_765_000_000.0]) + rng.uniform(-30, 30)
+        rows.append([rng.uniform(0, 1), rng.uniform(0, 1), held_at, held_at + rng.uniform(0, 60)])
+    status, _, answer = http(
+        "POST",
+        gateway.url + "/spillway-cases",
+        json.dumps([{"settle": rows}]).encode(),
+        {"content-type": "application/json"},
+    )
+    assert status == 200, answer[:500]
+    differ, rolled_back = [], 0
+    for (held, bill, held_at, now), got in zip(rows, json.loads(answer)[0]["settled"], strict=True):
+        spent, given_back = float(got[0]), float(got[1])
+        ledger = Ledger()
+        ledger.spend("t", held, held_at)
+        ledger.spend("t", bill - held, now, held_at)
+        same_hour = held_at // HOUR == now // HOUR
+        hour_now = (held if same_hour else 0.0) + spent - given_back
+        rolled_back += bill < held and not same_hour
+        if abs(hour_now - ledger.spent("t", now)[0]) > 1e-9:
+            differ.append((held, bill, held_at, now, spent, given_back))
+    assert not differ, f"{len(differ)} of {len(rows)} differ; first: {differ[:3]}"
+    assert rolled_back > 100, "the cases cross hours with streams that cost less than held"

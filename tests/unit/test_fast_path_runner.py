@@ -123,8 +123,11 @@ def test_what_settled_streams_gave_back_comes_off_the_spend_once_and_is_marked_f
     assert table["targets"]["aws"]["spent_mark"] == 0.5 and table["targets"]["aws"]["given_back_mark"] == 0.2
     book.exchange(report(spent={"aws": 0.6}, given_back={"aws": 0.2}))
     assert spent() == pytest.approx(0.4), "given back once"
-    assert state.metrics.spend.labels("aws")._value.get() == pytest.approx(0.6), "the counter only grows"
-    aws = json.loads(book.exchange(report(spent={"aws": 0.6})))["targets"]["aws"]
+    counter = state.metrics.spend.labels("aws")._value.get
+    assert counter() == pytest.approx(0.5), "the counter only grows: what was given back is owed"
+    book.exchange(report(spent={"aws": 0.9}, given_back={"aws": 0.2}))
+    assert counter() == pytest.approx(0.7) and spent() == pytest.approx(0.7), "and taken off what follows"
+    aws = json.loads(book.exchange(report(spent={"aws": 0.9}, given_back={"aws": 0.2})))["targets"]["aws"]
     assert aws["stream_usd"] == [0.0000002, 4.0 * 0.0000166667, 0.0, 0.0, 0.0, 0.0], (
         "the price a stream settles at"
     )

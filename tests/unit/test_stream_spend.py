@@ -189,14 +189,57 @@ def test_streams_of_two_tenants_settle_against_their_own_held_prices() -> None:
     assert spent == pytest.approx({"t1": 0.001 + 1 * 0.01 + 10 * 0.0001, "t2": cold})
 
 
+@pytest.mark.parametrize(
+    ("held_at", "settled_at", "windows_rolled"), [(3599.0, 3601.0, "hour"), (86399.0, 86401.0, "day")]
+)
+def test_a_stream_held_in_a_window_gone_gives_nothing_back_to_the_window_now(
+    held_at: float, settled_at: float, windows_rolled: str
+) -> None:
+    """A stream held at its price before the hour (or the day) rolled, settled below it after: the
+    window it was held in is gone, and what it cost less must not come off the spend of the window
+    now, which would then let through more than its budget."""
+    clock = {"now": held_at}
+    state = gateway_state(CONFIG, clock=lambda: clock["now"], wall=lambda: clock["now"])
+    for _ in range(10):
+        _sent(state, "llm", streamed=True)
+    clock["now"] = settled_at
+    for _ in range(20):
+        _sent(state, "llm", streamed=False)
+    for _ in range(10):
+        _answer(state, STREAM, 0.5, tokens=5)
+    bill = 0.001 + 0.5 * 0.01 + 5 * 0.0001
+    hour, day = state.ledger.spent("target:aws", settled_at)
+    book = state.tenants.get("t1")
+    assert book is not None
+    assert hour == pytest.approx(20 * PRICE), "the hour now is spent at its own requests"
+    assert book.spent(settled_at)[0] == pytest.approx(20 * PRICE)
+    if windows_rolled == "hour":
+        assert day == pytest.approx(20 * PRICE + 10 * bill), "the day still held them: settled there"
+    else:
+        assert day == pytest.approx(20 * PRICE)
+
+
+def test_a_stream_settled_without_its_held_price_gives_nothing_back() -> None:
+    """A stream this process never held (it started before, or past the bounds) has no window its
+    price is known to be in: what it cost more is spent, what it cost less comes off nothing."""
+    state = gateway_state(CONFIG)
+    for _ in range(3):
+        _sent(state, "llm", streamed=False)
+    _answer(state, STREAM, 0.5, tokens=5)
+    assert _spent(state)[:2] == pytest.approx((3 * PRICE, 3 * PRICE))
+    _answer(state, STREAM, 30.0, tokens=500)
+    more = 0.001 + 30 * 0.01 + 500 * 0.0001 - PRICE
+    assert _spent(state)[:2] == pytest.approx((3 * PRICE + more,) * 2)
+
+
 def test_held_prices_are_bounded_and_lapse_with_the_budgets_window() -> None:
     """Streams whose outcome never comes cannot grow the runner's memory: at most ``limit`` prices
     are held, and one older than the hour's window is gone."""
     held = HeldPrices(ttl_s=3600, limit=3)
     for i in range(5):
-        held.hold(float(i), "t1", float(i))
+        held.hold(float(i), "t1", float(i), 1000.0 + i)
     assert len(held.held) == 3
-    assert held.take(4.0, "t1") == 2.0, "the oldest kept"
+    assert held.take(4.0, "t1") == (2.0, 1002.0), "the oldest kept, with the wall time it was held at"
     assert held.take(4.0, "t2") is None
     assert held.take(3604.5, "t1") is None, "past the window"
     assert not held.held

@@ -1,9 +1,10 @@
 -- Test-only plugin: evaluates batches of equivalence cases with the spillway plugin's own code
 -- (edge.gateway_path, table.parse, decide.route_policy, decide.features, content.check,
--- decide.decide, stream.streamed, stream.counted), so one request to APISIX checks thousands of
+-- decide.decide, stream.streamed, stream.counted, stream.settled), so one request to APISIX checks thousands of
 -- decisions. Each group carries a decision table as the runner encodes it and the cases to decide
 -- under it; each case its route conf, request (with its body, base64) and live counters. A group
--- of chunks instead is a stream's body, whose events are counted.
+-- of chunks instead is a stream's body, whose events are counted; a group of rows to settle,
+-- streams' bills against their held prices.
 local core = require("apisix.core")
 local decide = require("apisix.plugins.spillway.decide")
 local table_mod = require("apisix.plugins.spillway.table")
@@ -59,9 +60,22 @@ local function count_events(chunks)
     return { count = count }
 end
 
+-- Streams settled: each row the held price, the bill, when it was held and when settled.
+local function settle_all(rows)
+    local out = {}
+    for i, row in ipairs(rows) do
+        local spent, given_back = stream.settled(row[1], row[2], row[3], row[4])
+        out[i] = { string.format("%.17g", spent), string.format("%.17g", given_back) }
+    end
+    return { settled = out }
+end
+
 local function evaluate(group)
     if group.chunks then
         return count_events(group.chunks)
+    end
+    if group.settle then
+        return settle_all(group.settle)
     end
     local tbl, err = table_mod.parse(group.table)
     if not tbl then

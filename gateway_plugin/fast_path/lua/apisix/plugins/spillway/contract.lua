@@ -16,6 +16,7 @@ return {
     FRAMING = { "content-length", "transfer-encoding" },
     VAR = { upstream = "spillway_upstream", worker = "spillway_worker", decision_tenant = "spillway_decision_tenant", tokens = "spillway_tokens" },
     STREAM_SUFFIX = "/generate_stream",
+    BUDGET_HOUR_S = 3600,
     WAIT_TAIL = 2.302585092994046,
     BYTES_PER_INPUT_TOKEN = 4,
     TARGET = { ["local"] = "local", shed = "shed" },

@@ -13,7 +13,7 @@ local counters = require("apisix.plugins.spillway.counters")
 
 local ngx = ngx
 local find, sub, lower, byte = string.find, string.sub, string.lower, string.byte
-local type, tonumber, ceil, max = type, tonumber, math.ceil, math.max
+local type, tonumber, ceil, floor, max = type, tonumber, math.ceil, math.floor, math.max
 local SLASH = byte("/")
 
 local _M = {}
@@ -24,6 +24,7 @@ local BLANK_LINE = "\n\r?\n"
 core.ctx.register_var(C.VAR.tokens, function(ctx) return ctx.spillway_tokens end)
 
 local SUFFIX = C.STREAM_SUFFIX
+local HOUR = C.BUDGET_HOUR_S
 
 -- Whether a request's answer is a stream (books/ledger.py's streamed; the path has no query).
 function _M.streamed(path)
@@ -88,17 +89,35 @@ function _M.count(ctx)
     ctx.spillway_tokens, ctx.spillway_stream_tail = _M.counted(count, ctx.spillway_stream_tail, chunk)
 end
 
+-- What a stream held at `held` (its price at decision, at wall time `held_at`) and billed `bill`
+-- at wall time `now` changes in its target's spend: what it cost more is spent now; what it cost
+-- less is given back only while the budget's hour it was held in lasts (taken off the hour after,
+-- it would let that hour spend more than its budget; the day keeps it, which errs on the safe side).
+function _M.settled(held, bill, held_at, now)
+    local more = bill - held
+    if more >= 0 then
+        return more, 0
+    end
+    if floor(held_at / HOUR) ~= floor(now / HOUR) then
+        return 0, 0
+    end
+    return 0, -more
+end
+
 -- The fast path's log phase: a stream sent to a target that took `seconds` is settled at what it
--- cost in place of its price at decision, in the target's spend this node counts (d_: what it
--- cost more is spent, what it cost less given back, each a counter that only grows, as the runner
--- reads them) and in what it reports for the tenant and the bill (seen.cost).
+-- cost in place of its price at decision (held when the request began), in the target's spend
+-- this node counts (d_: what is spent and what is given back, each a counter that only grows, as
+-- the runner reads them) and in what it reports for the tenant and the bill (seen.cost).
 function _M.settle(d_, seen, ctx, seconds)
     if seen.price and seconds then
         local prompt = _M.prompt_tokens(ngx.var.content_length)
         local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens, prompt)
-        local more = bill - (seen.cost or 0)
-        local ring = more >= 0 and seen.keys.spent or seen.keys.given_back
-        counters.add(d_, counters.key(ring, seen.target), math.abs(more))
+        local spent, given_back = _M.settled(seen.cost or 0, bill, ngx.req.start_time(), ngx.now())
+        if spent > 0 then
+            counters.add(d_, counters.key(seen.keys.spent, seen.target), spent)
+        elseif given_back > 0 then
+            counters.add(d_, counters.key(seen.keys.given_back, seen.target), given_back)
+        end
         seen.cost = bill
     end
 end
