@@ -279,9 +279,11 @@ class Slots:
     kept: int = 0  # kept for the fast path's plugin once it asked for a table: a block, else 0
 
     def carry(self, old: Slots | None) -> Slots:
-        """Slots made anew (a config reload) keep what the old ones held, and kept for the plugin."""
+        """Slots made anew (a config reload) keep what the old ones held, last asked for (a round
+        out may be giving slots back), and kept for the plugin."""
         if old is not None:
             self.held, self.others_busy, self.kept = old.held, old.others_busy, old.kept
+            self.asked = old.asked
         return self
 
     def allowed(self, together: bool) -> int:

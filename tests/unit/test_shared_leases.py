@@ -173,6 +173,17 @@ def test_slots_connected_and_alone() -> None:
     assert asked is not None and asked["want"] == 10, "never more than the cap"
 
 
+def test_slots_made_anew_fill_no_more_than_the_old_ones_last_asked_for() -> None:
+    """A config reload while a round that gives slots back is out: the store may hand them to
+    another node as soon as it reads the ask, so the new slots must not fill them meanwhile."""
+    old = Slots("target:aws", cap=10, block=2, share=2)
+    old.granted(8, 0)
+    assert old.request(in_flight=1) == {"key": "target:aws", "cap": 10, "want": 3, "busy": 1}
+    assert old.allowed(together=True) == 3
+    new = Slots("target:aws", cap=10, block=2, share=2).carry(old)
+    assert new.allowed(together=True) == 3
+
+
 def test_a_breaker_tripped_here_is_open_before_the_store_knows() -> None:
     shared = SharedBreaker()
     shared.say("open")
