@@ -209,7 +209,9 @@ class SummedOutcomes:
                 self.metrics.cold_hits.labels(name).inc()
 
     def tenant_counts(self, tenant: str, arrivals: int, spend: float) -> None:
-        """A quota'd tenant's arrivals and spend elsewhere; a tenant without limits keeps no book."""
+        """A quota'd tenant's arrivals and spend elsewhere, less than nothing where streams settled
+        below their price (a shared budget keeps that until its window rolls); a tenant without
+        limits keeps no book."""
         quota = self.policy.quota_of(tenant)
         if not quota.limits_anything:
             return
@@ -219,7 +221,7 @@ class SummedOutcomes:
             book.arrivals.extend([wall] * min(arrivals, quota.requests_per_minute))
         book.add_spend(spend, wall)
         if self.shared is not None:
-            self.shared.tenant_reported(tenant, arrivals, spend, wall)
+            self.shared.tenant_reported(tenant, arrivals, max(0.0, spend), wall)
 
     def spent_elsewhere(self, target: str, usd: float) -> None:
         """What another node's plugin spent at ``target`` since it last said: less than nothing

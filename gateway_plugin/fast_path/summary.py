@@ -16,6 +16,9 @@ from gateway_plugin.policy.tenants import tenant_key
 MAX_KEYS = 1000
 _Count = Annotated[int, Field(ge=0, le=10_000_000)]
 _Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# A tenant's spend since the last summary: less than nothing where its streams settled below
+# their price at decision (counted then) and nothing else of its was decided since.
+_Signed = Annotated[float, Field(allow_inf_nan=False)]
 _Text = Annotated[str, Field(max_length=4096)]
 
 
@@ -30,6 +33,7 @@ class KeptHome(BaseModel):
 
 _COUNT: TypeAdapter[int] = TypeAdapter(_Count)
 _AMOUNT: TypeAdapter[float] = TypeAdapter(_Amount)
+_SIGNED: TypeAdapter[float] = TypeAdapter(_Signed)
 _TEXT: TypeAdapter[str] = TypeAdapter(_Text)
 # Per map, each position of an entry's value and whether, malformed, it may read as zero while the
 # rest of the entry counts (a cloud answer's seconds, a tenant's spend), or leaves the entry
@@ -42,7 +46,7 @@ _SHAPES: dict[str, tuple[tuple[TypeAdapter[Any], bool], ...]] = {
     "local_answers": ((_COUNT, False), (_COUNT, False)),
     "members": ((_COUNT, False), (_COUNT, False), (_COUNT, False)),
     "cloud": ((_COUNT, False), (_COUNT, False), (_AMOUNT, True)),
-    "tenants": ((_COUNT, False), (_AMOUNT, True)),
+    "tenants": ((_COUNT, False), (_SIGNED, True)),
     # Requests and spend per "target\ttenant\tmodel"; past the plugin's bound, per target alone.
     "usage": ((_COUNT, False), (_AMOUNT, True)),
     "usage_other": ((_COUNT, False), (_AMOUNT, True)),
@@ -157,7 +161,7 @@ class FastOutcomes(BaseModel):
     members: dict[_Text, tuple[_Count, _Count, _Count]] = Field(default_factory=dict, max_length=MAX_KEYS)
     cloud: dict[_Text, tuple[_Count, _Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     instances: dict[_Text, dict[_Text, bool]] = Field(default_factory=dict, max_length=MAX_KEYS)
-    tenants: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
+    tenants: dict[_Text, tuple[_Count, _Signed]] = Field(default_factory=dict, max_length=MAX_KEYS)
     usage: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     usage_other: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     residency: list[KeptHome] = Field(default_factory=list, max_length=MAX_KEYS)

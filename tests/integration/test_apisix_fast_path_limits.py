@@ -3,16 +3,19 @@ hold under concurrent load (a module of its own: one APISIX per prefix at a time
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from functions.signature import Verifier
+from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.policy.build import build_policy
 from testing.apisix import StackStarter, needs_apisix
-from testing.http import wait_until
+from testing.http import http, wait_until
 from testing.standins import StandIns, upstream
 from tests.integration.test_apisix_fast_path import routes_for
 
@@ -131,3 +134,47 @@ def test_a_tenants_concurrency_slot_is_taken_atomically_across_workers(
     assert set(statuses) == {200, 429}, f"both served and refused while contended: {statuses}"
     assert front.local.max_in_flight == 1, front.local.max_in_flight
     assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200
+
+
+def _table_tenants(config: dict[str, object]) -> dict[str, dict[str, float]]:
+    """The tenant rows of the table the runner serves now (fetched as a node of its own)."""
+    token = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+    headers = {"authorization": auth_header(token), "content-type": "application/json"}
+    outcomes = config["outcomes"]
+    assert isinstance(outcomes, dict)
+    url = f"http://{outcomes['listen']}/spillway/table"
+    status, _, answer = http("POST", url, json.dumps({"node": "probe"}).encode(), headers)
+    assert status == 200, answer[:300]
+    tenants: dict[str, dict[str, float]] = json.loads(answer)["tenants"]
+    return tenants
+
+
+def test_a_tenants_requests_count_against_its_quota_while_they_are_in_flight(
+    stand_ins: StandIns, apisix_stack: StackStarter
+) -> None:
+    """A tenant's requests count from their decision, as the runner counts its own: counted only
+    once answered, slow answers (a stream runs for minutes) would let a tenant start any number of
+    them within its quotas. Two of t1's requests still in flight fill its quota of two a minute:
+    the runner's table says so, and the fast path sheds t1's next request."""
+    stand_ins.aws.instance = None  # an "aws" that names no instance
+    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["tenants"] = {"quotas": {"t1": {"requests_per_minute": 2}}}
+    front = apisix_stack(config, routes_for(config), fast_path=True, workers=1)
+    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    front.local.delay_s = 12.0
+    with ThreadPoolExecutor(2) as pool:
+        slow = [pool.submit(front.send, "secret", **{"x-tenant": "t1"}) for _ in range(2)]
+        wait_until(lambda: front.local.in_flight == 2, 5, "t1's two requests at the cluster")
+        front.local.delay_s = 0.0
+        wait_until(
+            lambda: _table_tenants(config).get("t1", {}).get("requests_last_minute") == 2,
+            8,
+            "the runner counting t1's requests in flight",
+        )
+        wait_until(
+            lambda: front.decision(front.send("secret", **{"x-tenant": "t1"})) == "shed;tenant_rate",
+            8,
+            "the fast path shedding t1 while its requests are in flight",
+        )
+        assert front.local.in_flight == 2, "decided while both were in flight"
+        assert [f.result()["status"] for f in slow] == [200, 200]

@@ -194,6 +194,22 @@ def test_a_workers_summary_feeds_metrics_breakers_warm_pools_tenants_and_the_res
     )
 
 
+def test_a_tenant_is_counted_at_decision_and_its_stream_settled_after() -> None:
+    """The plugin reports a tenant's arrival and price from the decision, and later what its stream
+    cost less (a negative amount): the book ends at the bill, and stays at nothing or more."""
+    state = gateway_state(config())
+    summary = lambda tenants: FastOutcomes.model_validate({"tenants": tenants})  # noqa: E731
+    apply_outcomes(state, summary({"t1": [1, 0.5]}))
+    apply_outcomes(state, summary({"t1": [0, -0.3]}))
+    book = state.tenants.get("t1")
+    assert book is not None
+    assert book.last_minute(state.wall()) == 1 and book.spent(state.wall())[0] == pytest.approx(0.2)
+    apply_outcomes(state, summary({"t1": [0, -5.0]}))
+    assert book.spent(state.wall())[0] == 0.0
+    unbounded = FastOutcomes.parse(b'{"tenants": {"t1": [2, -Infinity]}}')
+    assert unbounded.tenants == {"t1": (2, 0.0)} and unbounded.invalid == 1, "its arrivals count"
+
+
 def test_a_summary_is_bounded() -> None:
     cases: tuple[dict[str, object], ...] = (
         {"decisions": {f"local;r{i}": 1 for i in range(1001)}},

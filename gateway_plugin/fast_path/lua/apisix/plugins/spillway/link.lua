@@ -239,7 +239,7 @@ function _M.start(worker, with)
 
     local function flush()
         local agg = worker.agg
-        if agg.n == 0 then
+        if not report.pending(agg) then
             return
         end
         worker.agg = report.new()

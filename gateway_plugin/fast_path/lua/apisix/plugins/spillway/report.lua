@@ -156,19 +156,6 @@ function _M.add(agg, seen, var, status)
         agg.table_ages[i] = agg.table_ages[i] + 1
         agg.table_age_sum = agg.table_age_sum + age
     end
-    if seen.tenant_counted then
-        local t = agg.tenants[seen.tenant]
-        if t == nil and agg.keys < MAX_KEYS then
-            agg.keys = agg.keys + 1
-            t = { 0, 0 }
-            agg.tenants[seen.tenant] = t
-        elseif t == nil then
-            agg.dropped = agg.dropped + 1
-        end
-        if t then
-            t[1], t[2] = t[1] + 1, t[2] + (seen.cost or 0)
-        end
-    end
     if seen.target ~= SHED then
         -- A tab is in no tenant key (printable ASCII) nor model: the key splits back unambiguously.
         -- Found through a map per target and tenant: no key string made per request.
@@ -290,6 +277,27 @@ function _M.decision_text(target, label)
         by_label[label] = text
     end
     return text
+end
+
+-- A quota'd tenant's `arrivals` and `usd` spent (less than nothing: a stream settled below its
+-- price), counted from the decision as the runner counts its own: counted only once answered, a
+-- tenant could start any number of slow answers (streams of minutes) within its quotas.
+function _M.tenant(agg, tenant, arrivals, usd)
+    local t = agg.tenants[tenant]
+    if t == nil and agg.keys < MAX_KEYS then
+        agg.keys = agg.keys + 1
+        t = { 0, 0 }
+        agg.tenants[tenant] = t
+    elseif t == nil then
+        agg.dropped = agg.dropped + 1
+        return
+    end
+    t[1], t[2] = t[1] + arrivals, t[2] + usd
+end
+
+-- Whether the summary has anything to say (a tenant's count comes before its request's answer).
+function _M.pending(agg)
+    return agg.n > 0 or agg.keys > 0 or agg.dropped > 0
 end
 
 -- The summary as the runner reads it (POST /spillway/fast-outcomes).

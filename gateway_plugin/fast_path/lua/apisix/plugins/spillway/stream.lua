@@ -107,19 +107,22 @@ end
 -- The fast path's log phase: a stream sent to a target that took `seconds` is settled at what it
 -- cost in place of its price at decision (held when the request began), in the target's spend
 -- this node counts (d_: what is spent and what is given back, each a counter that only grows, as
--- the runner reads them) and in what it reports for the tenant and the bill (seen.cost).
+-- the runner reads them) and in the bill it reports (seen.cost). Returns what the settlement
+-- changes in the budgets (the tenant's too): spent, less what was given back.
 function _M.settle(d_, seen, ctx, seconds)
-    if seen.price and seconds then
-        local prompt = _M.prompt_tokens(ngx.var.content_length)
-        local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens, prompt)
-        local spent, given_back = _M.settled(seen.cost or 0, bill, ngx.req.start_time(), ngx.now())
-        if spent > 0 then
-            counters.add(d_, counters.key(seen.keys.spent, seen.target), spent)
-        elseif given_back > 0 then
-            counters.add(d_, counters.key(seen.keys.given_back, seen.target), given_back)
-        end
-        seen.cost = bill
+    if not (seen.price and seconds) then
+        return 0
     end
+    local prompt = _M.prompt_tokens(ngx.var.content_length)
+    local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens, prompt)
+    local spent, given_back = _M.settled(seen.cost or 0, bill, ngx.req.start_time(), ngx.now())
+    if spent > 0 then
+        counters.add(d_, counters.key(seen.keys.spent, seen.target), spent)
+    elseif given_back > 0 then
+        counters.add(d_, counters.key(seen.keys.given_back, seen.target), given_back)
+    end
+    seen.cost = bill
+    return spent - given_back
 end
 
 return _M
