@@ -25,6 +25,7 @@ import yaml
 from devtools import apisix
 from functions.sidecar import free_port
 from gateway_plugin.apisix_route import route, standalone_yaml
+from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import config_snippet, fast_route, lua_path
 from testing.http import http, wait_until
@@ -160,6 +161,18 @@ def lua_plugin_gateway(
         shared_dicts=shared_dicts or {},
     )
     return apisix.running(settings)
+
+
+def runner_table(config: dict[str, Any]) -> dict[str, Any]:
+    """The decision table the runner of ``config`` serves now, fetched as a node of its own (the
+    route token from ``SPILLWAY_ROUTE_TOKEN``, as the stacks' runners have it)."""
+    token = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
+    headers = {"authorization": auth_header(token), "content-type": "application/json"}
+    url = f"http://{config['outcomes']['listen']}/spillway/table"
+    status, _, answer = http("POST", url, json.dumps({"node": "probe"}).encode(), headers)
+    assert status == 200, answer[:300]
+    table: dict[str, Any] = json.loads(answer)
+    return table
 
 
 def metrics_url(config: dict[str, Any]) -> str:

@@ -3,19 +3,17 @@ hold under concurrent load (a module of its own: one APISIX per prefix at a time
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
 from functions.signature import Verifier
-from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.policy.build import build_policy
-from testing.apisix import StackStarter, needs_apisix
-from testing.http import http, wait_until
+from testing.apisix import Stack, StackStarter, needs_apisix, runner_table
+from testing.http import wait_until
 from testing.standins import StandIns, upstream
 from tests.integration.test_apisix_fast_path import routes_for
 
@@ -71,16 +69,25 @@ def test_signatures_made_by_two_workers_all_verify_with_nonces_never_repeated(
         verifier.verify(header, "POST", answer["path"], b"{}", time.time())
 
 
+def _tenants_stack(
+    stand_ins: StandIns, apisix_stack: StackStarter, tenants: dict[str, object], workers: int
+) -> tuple[dict[str, Any], Stack]:
+    """The fast path under the tenants' quotas ``tenants``, an "aws" that names no instance, and a
+    table decided from."""
+    stand_ins.aws.instance = None
+    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
+    config["tenants"] = tenants
+    front = apisix_stack(config, routes_for(config), fast_path=True, workers=workers)
+    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    return config, front
+
+
 def test_a_tenants_concurrency_quota_holds_and_its_counter_goes_when_idle(
     stand_ins: StandIns, apisix_stack: StackStarter
 ) -> None:
     """Tenant t1 may have 2 requests in flight: of 8 at once on a slow cluster, 2 reach it and the
     others get 429; once they are answered, t1 gets through again (its counter was released)."""
-    stand_ins.aws.instance = None  # an "aws" that names no instance
-    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
-    config["tenants"] = {"quotas": {"t1": {"concurrency": 2}}}
-    front = apisix_stack(config, routes_for(config), fast_path=True, workers=2)
-    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    _, front = _tenants_stack(stand_ins, apisix_stack, {"quotas": {"t1": {"concurrency": 2}}}, workers=2)
     front.local.delay_s = 0.5
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(8)))
@@ -97,11 +104,7 @@ def test_an_overlong_tenant_name_or_uri_costs_no_other_outcome_and_the_tenant_ke
     """A 5,000-character tenant name (over a default quota of 2 a minute) and a request kept home
     with a 6,000-character path: the summaries carrying them still count, the tenant is keyed by
     its hash on both sides, so its third request within the minute is shed."""
-    stand_ins.aws.instance = None  # an "aws" that names no instance
-    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
-    config["tenants"] = {"default": {"requests_per_minute": 2}}
-    front = apisix_stack(config, routes_for(config), fast_path=True, workers=1)
-    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    _, front = _tenants_stack(stand_ins, apisix_stack, {"default": {"requests_per_minute": 2}}, workers=1)
     front.set_load(500)
     long_path = "/onprem/models/add_sub/infer/" + "p" * 6000
     kept = front.send("public", path=long_path)
@@ -121,11 +124,7 @@ def test_a_tenants_concurrency_slot_is_taken_atomically_across_workers(
 ) -> None:
     """Tenant t1 may have 1 request in flight; 16 clients on two nginx workers send 400 requests
     between them: the cluster never sees two of t1's at once, and t1 still gets through after."""
-    stand_ins.aws.instance = None  # an "aws" that names no instance
-    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
-    config["tenants"] = {"quotas": {"t1": {"concurrency": 1}}}
-    front = apisix_stack(config, routes_for(config), fast_path=True, workers=2)
-    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    _, front = _tenants_stack(stand_ins, apisix_stack, {"quotas": {"t1": {"concurrency": 1}}}, workers=2)
     front.local.delay_s = 0.002
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda _: front.send("secret", **{"x-tenant": "t1"}), range(400)))
@@ -136,19 +135,6 @@ def test_a_tenants_concurrency_slot_is_taken_atomically_across_workers(
     assert front.send("secret", **{"x-tenant": "t1"})["status"] == 200
 
 
-def _table_tenants(config: dict[str, object]) -> dict[str, dict[str, float]]:
-    """The tenant rows of the table the runner serves now (fetched as a node of its own)."""
-    token = os.environ["SPILLWAY_ROUTE_TOKEN"].encode()
-    headers = {"authorization": auth_header(token), "content-type": "application/json"}
-    outcomes = config["outcomes"]
-    assert isinstance(outcomes, dict)
-    url = f"http://{outcomes['listen']}/spillway/table"
-    status, _, answer = http("POST", url, json.dumps({"node": "probe"}).encode(), headers)
-    assert status == 200, answer[:300]
-    tenants: dict[str, dict[str, float]] = json.loads(answer)["tenants"]
-    return tenants
-
-
 def test_a_tenants_requests_count_against_its_quota_while_they_are_in_flight(
     stand_ins: StandIns, apisix_stack: StackStarter
 ) -> None:
@@ -156,18 +142,16 @@ def test_a_tenants_requests_count_against_its_quota_while_they_are_in_flight(
     once answered, slow answers (a stream runs for minutes) would let a tenant start any number of
     them within its quotas. Two of t1's requests still in flight fill its quota of two a minute:
     the runner's table says so, and the fast path sheds t1's next request."""
-    stand_ins.aws.instance = None  # an "aws" that names no instance
-    config = stand_ins.config("SPILLWAY_SIGNING_KEY")
-    config["tenants"] = {"quotas": {"t1": {"requests_per_minute": 2}}}
-    front = apisix_stack(config, routes_for(config), fast_path=True, workers=1)
-    wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+    config, front = _tenants_stack(
+        stand_ins, apisix_stack, {"quotas": {"t1": {"requests_per_minute": 2}}}, workers=1
+    )
     front.local.delay_s = 12.0
     with ThreadPoolExecutor(2) as pool:
         slow = [pool.submit(front.send, "secret", **{"x-tenant": "t1"}) for _ in range(2)]
         wait_until(lambda: front.local.in_flight == 2, 5, "t1's two requests at the cluster")
         front.local.delay_s = 0.0
         wait_until(
-            lambda: _table_tenants(config).get("t1", {}).get("requests_last_minute") == 2,
+            lambda: runner_table(config)["tenants"].get("t1", {}).get("requests_last_minute") == 2,
             8,
             "the runner counting t1's requests in flight",
         )

@@ -16,10 +16,9 @@ import pytest
 import yaml
 
 from gateway_plugin.apisix_route import route
-from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path import table as decision_table
-from testing.apisix import Stack, StackStarter, example_plugins, needs_apisix
+from testing.apisix import Stack, StackStarter, example_plugins, needs_apisix, runner_table
 from testing.http import http, wait_until
 from testing.paths import TEST_LUA
 from tests.integration.test_apisix_fast_path import routes_for
@@ -47,13 +46,8 @@ class Attacked:
     sizes: list[int] = field(default_factory=list)
 
     def table_bytes(self) -> int:
-        """The size of the table the runner serves now (fetched as a node of its own)."""
-        body = json.dumps({"node": "probe"}).encode()
-        headers = {"authorization": auth_header(TOKEN), "content-type": "application/json"}
-        url = f"http://{self.config['outcomes']['listen']}/spillway/table"
-        status, _, answer = http("POST", url, body, headers)
-        assert status == 200, answer[:300]
-        return len(answer)
+        """The size of the table the runner serves now, as it encodes it."""
+        return len(decision_table.encode(runner_table(self.config)))
 
     def public(self) -> None:
         answer = self.front.send("public")
