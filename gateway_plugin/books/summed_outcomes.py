@@ -221,7 +221,7 @@ class SummedOutcomes:
             book.arrivals.extend([wall] * min(arrivals, quota.requests_per_minute))
         book.add_spend(spend, wall)
         if self.shared is not None:
-            self.shared.tenant_reported(tenant, arrivals, max(0.0, spend), wall)
+            self.shared.tenant_reported(tenant, arrivals, spend, wall)
 
     def spent_elsewhere(self, target: str, usd: float) -> None:
         """What another node's plugin spent at ``target`` since it last said: less than nothing

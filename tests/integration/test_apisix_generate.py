@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.integration, needs_apisix()]
 HOSTS = {"ext-plugin": "localhost", "fast": FAST_HOST}
 KEY = "generate-test-signing-key-0123456789"
 
+BUDGET = 'spillway_target_spent_usd{target="aws",window="hour"}'
+
 
 @dataclass
 class Chain:
@@ -39,8 +41,10 @@ class Chain:
     onprem_model: Path
     metrics_url: str
 
-    def spend(self, series: str = 'spillway_cloud_spend_usd_total{target="aws"}') -> float:
-        """What the runner has counted as spent at the function (by default its spend counter)."""
+    def spend(self, series: str = BUDGET) -> float:
+        """What the runner has counted as spent at the function (by default in its hour's budget,
+        which a stream's settlement sets to its bill: the spend counter, which only grows, takes
+        what an earlier stream gave back off the spend that follows)."""
         _, _, body = http("GET", self.metrics_url)
         found = re.search(rb"^" + re.escape(series.encode()) + rb" (\S+)$", body, re.M)
         return float(found.group(1)) if found else 0.0
@@ -178,7 +182,7 @@ def test_a_spilled_stream_is_billed_the_tokens_it_sent(chain: Chain, route: str)
     its prompt's tokens (its body's bytes / 4), when it ends (the runner, from the ext-plugin
     route's outcome; the fast path's plugin in its log phase, which the runner learns with the next
     table it fetches)."""
-    before = chain.settled('spillway_cloud_spend_usd_total{target="aws"}')
+    before = chain.settled(BUDGET)
     with chain.spilled(route, tokens=9) as events:
         sent = [events.next(), *events.rest()]
     assert len(sent) == 9, sent
@@ -193,7 +197,7 @@ def test_a_chunked_prompt_is_billed_at_its_body(chain: Chain, route: str) -> Non
     """A body framed by no Content-Length (chunked; no prompt token is expected at decision) is not
     free: both routes read the body whole before they decide, and nginx then knows its size, so
     ``$content_length`` holds it in the log phase and the prompt is billed at its body's tokens."""
-    before = chain.settled('spillway_cloud_spend_usd_total{target="aws"}')
+    before = chain.settled(BUDGET)
     with chain.spilled(route, tokens=3, chunked=True) as events:
         sent = [events.next(), *events.rest()]
     assert len(sent) == 3, sent
@@ -210,14 +214,13 @@ def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
 ) -> None:
     """Held at 4 tokens' price while it runs, a stream the client cuts after its first token is
     settled at that one token: the target's budget takes 1 token's price (and its prompt's) in all."""
-    budget = 'spillway_target_spent_usd{target="aws",window="hour"}'
-    before = chain.settled(budget)
+    before = chain.settled(BUDGET)
     with chain.spilled(route) as events:
         assert events.next() is not None
     settled = USD_PER_TOKEN + _prompt_usd(4)
     assert settled < 4 * USD_PER_TOKEN, "what it sent costs less than its price: the test sees the return"
-    wait_until(lambda: abs(chain.spend(budget) - before - settled) < 1e-9, 20, "the stream settled")
-    assert chain.settled(budget) - before == pytest.approx(settled)
+    wait_until(lambda: abs(chain.spend() - before - settled) < 1e-9, 20, "the stream settled")
+    assert chain.settled(BUDGET) - before == pytest.approx(settled)
 
 
 def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain: Chain) -> None:

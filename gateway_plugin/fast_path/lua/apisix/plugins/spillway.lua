@@ -252,9 +252,7 @@ local function account(ctx, d, f, tbl, policy, kept_by)
         end
         seen.tenant_counted = d.tenant ~= nil and d.target ~= decide.SHED
                               and decide.quota_limits(policy, d.tenant)
-        if seen.tenant_counted then
-            report.tenant(worker.agg, d.tenant, 1, d.cost_usd or 0)
-        end
+        if seen.tenant_counted then report.tenant(worker.agg, d.tenant, 1, d.cost_usd or 0) end
     end
     ctx.spillway = seen
 end
@@ -359,9 +357,7 @@ function _M.log(conf, ctx)
     if seen.cloud then
         if seen.streamed then
             local more = stream.settle(d_, seen, ctx, report.last_number(ngx.var.upstream_response_time))
-            if more ~= 0 and seen.tenant_counted then
-                report.tenant(worker.agg, seen.tenant, 0, more)
-            end
+            if more ~= 0 and seen.tenant_counted then report.tenant(worker.agg, seen.tenant, 0, more) end
         end
         counters.release(d_, dkey(seen.keys.inflight, seen.target))
         if seen.cold_counted then
