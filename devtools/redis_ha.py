@@ -232,7 +232,7 @@ class ClusterGroup:
         )
         if created.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed:\n{created.stdout}{created.stderr}")
-        _wait(self._settled, 30, "a Cluster whose nodes all say cluster_state:ok with three replicas")
+        _wait(self._settled, 90, "a Cluster whose nodes all say cluster_state:ok with three replicas")
 
     def _settled(self) -> bool:
         try:
