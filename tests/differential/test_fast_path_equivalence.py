@@ -523,14 +523,19 @@ def test_a_streams_events_are_counted_alike_chunk_by_chunk_and_whole(gateway: ap
 
 def test_a_stream_settled_after_its_hour_rolled_gives_back_to_no_later_hour(gateway: apisix.Apisix) -> None:
     """The plugin settles a stream against the price its decision held; what the stream cost less
-    is given back only to the budget's hour it was held in, as the runner's ledger does: an hour
-    gone must not hand it to the hour now, which would then spend more than its budget. Compared
-    on random holds and bills around hour boundaries with what the ledger's hour holds."""
+    is given back only to the budget's hour it was held in, as the runner's ledger does when it
+    takes the settlement in (up to the report's delay later): an hour gone must not hand it to the
+    hour then, which would spend more than its budget. Compared on random holds and bills around
+    hour boundaries, some settled within the delay of one, with what the ledger's hour holds."""
     rng = random.Random(SEED)
     rows = []
-    for _ in range(2_000):
+    for i in range(2_000):
         held_at = rng.choice([3599.0, 7199.5, 86399.9, 1_765_000_000.0]) + rng.uniform(-30, 30)
-        rows.append([rng.uniform(0, 1), rng.uniform(0, 1), held_at, held_at + rng.uniform(0, 60)])
+        now, delay = held_at + rng.uniform(0, 60), rng.choice([0.0, rng.uniform(0, 2)])
+        if i % 4 == 0:  # settled in the hour it was held, at most the delay before the hour ends
+            delay = rng.uniform(0.05, 2)
+            now = max(held_at, (held_at // HOUR + 1) * HOUR - rng.uniform(0, delay))
+        rows.append([rng.uniform(0, 1), rng.uniform(0, 1), held_at, now, delay])
     status, _, answer = http(
         "POST",
         gateway.url + "/spillway-cases",
@@ -538,16 +543,19 @@ def test_a_stream_settled_after_its_hour_rolled_gives_back_to_no_later_hour(gate
         {"content-type": "application/json"},
     )
     assert status == 200, answer[:500]
-    differ, rolled_back = [], 0
-    for (held, bill, held_at, now), got in zip(rows, json.loads(answer)[0]["settled"], strict=True):
+    differ, rolled_back, rolled_in_delay = [], 0, 0
+    for (held, bill, held_at, now, delay), got in zip(rows, json.loads(answer)[0]["settled"], strict=True):
         spent, given_back = float(got[0]), float(got[1])
+        taken_in = now + delay
         ledger = Ledger()
         ledger.spend("t", held, held_at)
-        ledger.spend("t", bill - held, now, held_at)
-        same_hour = held_at // HOUR == now // HOUR
-        hour_now = (held if same_hour else 0.0) + spent - given_back
+        ledger.spend("t", bill - held, taken_in, held_at)
+        same_hour = held_at // HOUR == taken_in // HOUR
+        hour_then = (held if same_hour else 0.0) + spent - given_back
         rolled_back += bill < held and not same_hour
-        if abs(hour_now - ledger.spent("t", now)[0]) > 1e-9:
-            differ.append((held, bill, held_at, now, spent, given_back))
+        rolled_in_delay += bill < held and not same_hour and held_at // HOUR == now // HOUR
+        if abs(hour_then - ledger.spent("t", taken_in)[0]) > 1e-9:
+            differ.append((held, bill, held_at, now, delay, spent, given_back))
     assert not differ, f"{len(differ)} of {len(rows)} differ; first: {differ[:3]}"
     assert rolled_back > 100, "the cases cross hours with streams that cost less than held"
+    assert rolled_in_delay > 50, "the cases settle within the delay of an hour's end"

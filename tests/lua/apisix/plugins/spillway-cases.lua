@@ -60,11 +60,12 @@ local function count_events(chunks)
     return { count = count }
 end
 
--- Streams settled: each row the held price, the bill, when it was held and when settled.
+-- Streams settled: each row the held price, the bill, when it was held, when settled, and how
+-- long until the runner takes the settlement in.
 local function settle_all(rows)
     local out = {}
     for i, row in ipairs(rows) do
-        local spent, given_back = stream.settled(row[1], row[2], row[3], row[4])
+        local spent, given_back = stream.settled(row[1], row[2], row[3], row[4], row[5])
         out[i] = { string.format("%.17g", spent), string.format("%.17g", given_back) }
     end
     return { settled = out }

@@ -356,7 +356,8 @@ function _M.log(conf, ctx)
     local d_ = dict()
     if seen.cloud then
         if seen.streamed then
-            local more = stream.settle(d_, seen, ctx, report.last_number(ngx.var.upstream_response_time))
+            local seconds = report.last_number(ngx.var.upstream_response_time)
+            local more = stream.settle(d_, seen, ctx, seconds, worker.attr.report_delay_s)
             if more ~= 0 and seen.tenant_counted then report.tenant(worker.agg, seen.tenant, 0, more) end
         end
         counters.release(d_, dkey(seen.keys.inflight, seen.target))

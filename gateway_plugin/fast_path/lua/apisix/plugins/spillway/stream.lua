@@ -91,14 +91,15 @@ end
 
 -- What a stream held at `held` (its price at decision, at wall time `held_at`) and billed `bill`
 -- at wall time `now` changes in its target's spend: what it cost more is spent now; what it cost
--- less is given back only while the budget's hour it was held in lasts (taken off the hour after,
--- it would let that hour spend more than its budget; the day keeps it, which errs on the safe side).
-function _M.settled(held, bill, held_at, now)
+-- less is given back only while the budget's hour it was held in lasts until the runner takes the
+-- give-back in, up to `delay` s later (with the next fetch or summary): taken off the hour after,
+-- it would let that hour spend more than its budget. The day keeps it, which errs on the safe side.
+function _M.settled(held, bill, held_at, now, delay)
     local more = bill - held
     if more >= 0 then
         return more, 0
     end
-    if floor(held_at / HOUR) ~= floor(now / HOUR) then
+    if floor(held_at / HOUR) ~= floor((now + delay) / HOUR) then
         return 0, 0
     end
     return 0, -more
@@ -108,14 +109,15 @@ end
 -- cost in place of its price at decision (held when the request began), in the target's spend
 -- this node counts (d_: what is spent and what is given back, each a counter that only grows, as
 -- the runner reads them) and in the bill it reports (seen.cost). Returns what the settlement
--- changes in the budgets (the tenant's too): spent, less what was given back.
-function _M.settle(d_, seen, ctx, seconds)
+-- changes in the budgets (the tenant's too): spent, less what was given back. `delay`: how long
+-- after now the runner may take this in at the latest (link.lua's report_delay_s).
+function _M.settle(d_, seen, ctx, seconds, delay)
     if not (seen.price and seconds) then
         return 0
     end
     local prompt = _M.prompt_tokens(ngx.var.content_length)
     local bill = _M.bill(seen.price, seconds, ctx.spillway_tokens, prompt)
-    local spent, given_back = _M.settled(seen.cost or 0, bill, ngx.req.start_time(), ngx.now())
+    local spent, given_back = _M.settled(seen.cost or 0, bill, ngx.req.start_time(), ngx.now(), delay)
     if spent > 0 then
         counters.add(d_, counters.key(seen.keys.spent, seen.target), spent)
     elseif given_back > 0 then
