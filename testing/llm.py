@@ -26,12 +26,18 @@ USD_PER_PROMPT_TOKEN = 0.0001
 
 
 def chain_config(
-    triton_url: str, metrics_url: str, function_url: str, cap: int, **local: Any
+    triton_url: str,
+    metrics_url: str,
+    function_url: str,
+    cap: int,
+    tenants: dict[str, Any] | None = None,
+    **local: Any,
 ) -> dict[str, Any]:
     """Spillway's config: the tritonserver as the cluster (the vLLM engine's thresholds read from
     its metrics; ``local`` adds settings), the function as target ``aws`` (at most ``cap`` in
-    flight), and the rule that spills a request marked ``SPILL``."""
+    flight), the rule that spills a request marked ``SPILL``, and the ``tenants`` settings."""
     return {
+        **({"tenants": tenants} if tenants is not None else {}),
         "local": {
             "endpoints": [{"url": triton_url, "metrics_url": metrics_url}],
             "latency_target_ms": 5000,
@@ -78,14 +84,22 @@ class RunningChain:
     metrics_url: str  # the runner's
     onprem_model: Path  # the on-prem model's directory (its hold and kv_cache files)
     cloud_model: Path  # the function's
+    config: dict[str, Any]  # Spillway's
 
 
 @contextmanager
 def running_chain(
-    work: Path, key: str, cap: int, home: Path | None = None, triton_log: Path | None = None, **local: Any
+    work: Path,
+    key: str,
+    cap: int,
+    home: Path | None = None,
+    triton_log: Path | None = None,
+    tenants: dict[str, Any] | None = None,
+    **local: Any,
 ) -> Iterator[RunningChain]:
     """The chain started in ``work`` (``key``: the function's signing key; ``home``: APISIX's prefix,
-    by default the shared install; ``local``: settings added to the config's ``local``)."""
+    by default the shared install; ``tenants``: the config's; ``local``: settings added to the
+    config's ``local``)."""
     onprem, cloud = work / "onprem", work / "cloud"
     onprem.mkdir()
     cloud.mkdir()
@@ -108,12 +122,12 @@ def running_chain(
         )
         triton_url = f"http://127.0.0.1:{triton.http_port}"
         config = chain_config(
-            triton_url, f"http://127.0.0.1:{metrics_port}/metrics", function.url, cap, **local
+            triton_url, f"http://127.0.0.1:{metrics_port}/metrics", function.url, cap, tenants, **local
         )
         where = {"home": home} if home is not None else {}
         gateway = running.enter_context(
             gateway_for(config, work, both_routes(config), fast_path=True, signing_key=key, **where)
         )
         yield RunningChain(
-            triton_url, function.url, gateway.url, metrics_url(config), onprem / MODEL, cloud / MODEL
+            triton_url, function.url, gateway.url, metrics_url(config), onprem / MODEL, cloud / MODEL, config
         )

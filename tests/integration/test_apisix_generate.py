@@ -17,13 +17,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN
-from testing.apisix import FAST_HOST, needs_apisix
+from gateway_plugin.config import TargetCost
+from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN, request_cost_usd
+from testing.apisix import FAST_HOST, needs_apisix, runner_table
 from testing.http import http, wait_until
-from testing.llm import SPILL, USD_PER_PROMPT_TOKEN, USD_PER_TOKEN, running_chain
+from testing.llm import SPILL, USD_PER_PROMPT_TOKEN, USD_PER_TOKEN, chain_config, running_chain
 from testing.sse import EventStream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -33,6 +35,13 @@ KEY = "generate-test-signing-key-0123456789"
 
 BUDGET = 'spillway_target_spent_usd{target="aws",window="hour"}'
 
+# A stream's price at decision; the tenants of the tenant test may each spend it and a little more
+# an hour: one stream reaches the function, and from its decision on the tenant is within a price of
+# its quota, so the runner's table carries its books.
+PRICE = request_cost_usd(TargetCost.model_validate(chain_config("", "", "", 1)["targets"][0]["cost"]))
+SETTLED_TENANTS = [f"t-{route}-{how}" for route in HOSTS for how in ("whole", "cut")]
+TENANTS = {"quotas": {name: {"hourly_usd": PRICE + 0.0005} for name in SETTLED_TENANTS}}
+
 
 @dataclass
 class Chain:
@@ -40,6 +49,7 @@ class Chain:
     holds: tuple[Path, ...]  # the on-prem model's and the function's
     onprem_model: Path
     metrics_url: str
+    config: dict[str, Any]
 
     def spend(self, series: str = BUDGET) -> float:
         """What the runner has counted as spent at the function (by default in its hour's budget,
@@ -57,6 +67,11 @@ class Chain:
             time.sleep(1.5)
         return now
 
+    def tenant_spent(self, tenant: str) -> float | None:
+        """What the runner's books hold as ``tenant``'s spend this hour (None: not in its table)."""
+        row = runner_table(self.config)["tenants"].get(tenant)
+        return None if row is None else float(row["spent_hour_usd"])
+
     def stream(
         self,
         route: str,
@@ -65,10 +80,13 @@ class Chain:
         tokens: int = 4,
         first_token_ms: float = 0,
         chunked: bool = False,
+        tenant: str | None = None,
     ) -> EventStream:
         headers = {"host": HOSTS[route], "x-data-classification": classification}
         if spill:
             headers[SPILL] = "yes"
+        if tenant is not None:
+            headers["x-tenant"] = tenant
         body = _prompt(tokens, first_token_ms)
         return EventStream(f"{self.url}/v2/models/tokens/generate_stream", body, headers, chunked=chunked)
 
@@ -84,11 +102,13 @@ class Chain:
                 events.headers.get("x-spillway-decision", "").startswith("aws;") and len(events.rest()) == 1
             )
 
-    def spilled(self, route: str, tokens: int = 4, chunked: bool = False) -> EventStream:
+    def spilled(
+        self, route: str, tokens: int = 4, chunked: bool = False, tenant: str | None = None
+    ) -> EventStream:
         """A stream the function answers: the ext-plugin route frees the target's one slot when the
         previous request's outcome arrives (up to ``outcomes.batch_s`` after its answer)."""
         for _ in range(100):
-            events = self.stream(route, "public", spill=True, tokens=tokens, chunked=chunked)
+            events = self.stream(route, "public", spill=True, tokens=tokens, chunked=chunked, tenant=tenant)
             if events.headers.get("x-spillway-decision", "").startswith("aws;"):
                 return events
             events.close()
@@ -113,12 +133,13 @@ def _prompt_usd(tokens: int) -> float:
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     work = tmp_path_factory.mktemp("generate")
-    with running_chain(work, KEY, 1, model_ttft_targets_ms={"tokens": 300}) as running:
+    with running_chain(work, KEY, 1, tenants=TENANTS, model_ttft_targets_ms={"tokens": 300}) as running:
         made = Chain(
             running.gateway_url,
             (running.onprem_model / "hold", running.cloud_model / "hold"),
             running.onprem_model,
             running.metrics_url,
+            running.config,
         )
         for route in HOSTS:
             wait_until(functools.partial(made.spills, route), 30, f"the {route} route spills")
@@ -221,6 +242,32 @@ def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
     assert settled < 4 * USD_PER_TOKEN, "what it sent costs less than its price: the test sees the return"
     wait_until(lambda: abs(chain.spend() - before - settled) < 1e-9, 20, "the stream settled")
     assert chain.settled(BUDGET) - before == pytest.approx(settled)
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut"])
+@pytest.mark.parametrize("route", list(HOSTS))
+def test_a_spilled_streams_tenant_is_billed_what_the_stream_cost(
+    chain: Chain, hold: None, route: str, cut: bool
+) -> None:
+    """A tenant's hourly quota counts a stream at its price from its decision (the stream held
+    after its first token meanwhile), and at its bill once it ends: 9 tokens sent cost more than
+    the 4 expected, and a stream cut after its first token less. The fast path's plugin reports the
+    tenant's share of the settlement in its summary, signed; the runner settles the ext-plugin
+    route's itself."""
+    tenant = f"t-{route}-{'cut' if cut else 'whole'}"
+    tokens = 4 if cut else 9
+    with chain.spilled(route, tokens=tokens, tenant=tenant) as events:
+        assert events.next() is not None
+        wait_until(lambda: chain.tenant_spent(tenant) == pytest.approx(PRICE), 10, "the price held")
+        if not cut:
+            for flag in chain.holds:
+                flag.unlink()
+            assert len(events.rest()) == tokens - 1
+    billed = (1 if cut else tokens) * USD_PER_TOKEN + _prompt_usd(tokens)
+    assert billed != pytest.approx(PRICE), "the bill differs from the price: the test sees the settlement"
+    wait_until(lambda: chain.tenant_spent(tenant) == pytest.approx(billed), 20, "the stream settled")
+    time.sleep(1.5)
+    assert chain.tenant_spent(tenant) == pytest.approx(billed)
 
 
 def test_the_kv_cache_past_its_limit_spills_public_prompts_on_both_routes(chain: Chain) -> None:
