@@ -23,6 +23,7 @@ import functools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +42,7 @@ from gateway_plugin.policy.tenants import tenant_key
 log = logging.getLogger("spillway.fast_path")
 MAX_NODES = 16
 _Counters = dict[str, float]
+_Mark = Annotated[float, Field(ge=0)]
 
 
 class FastPathReport(BaseModel):
@@ -49,6 +51,9 @@ class FastPathReport(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     node: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    # The spent and given-back marks of the table the node holds: its counters as the runner that
+    # built it last took them in (none before its first table).
+    marks: dict[str, tuple[_Mark, _Mark]] = Field(default_factory=dict, max_length=MAX_KEYS)
     spent: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
     given_back: _Counters = Field(default_factory=dict, max_length=MAX_KEYS)
     hot: dict[str, bool] = Field(default_factory=dict, max_length=MAX_KEYS)
@@ -154,7 +159,12 @@ class FastPathBook:
         if node is None:
             while len(self._nodes) >= MAX_NODES:
                 self._nodes.popitem(last=False)
-            node = self._nodes[report.node] = _Node()
+            # Counted up to its table's marks already (by this runner before it forgot the node,
+            # or by the one before it): added whole, the node's lifetime spend would fall on this hour.
+            node = self._nodes[report.node] = _Node(
+                {name: mark[0] for name, mark in report.marks.items()},
+                {name: mark[1] for name, mark in report.marks.items()},
+            )
         self._nodes.move_to_end(report.node)
         state = self.state
         for name, total in report.spent.items():

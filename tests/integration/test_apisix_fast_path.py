@@ -142,6 +142,45 @@ def test_a_stale_table_keeps_everything_local_and_sheds_when_the_last_table_said
     assert failsafe and float(failsafe.group(1)) > 0
 
 
+def test_a_respawned_runner_counts_the_nodes_spend_from_the_table_it_holds(stack: Stack) -> None:
+    """The plugin's spend counters run from nginx's start, across runners. A runner that APISIX
+    respawned counts a node's spend from the marks of the table the node holds (what the dead one
+    had taken in), so the hour's budget holds what was spent since, not all the node ever spent
+    (which would stop every burst until the hour rolled)."""
+    stack.set_load(500)
+    before = _settled_spend(stack)
+    assert all(stack.send("public")["upstream"] == "aws" for _ in range(20))
+    price = (_settled_spend(stack) - before) / 20
+    assert price > 0
+    runner = stack.gateway.runner_pids()[-1]
+    os.kill(runner, signal.SIGKILL)
+    wait_until(lambda: stack.gateway.runner_pids()[-1] != runner, 30, "APISIX respawns the runner")
+    sent = []
+    wait_until(
+        lambda: sent.append(stack.send("public")) or sent[-1].get("upstream") == "aws",
+        30,
+        "the respawned runner's table",
+    )
+    spilled = sum(a.get("upstream") == "aws" for a in sent)
+    assert _settled_spend(stack) == pytest.approx(spilled * price)
+
+
+def _settled_spend(stack: Stack) -> float:
+    """The runner's hour budget for aws once it stays put (the plugin's counts reach it with the
+    next table fetched, every 50 ms, and the gauge is set every second)."""
+    series = re.compile(r'^spillway_target_spent_usd\{target="aws",window="hour"\} (\S+)$', re.M)
+
+    def now() -> float:
+        found = series.search(stack.metrics())
+        return float(found.group(1)) if found else 0.0
+
+    last = -1.0
+    while (spent := now()) != last:
+        last = spent
+        time.sleep(1.5)
+    return spent
+
+
 def test_outcomes_reach_the_runner_spend_is_counted_and_failures_open_the_breaker(stack: Stack) -> None:
     stack.set_load(500)
     stack.send("public")

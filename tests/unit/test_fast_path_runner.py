@@ -110,6 +110,27 @@ def test_reported_counters_are_taken_once_and_a_restarted_node_starts_afresh() -
     assert state.metrics.fast_path_fail_safe._value.get() == 3
 
 
+def test_a_restarted_runner_counts_a_nodes_spend_from_the_marks_of_the_table_it_holds() -> None:
+    """A node's counters run from when its nginx started, across runner restarts: the runner
+    before this one counted them up to the marks of the last table it gave the node, in windows
+    this one does not know, and adding them whole would put the node's lifetime spend on this hour
+    (no burst until it rolls). Past those marks is what no runner counted; a node without a table
+    counts from zero."""
+    state = gateway_state(config())
+    book = FastPathBook(state)
+    spent = lambda: state.ledger.spent("target:aws", state.wall())[0]  # noqa: E731
+    older = {"node": "n-old", "marks": {"aws": [40.0, 5.0]}}
+    table = json.loads(book.exchange(report(**older, spent={"aws": 41.0}, given_back={"aws": 5.0})))
+    assert spent() == pytest.approx(1.0), "what it spent since its last table, not its lifetime"
+    assert table["targets"]["aws"]["spent_mark"] == 41.0 and table["targets"]["aws"]["given_back_mark"] == 5.0
+    book.exchange(
+        report(node="n-old", marks={"aws": [41.0, 5.0]}, spent={"aws": 41.5}, given_back={"aws": 5.1})
+    )
+    assert spent() == pytest.approx(1.4)
+    book.exchange(report(node="n-new", spent={"aws": 0.25}))
+    assert spent() == pytest.approx(1.65), "a node with no table yet counts from zero"
+
+
 def test_what_settled_streams_gave_back_comes_off_the_spend_once_and_is_marked_for_the_plugin() -> None:
     """Streams the plugin settled below their price give back through a counter of their own,
     which only grows: the runner takes its growth off the target's spend, and marks it in the

@@ -171,12 +171,22 @@ function _M.start(worker, with)
         return out
     end
 
+    -- The counters as the runner took them in when it built the table held (book.py's marks).
+    local function marks(targets)
+        local out = {}
+        for name, spec in pairs(targets) do
+            out[name] = { spec.spent_mark, spec.given_back_mark }
+        end
+        return out
+    end
+
     local function node_counters()
         local tbl = worker.tbl
         local targets, models = tbl and tbl.targets or {}, tbl and tbl["local"] or {}
         local d_ = dict()
         return cjson.encode({
             node = shared_counters.node(d_),
+            marks = marks(targets),
             spent = counters(PREFIX.spent, targets),
             given_back = counters(PREFIX.given_back, targets),
             hot = counters(PREFIX.hot, models),
