@@ -207,13 +207,13 @@ class Engine:
             self.push(started[0], LOCAL_DONE, started[1])
 
     def _cloud_done(self, job: Job, served: Served, service_ms: float, now: float) -> None:
-        """A function's answer: its SLO from the first byte (a generation's first token), its
-        outcome as the route reports it, with the whole answer's time and its tokens."""
+        """A function's answer: its SLO from the first byte (a generation's first token; a function
+        the runner invokes answers whole), its outcome as the route reports it, with the whole
+        answer's time and its tokens."""
         self.outstanding -= 1
         ms = (now - job.at) * 1000
-        self.measures.record(
-            job.at, job.first_byte_ms(ms, service_ms), CLOUD_KIND if served.ok else FAILED_KIND
-        )
+        first_byte = ms if job.target in self.invoke else job.first_byte_ms(ms, service_ms)
+        self.measures.record(job.at, first_byte, CLOUD_KIND if served.ok else FAILED_KIND)
         instance = served.instance
         if served.cold:
             self.measures.cold_hits += 1

@@ -42,8 +42,10 @@ class SpillwayRouter:
         self.now = 0.0
         self.state = _SimulatedState(config, GatewaySecrets(), clock=self._clock, wall=self._wall)
         self.model = config.simulation.model
-        # Requests are streamed generations: books kept, and bills settled, as streams.
+        # Requests are streamed generations: books kept, and bills settled, as streams; except at
+        # a function the runner invokes, which answers whole (request.spillway's commit).
         self.streams = config.simulation.generation is not None
+        self.invoked = {t.name for t in config.targets if t.mode == "invoke"}
         self.tenant_header = config.tenants.header.lower()
         self.priority_header = self.state.policy.priority_header
         self.in_flight = {LOCAL: 0, **{t.name: 0 for t in config.targets}}
@@ -69,7 +71,7 @@ class SpillwayRouter:
         features = RequestFeatures(base.path, headers, base.args, base.model, job.body_bytes)
         state = self.state
         decision = decide(features, state.snapshot(job.tenant, self.model, self.counts), state.policy)
-        state.commit(decision, self.model, streamed=self.streams)
+        state.commit(decision, self.model, streamed=self.streams and decision.target not in self.invoked)
         target = decision.target
         if target in self.in_flight:
             self.in_flight[target] += 1
@@ -125,8 +127,9 @@ class SpillwayRouter:
         prompt: int = 0,
     ) -> None:
         self.now = now
-        self.state.answered(target, tenant, ok, instance or None, cold, seconds, self.streams)
-        if self.streams:
+        streamed = self.streams and target not in self.invoked
+        self.state.answered(target, tenant, ok, instance or None, cold, seconds, streamed)
+        if streamed:
             self.state.stream_settled(target, tenant, self.model, seconds, tokens, cold, prompt)
 
     def warm_report(self, target: str, instances: list[str], now: float) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway_plugin.config import SpillwayConfig
-from gateway_plugin.costs import answer_cost_usd
+from gateway_plugin.costs import answer_cost_usd, request_cost_usd
 from gateway_plugin.simulation.cluster import Job
 from gateway_plugin.simulation.engine import jobs, replay
 from gateway_plugin.simulation.runner_policy import EPOCH, SpillwayRouter
@@ -98,6 +98,32 @@ def test_a_spilled_generation_is_billed_its_whole_stream_and_tokens_and_the_book
     assert spent == pytest.approx(answer_cost_usd(cost, 3.19, 300, 2000))
     seen = answer_cost_usd(cost, 3.21 + 1e-6, 300, 2000)  # as long as the gateway saw it, the network's too
     assert router.state.ledger.spent("target:aws", EPOCH + 10)[0] == pytest.approx(seen)
+
+
+def test_a_generation_a_function_invoked_answers_whole_and_the_books_price_it_as_one_request() -> None:
+    """A function the runner invokes answers when the whole generation is done, so its first byte
+    is its last; the runner's books count it as it does, at the price held at decision (an answer,
+    not a stream settled at its tokens); the platform bills the stream all the same."""
+    made = config().model_dump()
+    made["targets"] = [
+        {
+            "name": "aws",
+            "kind": "aliyun_fc",
+            "mode": "invoke",
+            "function_name": "f",
+            "service_name": "s",
+            "cold_start_ms": 0,
+            "cost": COST,
+        }
+    ]
+    made["rules"] = [{"name": "out", "action": "target", "targets": ["aws"]}]
+    invoked = SpillwayConfig.model_validate(made)
+    ms, spent, router = _one(_generation(2000, 300), invoked)
+    assert ms == pytest.approx(20 + 200 + 2990, abs=0.01), "the whole answer, then the network"
+    cost = invoked.targets[0].cost
+    assert spent == pytest.approx(answer_cost_usd(cost, 3.19, 300, 2000))
+    booked = router.state.ledger.spent("target:aws", EPOCH + 10)[0]
+    assert booked == pytest.approx(request_cost_usd(cost)), "priced at decision, as the runner prices it"
 
 
 def test_the_trace_of_generations_draws_lengths_once_for_every_policy() -> None:
