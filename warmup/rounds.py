@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 import requests
 
 from gateway_plugin.config import ConfigError, SpillwayConfig, Target, WarmTarget
+from gateway_plugin.config.warmup import wanted
 from gateway_plugin.costs import monthly_provisioned_cost_usd, monthly_warm_cost_usd, warm_ping_cost_usd
 from gateway_plugin.targets.urls import masked_url
 from warmup import schedules
@@ -20,7 +21,6 @@ from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, failed_target, warm_target
 from warmup.provisioned import ProvisionFailed, failed_provisioning, provision_target, provisioner_for
 from warmup.report import added_up, prometheus_text, spent_before, write_atomically
-from warmup.sizing import wanted
 from warmup.transports import PingFailed, describe, transport_for
 
 log = logging.getLogger("spillway.warmup")

@@ -60,7 +60,7 @@ class CloudTarget:
         self.ready: list[Instance] = []
         # What the provisioned instances' idle time was billed (the warm-up's, not the requests').
         self.pinned_idle_usd = 0.0
-        self.pinned: list[str] = []
+        self.pinned: dict[str, Instance] = {}
         self.live = 0
         self.started = 0
         self.in_flight = 0
@@ -113,8 +113,24 @@ class CloudTarget:
             self.live += 1
             self.ready.append(Instance(f"{self.name}-{self.started}", self.slots, now, pinned))
             if pinned:
-                self.pinned.append(self.ready[-1].id)
+                self.pinned[self.ready[-1].id] = self.ready[-1]
         return [i.id for i in self.ready]
+
+    def provision(self, count: int, now: float) -> float:
+        """Provisioned concurrency set to ``count``: what it adds starts now, each instance ready
+        after a start of its own; what it takes away is let go, reaped once idle past the TTL.
+        Returns when the last instance it started is ready."""
+        ready_by = now
+        while len(self.pinned) > count:
+            _, gone = self.pinned.popitem()
+            gone.pinned = False
+        while len(self.pinned) < count:
+            instance = self._launch(now)
+            instance.pinned = True
+            self.pinned[instance.id] = instance
+            self.ready.append(instance)
+            ready_by = max(ready_by, instance.ready_at)
+        return ready_by
 
     def release(self, instance: Instance, now: float) -> None:
         self.in_flight -= 1

@@ -9,14 +9,18 @@ requests; each cloud target's cold starts and failures come from a stream of the
 
 from __future__ import annotations
 
+import datetime
 import heapq
 import math
 import random
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from zoneinfo import ZoneInfo
 
-from gateway_plugin.config import SpillwayConfig
+from gateway_plugin.config import SpillwayConfig, WarmTarget
+from gateway_plugin.config.warmup import wanted
 from gateway_plugin.policy.model import LOCAL, SHED
 from gateway_plugin.policy.snapshot import RequestFeatures
 from gateway_plugin.signals.members import Counters
@@ -24,7 +28,7 @@ from gateway_plugin.simulation.billing import Bill
 from gateway_plugin.simulation.cloud import CloudTarget, Served, lognormal
 from gateway_plugin.simulation.cluster import Batch, Cluster, Job
 from gateway_plugin.simulation.results import CLOUD_KIND, FAILED_KIND, LOCAL_KIND, SHED_KIND, Measures
-from gateway_plugin.simulation.runner_policy import per_member
+from gateway_plugin.simulation.runner_policy import EPOCH, per_member
 from gateway_plugin.simulation.tokens import TRACES
 from gateway_plugin.simulation.trace import Shaping, Trace, arrivals
 from gateway_plugin.simulation.world import Router, World
@@ -102,6 +106,12 @@ class Engine:
         self.busy_at_scrape = 0.0
         self.provisioned_billed_at = 0.0
         self.targets = {t.name: t for t in config.targets}
+        # When each target sized by its overflow took a request, over its sample (as the pinger
+        # reads the gateway's decisions from its metrics).
+        self.sent: dict[str, deque[float]] = {
+            name: deque() for name, spec in config.warmup.targets.items() if spec.adaptive is not None
+        }
+        self.zone = ZoneInfo(config.warmup.timezone)
 
     def _servers(self, members: int) -> int:
         return max(1, round(members * self.per_member))
@@ -119,7 +129,7 @@ class Engine:
             self.push(change.at_s, MEMBERS, change.members)
         warmup = self.config.warmup
         for name, spec in warmup.targets.items():
-            warm = self.clouds[name].prewarm(spec.instances, 0.0, pinned=spec.provisioned)
+            warm = self.clouds[name].prewarm(self._sized(name, spec, 0.0), 0.0, pinned=spec.provisioned)
             self.router.warm_report(name, warm, 0.0)
         if warmup.targets:
             self.push(warmup.interval_s, WARMUP, None)
@@ -159,6 +169,9 @@ class Engine:
             if job.confidential:
                 measures.residency_breaches += 1
             self.outstanding += 1
+            sent = self.sent.get(target)
+            if sent is not None:
+                sent.append(now)
             cloud = self.clouds[target]
             service_ms = cloud.service_ms(job.cloud_z, job.base_ms or None)
             served = cloud.dispatch(now, service_ms, job.tokens, job.prompt if job.tokens else None)
@@ -273,7 +286,8 @@ class Engine:
             if not spec.provisioned:
                 continue
             cost = self.targets[name].cost
-            usd = spec.instances * cost.memory_gb * cost.usd_per_provisioned_gb_second * seconds
+            held = len(self.clouds[name].pinned)
+            usd = held * cost.memory_gb * cost.usd_per_provisioned_gb_second * seconds
             self.bill.idle(name, usd, now)
             self.measures.warmup_cost_usd += usd
             self.measures.warmup_cost_usd += self.clouds[name].pinned_idle_usd
@@ -286,12 +300,14 @@ class Engine:
         self._provisioned_until(now)
         for name, spec in warmup.targets.items():
             cloud = self.clouds[name]
+            count = self._sized(name, spec, now)
             if spec.provisioned:
-                self.push(now + WARM_REPORT_DELAY_S, WARM_REPORT, (name, list(cloud.pinned)))
+                ready_by = cloud.provision(count, now)
+                self.push(ready_by + WARM_REPORT_DELAY_S, WARM_REPORT, (name, list(cloud.pinned)))
                 continue
             before = self.bill.by_target[name]
             # A ping carries no prompt: priced as the warm-up prices it (costs.warm_ping_cost_usd).
-            pings = [cloud.dispatch(now, float(spec.dwell_ms), prompt=0) for _ in range(spec.instances)]
+            pings = [cloud.dispatch(now, float(spec.dwell_ms), prompt=0) for _ in range(count)]
             self.measures.warmup_cost_usd += self.bill.by_target[name] - before
             reached = [p.instance.id for p in pings if p.instance is not None]
             for ping in pings:
@@ -300,6 +316,19 @@ class Engine:
             last = max((p.done_at for p in pings), default=now)
             self.push(last + WARM_REPORT_DELAY_S, WARM_REPORT, (name, reached))
         self.push(now + warmup.interval_s, WARMUP, None)
+
+    def _sized(self, name: str, spec: WarmTarget, now: float) -> int:
+        """What a warm-up round at ``now`` keeps warm, as the pinger sizes it: the window of the
+        simulated day (its wall clock in ``warmup.timezone``), or Little's law on the requests the
+        target took over the sample before the round (the pinger samples, then pings)."""
+        clock = datetime.datetime.fromtimestamp(EPOCH + now, self.zone).time()
+        sent, rate = self.sent.get(name), None
+        if sent is not None and spec.adaptive is not None and now > 0:
+            horizon = now - spec.adaptive.sample_s
+            while sent and sent[0] < horizon:
+                sent.popleft()
+            rate = len(sent) / min(now, spec.adaptive.sample_s)
+        return wanted(spec, clock, rate, self.targets[name].cost.expected_duration_ms / 1000)
 
 
 def replay(

@@ -22,6 +22,7 @@ from functions.events import parse_event
 from gateway_plugin.books.metrics import RunnerMetrics
 from gateway_plugin.books.warm_instances import read_warm_report
 from gateway_plugin.config import SpillwayConfig, Target, WarmTarget
+from gateway_plugin.config.warmup import littles_law, scheduled, wanted
 from testing.function import load_event, local_pool, model_repository
 from testing.http import QuietHandler, http, http_server_thread, wait_until
 from testing.paths import ROOT
@@ -30,7 +31,6 @@ from warmup.demand import overflow_rates
 from warmup.pinger import TargetResult, warm_target
 from warmup.report import prometheus_text
 from warmup.rounds import plan
-from warmup.sizing import littles_law, scheduled, wanted
 from warmup.transports import HttpTransport, PingFailed, pooled_session
 
 SPEC = WarmTarget.model_validate(
