@@ -61,6 +61,8 @@ class CloudTarget:
         # What the provisioned instances' idle time was billed (the warm-up's, not the requests').
         self.pinned_idle_usd = 0.0
         self.pinned: dict[str, Instance] = {}
+        # Provisioned instances still starting: they take requests once up.
+        self.coming: list[Instance] = []
         self.live = 0
         self.started = 0
         self.in_flight = 0
@@ -120,15 +122,19 @@ class CloudTarget:
         """Provisioned concurrency set to ``count``: what it adds starts now, each instance ready
         after a start of its own; what it takes away is let go, reaped once idle past the TTL.
         Returns when the last instance it started is ready."""
+        self._reap(now)
         ready_by = now
         while len(self.pinned) > count:
             _, gone = self.pinned.popitem()
+            if gone.free == self.slots and gone.ready_at <= now:  # idle: billed as provisioned so far
+                self._idle(gone, now - gone.last_used, now)
+                gone.last_used = now
             gone.pinned = False
-        while len(self.pinned) < count:
+        while len(self.pinned) < count and self.live < self.max_instances:
             instance = self._launch(now)
             instance.pinned = True
             self.pinned[instance.id] = instance
-            self.ready.append(instance)
+            self.coming.append(instance)
             ready_by = max(ready_by, instance.ready_at)
         return ready_by
 
@@ -147,7 +153,12 @@ class CloudTarget:
         return Instance(f"{self.name}-{self.started}", self.slots, now + self.network_s / 2 + start_s)
 
     def _reap(self, now: float) -> None:
-        """The platform stops instances idle past the TTL (the oldest idle are at the bottom)."""
+        """The platform stops instances idle past the TTL (the oldest idle are at the bottom); the
+        provisioned ones that have started since join the warm."""
+        if self.coming:
+            up = [i for i in self.coming if i.ready_at <= now]
+            self.coming = [i for i in self.coming if i.ready_at > now]
+            self.ready.extend(up)
         ready, horizon = self.ready, now - self.idle_ttl_s
         kept: list[Instance] = []
         while ready and ready[0].last_used < horizon and ready[0].free == self.slots:

@@ -111,7 +111,9 @@ class Engine:
         self.sent: dict[str, deque[float]] = {
             name: deque() for name, spec in config.warmup.targets.items() if spec.adaptive is not None
         }
+        # The trace starts at midnight where the warm-up reads its windows.
         self.zone = ZoneInfo(config.warmup.timezone)
+        self.midnight = datetime.datetime.fromtimestamp(EPOCH, datetime.UTC).replace(tzinfo=self.zone)
 
     def _servers(self, members: int) -> int:
         return max(1, round(members * self.per_member))
@@ -321,7 +323,7 @@ class Engine:
         """What a warm-up round at ``now`` keeps warm, as the pinger sizes it: the window of the
         simulated day (its wall clock in ``warmup.timezone``), or Little's law on the requests the
         target took over the sample before the round (the pinger samples, then pings)."""
-        clock = datetime.datetime.fromtimestamp(EPOCH + now, self.zone).time()
+        clock = datetime.datetime.fromtimestamp(self.midnight.timestamp() + now, self.zone).time()
         sent, rate = self.sent.get(name), None
         if sent is not None and spec.adaptive is not None and now > 0:
             horizon = now - spec.adaptive.sample_s

@@ -3,14 +3,18 @@ Little's law on the overflow a target took, and provisioned concurrency that fol
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from gateway_plugin.config import SpillwayConfig, load
 from gateway_plugin.simulation.baselines import AllCloud, AllLocal
+from gateway_plugin.simulation.billing import Bill
+from gateway_plugin.simulation.cloud import CloudTarget
 from gateway_plugin.simulation.engine import jobs, replay
 from gateway_plugin.simulation.results import Measures
+from gateway_plugin.simulation.settings import SimulatedTarget
 from gateway_plugin.simulation.trace import RateTrace, Shaping
 from gateway_plugin.simulation.world import Router
 from testing.paths import ROOT
@@ -90,3 +94,51 @@ def test_provisioned_concurrency_follows_the_window_and_is_billed_while_held() -
     config = lambda_only({"instances": 0, "windows": FIRST_TEN_MINUTES, "provisioned": True})
     measures, _ = run(config, 1.0, 1800, False)
     assert measures.warmup_cost_usd == pytest.approx(3 * 4.0 * 0.0000041667 * 600, rel=1e-6)
+
+
+def _fc(idle_usd_per_s: float = 0.0) -> CloudTarget:
+    config = SpillwayConfig.model_validate(
+        {"targets": [{"name": "fc", "kind": "aliyun_fc", "url": "https://x", "idle_ttl_s": 60}]}
+    )
+    bill = Bill({"fc": config.targets[0].cost})
+    settings = SimulatedTarget(
+        cold_start_ms=1000, cold_start_cv=0, network_ms=0, idle_usd_per_second=idle_usd_per_s
+    )
+    return CloudTarget(config.targets[0], settings, bill, random.Random(1))
+
+
+def test_an_instance_provisioned_while_others_are_warm_takes_no_request_before_it_has_started() -> None:
+    """Provisioned concurrency raised from 1 to 2: the new instance starts (1 s here); a request
+    meanwhile goes to the warm one, and once that is busy it starts one of its own (cold), as the
+    platform's on-demand instances do; the provisioned one serves warm once it is up."""
+    cloud = _fc()
+    cloud.slots = 1
+    cloud.prewarm(1, 0.0, pinned=True)
+    assert cloud.provision(2, 100.0) == pytest.approx(101.0)
+    first = cloud.dispatch(100.0, 10.0)
+    assert not first.cold and first.instance is not None and first.instance.id == "fc-1"
+    assert cloud.dispatch(100.1, 10.0).cold, "the provisioned one is still starting"
+    later = cloud.dispatch(101.5, 10.0)
+    assert not later.cold and later.instance is not None and later.instance.id == "fc-2"
+
+
+def test_a_provisioned_instance_let_go_is_billed_its_provisioned_idle_time_as_the_warm_ups() -> None:
+    """FC bills a provisioned instance's idle time: two held from 0 to 600 s, then let go, owe the
+    warm-up 1,200 instance-seconds; from then on they idle as any instance, until reaped."""
+    cloud = _fc(idle_usd_per_s=1.0)
+    cloud.prewarm(2, 0.0, pinned=True)
+    cloud.provision(0, 600.0)
+    assert cloud.pinned_idle_usd == pytest.approx(1200.0)
+    assert cloud.idle_warm(700.0) == 0, "reaped once idle past the TTL"
+    assert cloud.bill.by_target["fc"] == pytest.approx(1200.0 + 2 * 60.0)
+
+
+def test_windows_are_read_on_the_clock_of_the_warmups_time_zone() -> None:
+    """The simulated day starts at midnight where the warm-up's windows are read: the same window
+    in Asia/Shanghai as in UTC pings the same rounds."""
+    warm = {"instances": 0, "windows": FIRST_TEN_MINUTES}
+    shanghai = lambda_only(warm).model_dump()
+    shanghai["warmup"]["timezone"] = "Asia/Shanghai"
+    _, there = run(SpillwayConfig.model_validate(shanghai), 1.0, 900, False)
+    _, here = run(lambda_only(warm), 1.0, 900, False)
+    assert there == here and {n for at, n in here if 1 < at < 600} == {3}
