@@ -59,9 +59,9 @@ function _M.settings()
         core.log.error("spillway: plugin_attr.spillway is invalid: ", err)
         return nil
     end
-    -- The latest a count made now reaches the runner: with the next fetch or summary, each of
-    -- which may take its timeout.
-    attr.report_delay_s = math.max(attr.fetch_interval_s, attr.batch_s) + attr.timeout_s
+    -- The latest a count made now reaches the runner (while the last exchange lasts): one that
+    -- began just before may take its timeout, and the next, a tick later, may take its own.
+    attr.report_delay_s = math.max(attr.fetch_interval_s, attr.batch_s) + 2 * attr.timeout_s
     local token = os.getenv(attr.token_env) or ""
     if #token < contract.TOKEN.min_len then
         core.log.error("spillway: ", attr.token_env, " must hold the route token (at least ", contract.TOKEN.min_len, " ",
