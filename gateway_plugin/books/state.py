@@ -188,13 +188,13 @@ class GatewayState(SummedOutcomes):
 
     def cap(self, name: str) -> int:
         """The concurrency cap this node may fill: under a shared cap, the slots it holds."""
-        shared = self.shared.cap(name) if self.shared is not None else None
+        shared = self.shared.cap(name, self.wall()) if self.shared is not None else None
         return self.targets[name].concurrency_cap if shared is None else shared
 
     def fast_path_cap(self, name: str) -> int:
         """The concurrency cap the fast path's plugin may fill: under a shared cap, its block of
         this node's slots."""
-        shared = self.shared.fast_path_cap(name) if self.shared is not None else None
+        shared = self.shared.fast_path_cap(name, self.wall()) if self.shared is not None else None
         return self.targets[name].concurrency_cap if shared is None else shared
 
     def target(self, name: str) -> Target:

@@ -54,6 +54,11 @@ class SharedState(Model):
         default="SPILLWAY_REDIS_PASSWORD", description="environment variable holding Redis's password"
     )
 
+    @property
+    def node_ttl_ms(self) -> int:
+        """How long the store counts a node, and what it holds, after its last round."""
+        return max(3000, 30 * self.sync_period_ms)
+
     @field_validator("redis_url")
     @classmethod
     def _url(cls, value: str) -> str:

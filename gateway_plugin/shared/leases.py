@@ -286,23 +286,27 @@ class Slots:
             self.asked = old.asked
         return self
 
-    def allowed(self, together: bool) -> int:
+    def allowed(self, together: bool, counted: bool = False) -> int:
         """Slots this node may fill: those it holds while it decides with the store (connected,
-        and settled if it came back), else its share of the cap. No more than it last asked for:
-        the store sets what the node holds to that want at most, maybe after the node filled more
-        while the round was out, and the others may then fill what it gave back."""
-        if not together:
-            return max(1, self.cap // self.share)
-        return self.held if self.asked < 0 else min(self.held, self.asked)
+        and settled if it came back), else its share of the cap, and no more than it holds while
+        the store still counts that (``counted``: the others fill the rest of the cap). What it
+        holds is no more than it last asked for: the store sets what the node holds to that want
+        at most, maybe after the node filled more while the round was out, and the others may
+        then fill what it gave back."""
+        held = self.held if self.asked < 0 else min(self.held, self.asked)
+        if together:
+            return held
+        share = max(1, self.cap // self.share)
+        return min(held, share) if counted else share
 
-    def for_runner(self, together: bool) -> int:
+    def for_runner(self, together: bool, counted: bool = False) -> int:
         """What the runner's own decisions may fill: the node's slots less the plugin's block."""
-        return self.allowed(together) - self.kept
+        return self.allowed(together, counted) - self.kept
 
-    def for_fast_path(self, together: bool) -> int:
+    def for_fast_path(self, together: bool, counted: bool = False) -> int:
         """What the plugin may fill, from now on kept out of the runner's part: one block."""
         self.kept = max(self.kept, self.block)  # never less than a table handed out may hold
-        return min(self.block, self.allowed(together))
+        return min(self.block, self.allowed(together, counted))
 
     def request(self, in_flight: int, always: bool = False, settling: bool = False) -> dict[str, Any] | None:
         """Ask for in-flight plus a block (the cap at most); nothing when that is already asked,

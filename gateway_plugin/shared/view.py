@@ -77,6 +77,7 @@ class SharedView:
         self.dirty: set[str] = set()  # tenants with something to tell the store
         self.warm: dict[str, int] = {}
         self.seen: dict[str, dict[str, int]] = {}
+        self.counted_until = 0.0  # wall time until which the store counts what this node holds
         self.apply(config, policy)
 
     def apply(self, config: SpillwayConfig, policy: Policy) -> None:
@@ -168,7 +169,7 @@ class SharedView:
         warm = max(warm, self.warm.get(name, 0))
         slots = limits.slots
         if slots is not None:
-            shown = in_flight + slots.cap - slots.for_runner(self._together())
+            shown = in_flight + slots.cap - slots.for_runner(*self._standing(wall))
             warm -= in_flight + (slots.others_busy if connected else 0) - shown
             in_flight = shown
         hour, day = limits.spent_usd(wall, connected, fast_path)
@@ -203,7 +204,7 @@ class SharedView:
         if minute is not None:
             requests = minute.limit - minute.remaining(wall, connected)
         if slots is not None:
-            in_flight += slots.cap - slots.allowed(self._together())
+            in_flight += slots.cap - slots.allowed(*self._standing(wall))
         return TenantState(
             requests,
             in_flight,
@@ -260,21 +261,24 @@ class SharedView:
             self.dirty.add(tenant)
             self._wake_if(more)
 
-    def cap(self, target: str) -> int | None:
+    def cap(self, target: str, wall: float) -> int | None:
         """The part of the target's concurrency cap this node may fill now (its slots), for the
         gauge: reading it keeps nothing for the plugin."""
         slots = self.targets[target].slots
-        return None if slots is None else slots.allowed(self._together())
+        return None if slots is None else slots.allowed(*self._standing(wall))
 
-    def fast_path_cap(self, target: str) -> int | None:
+    def fast_path_cap(self, target: str, wall: float) -> int | None:
         """The part of the target's concurrency cap the fast path's plugin may fill: a block of
         this node's slots, which its runner leaves alone from now on."""
         slots = self.targets[target].slots
-        return None if slots is None else slots.for_fast_path(self._together())
+        return None if slots is None else slots.for_fast_path(*self._standing(wall))
 
-    def _together(self) -> bool:
-        """Whether this node fills the slots the store gave it: connected, and settled if back."""
-        return self.connected and self.comeback.back is None
+    def _standing(self, wall: float) -> tuple[bool, bool]:
+        """Whether this node fills the slots the store gave it (connected, and settled if back),
+        and whether the store still counts them for it (its last answered round was sent less
+        than the store's node TTL ago): until it forgets them, the others fill the rest."""
+        together = self.connected and self.comeback.back is None
+        return together, self.comeback.reached and wall < self.counted_until
 
     def _wake_if(self, more: bool) -> None:
         if more and self.connected:
@@ -345,7 +349,7 @@ class SharedView:
         payload = {
             "p": "{" + settings.key_prefix + "}",
             "node": self.node,
-            "node_ttl_ms": max(3000, 30 * settings.sync_period_ms),
+            "node_ttl_ms": settings.node_ttl_ms,
             "bye": 1 if release else 0,
             "complete": 0 if self.dirty else 1,
             **self.comeback.asked(),
@@ -376,6 +380,7 @@ class SharedView:
             self.dirty.update(self.tenants)  # settled: every tenant hands back what it held
         for slots, (held, others_busy) in zip(slot_refs, slot_replies, strict=True):
             slots.granted(int(held), int(others_busy))
+        self.counted_until = wall + self.settings.node_ttl_ms / 1000
         opened = []
         for asked, (gen, until_ms, cooldown_ms, probes) in zip(
             request["breakers"], breaker_replies, strict=True

@@ -130,8 +130,9 @@ def test_a_round_sent_twice_counts_its_claims_once(server: RedisServer, times: t
     cfg = config(server.url, budgets={"per_target_hourly_usd": {"aws": 1.0}})
     (node,) = nodes(cfg, times, 1)
     node.view.connected = False
+    times[1].now += cfg.shared_state.node_ttl_ms / 1000  # type: ignore[union-attr]
     spent_alone = sum(node.decide().is_cloud for _ in range(20))
-    assert spent_alone == 20, "alone, a third of the budget: 33 requests"
+    assert spent_alone == 20, "alone and forgotten: a third of the budget and of the cap (33)"
     sent = node.state.shared_round()
     node.store.exchange(sent.payload)  # the answer is lost
     node.state.shared_answered(sent, node.store.exchange(sent.payload))
@@ -159,6 +160,35 @@ def test_a_global_concurrency_cap_holds_across_nodes(server: RedisServer, times:
     other = (busiest + 1) % 3
     three[other].sync()
     assert three[other].decide().is_cloud, "slots freed on one node are taken by another"
+
+
+def test_a_node_that_loses_the_store_fills_no_slot_the_store_counts_for_another(
+    server: RedisServer, times: tuple[Clock, Clock]
+) -> None:
+    """Two nodes on a cap of 4, one holding 3 slots (all busy) and the other 1: the second's round
+    fails (a late answer is one). While the store still counts the first's 3 slots, the second
+    fills only what the store counts for it, not its share (2), and no more while it settles on
+    coming back; once the store has forgotten it (its node key expired), its share."""
+    cfg = config(server.url, shared_state={"redis_url": server.url, "nodes_expected": 2})
+    cfg = cfg.model_copy(update={"targets": [cfg.targets[0].model_copy(update={"concurrency_cap": 4})]})
+    busy, other = nodes(cfg, times, 2)
+    sent = 0
+    for _ in range(6):
+        sent += busy.decide().is_cloud
+        busy.sync()
+    other.sync()
+    assert sent == 3 and other.decide().is_cloud and not other.decide().is_cloud
+    other.view.connected = False
+    assert not other.decide().is_cloud, "3 + 1 counted, all busy: full"
+    other.sync()
+    assert other.view.comeback.back is not None, "back, not settled yet"
+    assert not other.decide().is_cloud, "the store holds it 1 slot, busy"
+    other.state.answered("aws", None, ok=True, seconds=0.1)
+    assert other.decide().is_cloud and not other.decide().is_cloud
+    other.view.connected = False
+    _, wall = times
+    wall.now += cfg.shared_state.node_ttl_ms / 1000 + 1  # type: ignore[union-attr]
+    assert sum(other.decide().is_cloud for _ in range(3)) == 1, "forgotten: its share of the cap (2)"
 
 
 def test_a_breaker_opened_on_one_node_is_open_on_all_then_one_probe_closes_it(

@@ -221,19 +221,29 @@ ROUND = ("ask", "store", "reply")
     + [(op, 0) for op in ("fill", "fill", "store", "reply")]
     + [(op, 1) for op in (*ROUND, *ROUND, "fill", "fill")]
 )
-@given(st.lists(st.tuples(st.sampled_from(["fill", "done", *ROUND]), st.integers(0, 1)), max_size=60))
+@example(
+    [(op, 0) for op in (*ROUND, "fill", *ROUND, "fill", *ROUND, "fill", "fill", *ROUND)]
+    + [(op, 1) for op in (*ROUND, "fill", "lose", "fill")]
+)
+@given(st.lists(st.tuples(st.sampled_from(["fill", "done", "lose", *ROUND]), st.integers(0, 1)), max_size=60))
 def test_nodes_that_fill_while_their_round_is_out_never_exceed_the_cap(steps: list[tuple[str, int]]) -> None:
     """Two nodes and the store's arithmetic (``shared_store``'s script: a node holds at most
     what the others leave). A round is out for a while: the store may set what a node holds from
-    a want asked before the node filled more, so a node must fill no more than it asked for."""
+    a want asked before the node filled more, so a node must fill no more than it asked for. A
+    node may lose the store (``lose``, and again to find it back): its rounds may still reach the
+    store, their answers not the node, which then fills no more than its share and, as the store
+    still counts it, than it held."""
     cap, nodes = 4, [Slots("t", cap=4, block=2, share=2), Slots("t", cap=4, block=2, share=2)]
     in_flight, field, sent, stored = [0, 0], [0, 0], [None, None], [None, None]
+    away = [False, False]
     for op, n in steps:
         node = nodes[n]
-        if op == "fill" and in_flight[n] < node.allowed(together=True):
+        if op == "fill" and in_flight[n] < node.allowed(together=not away[n], counted=True):
             in_flight[n] += 1
         elif op == "done" and in_flight[n]:
             in_flight[n] -= 1
+        elif op == "lose":
+            away[n] = not away[n]
         elif op == "ask" and sent[n] is None and stored[n] is None:
             sent[n] = node.request(in_flight[n], always=True)
         elif op == "store" and sent[n] is not None:
@@ -241,6 +251,7 @@ def test_nodes_that_fill_while_their_round_is_out_never_exceed_the_cap(steps: li
             field[n] = max(0, min(asked["want"], cap - field[1 - n]))
             stored[n] = field[n]
         elif op == "reply" and stored[n] is not None:
-            node.granted(stored[n], 0)
+            if not away[n]:
+                node.granted(stored[n], 0)
             stored[n] = None
         assert sum(in_flight) <= cap, (steps, in_flight, field)
