@@ -1,6 +1,6 @@
 """Two real APISIX nodes on a real etcd, each with its runner, sharing state through Redis: a
 single redis-server, a Sentinel group (master, replica, three sentinels) or a Redis Cluster (three
-masters, a replica each), traffic split over both nodes. Four parts:
+masters, a replica each), traffic split over both nodes. Five parts:
 
 ``throughput``  per store and route (the ext-plugin route, the fast path): ``wrk`` against both
     nodes at once (``--connections`` each, ``--seconds``), every public request sent to aws by a
@@ -22,8 +22,15 @@ Sentinel and Cluster run with ``replicas_ack: 1`` in the other parts.
     status, the seconds from the promotion to each runner's ``spillway_shared_state_connected``
     back at 1 (polled every 20 ms), and aws's requests against the stated bound (the budget, or the
     sum of the runners' ``spillway_shared_state_alone_usd`` once both went alone).
+``stall``       the second node's way to a single redis-server held up (a proxy that stops
+    forwarding) for ``--stall-ms`` every 2 s, ``--stalls`` times, as a congested link or a loaded
+    machine may, while clients (three a route on the first node, one on the second) send every
+    public request to aws under a cap of 4 and a budget too large to bind: the second node's round
+    comes late and it decides alone, while the first still holds most of the cap; the most aws had
+    in flight against the cap and how many requests arrived beyond it, the runners' failed or late
+    rounds, and every answer's status.
 
-    python bench/multi_node.py [--parts throughput,decision,budget,failover] [--json]
+    python bench/multi_node.py [--parts throughput,decision,budget,failover,stall] [--json]
 
 Needs APISIX (scripts/install-apisix.sh, $SPILLWAY_APISIX_PREFIX), etcd, redis-server,
 redis-sentinel, wrk and nginx; everything on loopback.
@@ -36,6 +43,7 @@ import contextlib
 import json
 import os
 import secrets
+import socket
 import statistics
 import sys
 import tempfile
@@ -343,6 +351,80 @@ def _kill_and_wait(made: SentinelGroup | ClusterGroup, prefix: str, nodes: Nodes
     return alone, done[0]
 
 
+STALL_EVERY_S = 2.0
+CLIENTS = (3, 1)  # per path, on the first node and the second: one node holds most of the cap
+
+
+def stall(folder: Path, stalls: int, stall_ms: int) -> dict[str, Any]:
+    with (
+        contextlib.ExitStack() as stack,
+        counting_upstream("local") as local,
+        counting_upstream("aws", delay_s=0.02) as aws,
+        metrics_feed() as feed,
+        store("single", folder / "s-single") as made,
+    ):
+        assert isinstance(made, RedisServer)
+        proxy = stack.enter_context(HeldProxy(made.port))
+        configs = node_configs(local.url, aws.url, feed.url, made.url, budget=1_000_000, cap=4)
+        configs[1]["shared_state"]["redis_url"] = f"redis://127.0.0.1:{proxy.port}/0"
+        with two_nodes(folder / "s-nodes", configs) as nodes:
+            aws.reset()
+            traffic = Traffic(nodes, PATHS.values(), per_path=CLIENTS)
+            traffic.start()
+            for _ in range(stalls):
+                time.sleep(STALL_EVERY_S - stall_ms / 1000)
+                proxy.open.clear()
+                time.sleep(stall_ms / 1000)
+                proxy.open.set()
+            time.sleep(1.0)
+            answers = traffic.finish()
+            late = [metric(n, "spillway_shared_state_errors_total") for n in nodes.nodes]
+    return {
+        "stalls": stalls,
+        "stall_ms": stall_ms,
+        "rounds_failed_or_late": late,
+        "aws": aws.count,
+        "max_in_flight": aws.max_in_flight,
+        "cap": 4,
+        "over_cap": sum(n for level, n in aws.arrivals.items() if level > 4),
+        "answers": sum(answers.values()),
+        "not_200": sum(n for status, n in answers.items() if status != 200),
+    }
+
+
+class HeldProxy:
+    """A TCP proxy on loopback to ``port`` that forwards nothing while ``open`` is clear."""
+
+    def __init__(self, port: int) -> None:
+        self.target, self.open = port, threading.Event()
+        self.open.set()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+    def __enter__(self) -> HeldProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open.set()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target), timeout=10)
+                for a, b in ((client, server), (server, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError), source, sink:
+            source.settimeout(None)
+            while chunk := source.recv(65536):
+                self.open.wait()
+                sink.sendall(chunk)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -354,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--budget", type=int, default=300)
     parser.add_argument("--failover-trials", type=int, default=10)
+    parser.add_argument("--stalls", type=int, default=20)
+    parser.add_argument("--stall-ms", type=int, default=500)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
@@ -368,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             out["budget"] = budget(folder, args.budget)
         if "failover" in parts:
             out["failover"] = failover(folder, args.failover_trials)
+        if "stall" in parts:
+            out["stall"] = stall(folder, args.stalls, args.stall_ms)
     if "failover" in out:
         follow = sorted(s for row in out["failover"] for s in row["follow_s"])
         out["failover_summary"] = {

@@ -77,11 +77,14 @@ class CountingUpstream:
     count: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
+    # How many requests arrived to find each count in flight, themselves included.
+    arrivals: Counter[int] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
             self.count = self.max_in_flight = 0
+            self.arrivals.clear()
 
 
 @contextmanager
@@ -97,6 +100,7 @@ def counting_upstream(name: str, delay_s: float = 0.0) -> Iterator[CountingUpstr
                 state.count += 1
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
+                state.arrivals[state.in_flight] += 1
             time.sleep(state.delay_s)
             with state.lock:
                 state.in_flight -= 1
@@ -125,21 +129,24 @@ def counting_upstream(name: str, delay_s: float = 0.0) -> Iterator[CountingUpstr
 
 @dataclass
 class Traffic:
-    """One client per node and path, one request at a time each (keep-alive), until stopped."""
+    """``per_path[i]`` clients on node ``i`` per path (one on each by default), one request at a
+    time each (keep-alive), until stopped."""
 
     nodes: Nodes
     paths: Iterable[str]
+    per_path: tuple[int, ...] = ()
     answers: Counter[int] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
-        for node in self.nodes.nodes:
+        for i, node in enumerate(self.nodes.nodes):
             for path in self.paths:
-                thread = threading.Thread(target=self._client, args=(node, path), daemon=True)
-                thread.start()
-                self.threads.append(thread)
+                for _ in range(self.per_path[i] if i < len(self.per_path) else 1):
+                    thread = threading.Thread(target=self._client, args=(node, path), daemon=True)
+                    thread.start()
+                    self.threads.append(thread)
 
     def _client(self, node: Node, path: str) -> None:
         where = urlsplit(node.url)
