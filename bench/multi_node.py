@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import statistics
 import sys
 import tempfile
@@ -56,7 +55,15 @@ from typing import Any
 import redis
 from apisix_gateway import metrics_feed, run_wrk, upstream_nginx, wrk_command, wrk_script
 from harness import ROOT
-from multi_node_stack import CountingUpstream, Traffic, counting_upstream, metric, node_configs, poll_back
+from multi_node_stack import (
+    CountingUpstream,
+    HeldProxy,
+    Traffic,
+    counting_upstream,
+    metric,
+    node_configs,
+    poll_back,
+)
 from shared_state import decision_cost
 
 from gateway_plugin.shared_store import RedisStore
@@ -390,39 +397,6 @@ def stall(folder: Path, stalls: int, stall_ms: int) -> dict[str, Any]:
         "answers": sum(answers.values()),
         "not_200": sum(n for status, n in answers.items() if status != 200),
     }
-
-
-class HeldProxy:
-    """A TCP proxy on loopback to ``port`` that forwards nothing while ``open`` is clear."""
-
-    def __init__(self, port: int) -> None:
-        self.target, self.open = port, threading.Event()
-        self.open.set()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-
-    def __enter__(self) -> HeldProxy:
-        threading.Thread(target=self._accept, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.open.set()
-        self.listener.close()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self.listener.accept()
-                server = socket.create_connection(("127.0.0.1", self.target), timeout=10)
-                for a, b in ((client, server), (server, client)):
-                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError), source, sink:
-            source.settimeout(None)
-            while chunk := source.recv(65536):
-                self.open.wait()
-                sink.sendall(chunk)
 
 
 def main(argv: list[str] | None = None) -> int:

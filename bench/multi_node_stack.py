@@ -4,8 +4,10 @@ metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import secrets
+import socket
 import threading
 import time
 from collections import Counter
@@ -199,3 +201,36 @@ def poll_back(nodes: Nodes, since: float, timeout_s: float = 30.0) -> list[float
                 back[i] = round(max(0.0, time.monotonic() - since), 3)
         time.sleep(0.02)
     return back
+
+
+class HeldProxy:
+    """A TCP proxy on loopback to ``port`` that forwards nothing while ``open`` is clear."""
+
+    def __init__(self, port: int) -> None:
+        self.target, self.open = port, threading.Event()
+        self.open.set()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+    def __enter__(self) -> HeldProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open.set()
+        self.listener.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target), timeout=10)
+                for a, b in ((client, server), (server, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError), source, sink:
+            source.settimeout(None)
+            while chunk := source.recv(65536):
+                self.open.wait()
+                sink.sendall(chunk)
