@@ -24,6 +24,16 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise TimeoutError(f"{what} not within {timeout} s")
 
 
+def settled(read: Callable[[], float], pause_s: float = 1.5) -> float:
+    """``read()`` once two readings ``pause_s`` apart agree: counts that reach the runner in
+    batches and gauges set every second have come in."""
+    last = -1.0
+    while (now := read()) != last:
+        last = now
+        time.sleep(pause_s)
+    return now
+
+
 def http(
     method: str,
     url: str,

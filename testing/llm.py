@@ -23,6 +23,13 @@ TOKENS_ONLY = {"usd_per_request": 0, "usd_per_gb_second": 0, "usd_per_gpu_second
 USD_PER_TOKEN = 0.001
 # Each prompt token (the request body's bytes / costs.BYTES_PER_INPUT_TOKEN), none expected at decision.
 USD_PER_PROMPT_TOKEN = 0.0001
+# The function's price: per token alone, so a stream's spend says how many it sent and was sent.
+FUNCTION_COST = {
+    **TOKENS_ONLY,
+    "usd_per_output_token": USD_PER_TOKEN,
+    "expected_output_tokens": 4,
+    "usd_per_input_token": USD_PER_PROMPT_TOKEN,
+}
 
 
 def chain_config(
@@ -53,13 +60,7 @@ def chain_config(
                 "signing_key_env": "SPILLWAY_SIGNING_KEY",
                 "cold_start_ms": 0,
                 "concurrency_cap": cap,
-                # Billed per token alone, so a stream's spend says how many it sent and was sent.
-                "cost": {
-                    **TOKENS_ONLY,
-                    "usd_per_output_token": USD_PER_TOKEN,
-                    "expected_output_tokens": 4,
-                    "usd_per_input_token": USD_PER_PROMPT_TOKEN,
-                },
+                "cost": FUNCTION_COST,
             }
         ],
         "rules": [

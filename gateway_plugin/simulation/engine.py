@@ -113,7 +113,8 @@ class Engine:
         }
         # The trace starts at midnight where the warm-up reads its windows.
         self.zone = ZoneInfo(config.warmup.timezone)
-        self.midnight = datetime.datetime.fromtimestamp(EPOCH, datetime.UTC).replace(tzinfo=self.zone)
+        midnight = datetime.datetime.fromtimestamp(EPOCH, datetime.UTC).replace(tzinfo=self.zone)
+        self.midnight_s = midnight.timestamp()
 
     def _servers(self, members: int) -> int:
         return max(1, round(members * self.per_member))
@@ -323,7 +324,7 @@ class Engine:
         """What a warm-up round at ``now`` keeps warm, as the pinger sizes it: the window of the
         simulated day (its wall clock in ``warmup.timezone``), or Little's law on the requests the
         target took over the sample before the round (the pinger samples, then pings)."""
-        clock = datetime.datetime.fromtimestamp(self.midnight.timestamp() + now, self.zone).time()
+        clock = datetime.datetime.fromtimestamp(self.midnight_s + now, self.zone).time()
         sent, rate = self.sent.get(name), None
         if sent is not None and spec.adaptive is not None and now > 0:
             horizon = now - spec.adaptive.sample_s

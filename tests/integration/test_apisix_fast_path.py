@@ -18,7 +18,7 @@ from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from testing.apisix import Stack, StackStarter, needs_apisix
-from testing.http import wait_until
+from testing.http import settled, wait_until
 from testing.standins import StandIns
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -174,11 +174,7 @@ def _settled_spend(stack: Stack) -> float:
         found = series.search(stack.metrics())
         return float(found.group(1)) if found else 0.0
 
-    last = -1.0
-    while (spent := now()) != last:
-        last = spent
-        time.sleep(1.5)
-    return spent
+    return settled(now)
 
 
 def test_outcomes_reach_the_runner_spend_is_counted_and_failures_open_the_breaker(stack: Stack) -> None:

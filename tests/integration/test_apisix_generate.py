@@ -24,8 +24,8 @@ import pytest
 from gateway_plugin.config import TargetCost
 from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN, request_cost_usd
 from testing.apisix import FAST_HOST, needs_apisix, runner_table
-from testing.http import http, wait_until
-from testing.llm import SPILL, USD_PER_PROMPT_TOKEN, USD_PER_TOKEN, chain_config, running_chain
+from testing.http import http, settled, wait_until
+from testing.llm import FUNCTION_COST, SPILL, USD_PER_PROMPT_TOKEN, USD_PER_TOKEN, running_chain
 from testing.sse import EventStream
 
 pytestmark = [pytest.mark.integration, needs_apisix()]
@@ -38,7 +38,7 @@ BUDGET = 'spillway_target_spent_usd{target="aws",window="hour"}'
 # A stream's price at decision; the tenants of the tenant test may each spend it and a little more
 # an hour: one stream reaches the function, and from its decision on the tenant is within a price of
 # its quota, so the runner's table carries its books.
-PRICE = request_cost_usd(TargetCost.model_validate(chain_config("", "", "", 1)["targets"][0]["cost"]))
+PRICE = request_cost_usd(TargetCost.model_validate(FUNCTION_COST))
 SETTLED_TENANTS = [f"t-{route}-{how}" for route in HOSTS for how in ("whole", "cut")]
 TENANTS = {"quotas": {name: {"hourly_usd": PRICE + 0.0005} for name in SETTLED_TENANTS}}
 
@@ -61,11 +61,7 @@ class Chain:
 
     def settled(self, series: str) -> float:
         """``series`` once it stays put: what earlier streams spent comes within about a second."""
-        before = -1.0
-        while (now := self.spend(series)) != before:
-            before = now
-            time.sleep(1.5)
-        return now
+        return settled(lambda: self.spend(series))
 
     def tenant_spent(self, tenant: str) -> float | None:
         """What the runner's books hold as ``tenant``'s spend this hour (None: not in its table)."""
