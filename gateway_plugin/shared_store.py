@@ -305,6 +305,13 @@ class RedisStore:
             text = text.replace(secret, "***")
         return text[:300]
 
+    def may_have_run(self, error: BaseException) -> bool:
+        """Whether the round may have run on the store though it failed here: it timed out on the
+        way back, or ran and was not replicated (a refused connection ran nothing)."""
+        import redis
+
+        return isinstance(error, (NotReplicated, redis.exceptions.TimeoutError))
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()

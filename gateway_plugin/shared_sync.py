@@ -29,6 +29,8 @@ class Store(Protocol):
 
     def describe(self, error: BaseException) -> str: ...
 
+    def may_have_run(self, error: BaseException) -> bool: ...
+
     def close(self) -> None: ...
 
 
@@ -83,9 +85,12 @@ class SharedSync:
             async with asyncio.timeout(self.timeout_s):
                 reply = await asyncio.wrap_future(self._out)
         except TimeoutError:
+            self.view.may_have_run(sent)
             self._lost(f"no answer within {self.timeout_s * 1000:.0f} ms")
             return False
         except Exception as exc:  # the store's client raises many kinds; each means "not now"
+            if self.store.may_have_run(exc):
+                self.view.may_have_run(sent)
             self._lost(self.store.describe(exc))
             return False
         self.state.shared_answered(sent, reply)

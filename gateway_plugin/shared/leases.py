@@ -14,8 +14,9 @@ shares of each limit ahead of use, so no two nodes can spend the same unit:
   its own alone share and holds in the store what it has not spent of it, so that no one else is
   leased that either. Settled, it keeps a block of that share at most and gives back the rest.
 - ``Slots``: a concurrency cap. A node holds slots, all nodes together at most the cap, and
-  dispatches only while its in-flight count is under what it holds; away, it holds
-  ``cap // share`` (at least one). A node whose fast path fills slots too (the plugin counts its
+  dispatches only while its in-flight count is under what it holds; away, it fills ``cap //
+  share`` (at least one), and no more than the store may still count for it while the store may
+  still count it (the others fill the rest). A node whose fast path fills slots too (the plugin counts its
   in-flight requests in APISIX, out of the runner's sight) keeps a block of them for it.
 - ``SharedBreaker``: the breaker state every node reads (generation, open until, cooldown) and the
   half-open probe tokens this node was given; a node that trips its own breaker says so at once in
@@ -276,6 +277,7 @@ class Slots:
     held: int = 0
     others_busy: int = 0
     asked: int = -1
+    least: int = -1  # the least want sent since the last answer (-1: none)
     kept: int = 0  # kept for the fast path's plugin once it asked for a table: a block, else 0
 
     def carry(self, old: Slots | None) -> Slots:
@@ -283,17 +285,18 @@ class Slots:
         out may be giving slots back), and kept for the plugin."""
         if old is not None:
             self.held, self.others_busy, self.kept = old.held, old.others_busy, old.kept
-            self.asked = old.asked
+            self.asked, self.least = old.asked, old.least
         return self
 
     def allowed(self, together: bool, counted: bool = False) -> int:
         """Slots this node may fill: those it holds while it decides with the store (connected,
         and settled if it came back), else its share of the cap, and no more than it holds while
-        the store still counts that (``counted``: the others fill the rest of the cap). What it
-        holds is no more than it last asked for: the store sets what the node holds to that want
-        at most, maybe after the node filled more while the round was out, and the others may
-        then fill what it gave back."""
-        held = self.held if self.asked < 0 else min(self.held, self.asked)
+        the store may still count that (``counted``: the others fill the rest of the cap). What
+        it holds is no more than it asked for since the last answer: the store sets what the node
+        holds to each want at most (a round answered late or not at all may still have run),
+        maybe after the node filled more while the round was out, and the others may then fill
+        what it gave back."""
+        held = self.held if self.least < 0 else min(self.held, self.least)
         if together:
             return held
         share = max(1, self.cap // self.share)
@@ -317,10 +320,11 @@ class Slots:
         if want == self.held and want == self.asked and not always:
             return None
         self.asked = want
+        self.least = want if self.least < 0 else min(self.least, want)
         return {"key": self.key, "cap": self.cap, "want": want, "busy": in_flight}
 
     def granted(self, held: int, others_busy: int) -> None:
-        self.held, self.others_busy = held, others_busy
+        self.held, self.others_busy, self.least = held, others_busy, -1
 
 
 @dataclass

@@ -275,8 +275,8 @@ class SharedView:
 
     def _standing(self, wall: float) -> tuple[bool, bool]:
         """Whether this node fills the slots the store gave it (connected, and settled if back),
-        and whether the store still counts them for it (its last answered round was sent less
-        than the store's node TTL ago): until it forgets them, the others fill the rest."""
+        and whether the store may still count them for it (a round that may have run there was
+        sent less than the store's node TTL ago): until it forgets them, the others fill the rest."""
         together = self.connected and self.comeback.back is None
         return together, self.comeback.reached and wall < self.counted_until
 
@@ -360,6 +360,11 @@ class SharedView:
         }
         return Round(payload, asked.lease_refs, asked.slot_refs, wall, away)
 
+    def may_have_run(self, sent: Round) -> None:
+        """A round that ran on the store (answered, late, or not replicated) renews this node
+        there: the store counts what the node holds until the node's key lapses, from then on."""
+        self.counted_until = max(self.counted_until, sent.wall + self.settings.node_ttl_ms / 1000)
+
     def round_done(self, sent: Round, reply: list[Any]) -> list[str]:
         """The store's answers, in the order of the request; the targets whose breaker this round
         opened for every node."""
@@ -380,7 +385,7 @@ class SharedView:
             self.dirty.update(self.tenants)  # settled: every tenant hands back what it held
         for slots, (held, others_busy) in zip(slot_refs, slot_replies, strict=True):
             slots.granted(int(held), int(others_busy))
-        self.counted_until = wall + self.settings.node_ttl_ms / 1000
+        self.may_have_run(sent)
         opened = []
         for asked, (gen, until_ms, cooldown_ms, probes) in zip(
             request["breakers"], breaker_replies, strict=True

@@ -424,6 +424,37 @@ def test_a_slow_store_is_left_after_its_timeout_and_taken_back_when_it_answers(
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("timeout_s", [0.1, 0.3], ids=["round-deadline", "client-timeout"])
+def test_a_late_round_keeps_the_node_to_what_the_store_counts_for_it(
+    server: RedisServer, times: tuple[Clock, Clock], timeout_s: float
+) -> None:
+    """A round that times out (the round's deadline, or first the client's ``timeout_ms`` of
+    0.2 s) may still run on the store and renew the node there: the node fills no more than it
+    held (16 slots) for the node TTL after that round was sent, not after its last answered one;
+    then its share of the cap (33)."""
+    (node,) = nodes(config(server.url), times, 1)
+    sync = SharedSync(node.state, node.store, period_s=0.1, timeout_s=timeout_s)
+    wall, ttl_s = times[1], node.view.settings.node_ttl_ms / 1000
+    assert server.proc is not None
+
+    async def run() -> None:
+        assert await sync.round()
+        held = node.view.cap("aws", wall.now)
+        wall.now += ttl_s - 1
+        server.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            assert not await sync.round()
+        finally:
+            server.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        wall.now += 2
+        assert node.view.cap("aws", wall.now) == held == 16, "the late round may have run"
+        wall.now += ttl_s
+        assert node.view.cap("aws", wall.now) == 33, "forgotten: its share"
+        assert await sync.drained(30)
+
+    asyncio.run(run())
+
+
 class GarbledStore:
     """A store whose answers do not fit the request: stands in for a broken or foreign server,
     which a real redis-server running this project's script cannot be made into."""
@@ -440,6 +471,9 @@ class GarbledStore:
 
     def describe(self, error: BaseException) -> str:
         return type(error).__name__
+
+    def may_have_run(self, error: BaseException) -> bool:
+        return False
 
     def close(self) -> None:
         pass

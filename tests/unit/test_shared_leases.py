@@ -184,6 +184,21 @@ def test_slots_made_anew_fill_no_more_than_the_old_ones_last_asked_for() -> None
     assert new.allowed(together=True) == 3
 
 
+def test_away_a_node_fills_no_more_than_the_least_it_asked_for_since_its_last_answer() -> None:
+    """Cap 4, two nodes holding 2 each. This one asks for 1 (idle): the store runs the round,
+    the answer is lost, the other takes the slot freed. Away, this one's next ask is its share
+    (2), but the store still counts only 1 for it: that is all it may fill."""
+    slots = Slots("t", cap=4, block=1, share=2)
+    slots.granted(2, 0)
+    assert slots.request(in_flight=0) == {"key": "t", "cap": 4, "want": 1, "busy": 0}
+    asked = slots.request(in_flight=0, always=True, settling=True)
+    assert asked is not None and asked["want"] == 2
+    assert slots.allowed(together=False, counted=True) == 1
+    assert slots.allowed(together=False) == 2, "forgotten by the store: its share"
+    slots.granted(2, 0)
+    assert slots.allowed(together=False, counted=True) == 2, "answered: what the store holds"
+
+
 def test_a_breaker_tripped_here_is_open_before_the_store_knows() -> None:
     shared = SharedBreaker()
     shared.say("open")
@@ -214,6 +229,7 @@ def test_a_new_generation_voids_the_tokens_of_the_old_one() -> None:
 
 
 ROUND = ("ask", "store", "reply")
+BLOCK = 1
 
 
 @example(
@@ -225,15 +241,20 @@ ROUND = ("ask", "store", "reply")
     [(op, 0) for op in (*ROUND, "fill", *ROUND, "fill", *ROUND, "fill", "fill", *ROUND)]
     + [(op, 1) for op in (*ROUND, "fill", "lose", "fill")]
 )
+@example(  # an idle ask ran, its answer lost: away, the settling ask must not lift the bound
+    [(op, 0) for op in (*ROUND, "fill", *ROUND, "done", "ask", "store", "lose", "reply")]
+    + [(op, 1) for op in (*ROUND, "fill", *ROUND, "fill", *ROUND, "fill")]
+    + [(op, 0) for op in ("ask", "fill", "fill")]
+)
 @given(st.lists(st.tuples(st.sampled_from(["fill", "done", "lose", *ROUND]), st.integers(0, 1)), max_size=60))
 def test_nodes_that_fill_while_their_round_is_out_never_exceed_the_cap(steps: list[tuple[str, int]]) -> None:
     """Two nodes and the store's arithmetic (``shared_store``'s script: a node holds at most
     what the others leave). A round is out for a while: the store may set what a node holds from
     a want asked before the node filled more, so a node must fill no more than it asked for. A
-    node may lose the store (``lose``, and again to find it back): its rounds may still reach the
-    store, their answers not the node, which then fills no more than its share and, as the store
-    still counts it, than it held."""
-    cap, nodes = 4, [Slots("t", cap=4, block=2, share=2), Slots("t", cap=4, block=2, share=2)]
+    node may lose the store (``lose``, and again to find it back): its rounds, which then ask for
+    its share, may still reach the store, their answers not the node, which fills no more than its
+    share and, as the store still counts it, than the least the store may hold for it."""
+    cap, nodes = 4, [Slots("t", cap=4, block=BLOCK, share=2), Slots("t", cap=4, block=BLOCK, share=2)]
     in_flight, field, sent, stored = [0, 0], [0, 0], [None, None], [None, None]
     away = [False, False]
     for op, n in steps:
@@ -245,7 +266,7 @@ def test_nodes_that_fill_while_their_round_is_out_never_exceed_the_cap(steps: li
         elif op == "lose":
             away[n] = not away[n]
         elif op == "ask" and sent[n] is None and stored[n] is None:
-            sent[n] = node.request(in_flight[n], always=True)
+            sent[n] = node.request(in_flight[n], always=True, settling=away[n])
         elif op == "store" and sent[n] is not None:
             asked, sent[n] = sent[n], None
             field[n] = max(0, min(asked["want"], cap - field[1 - n]))
