@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from gateway_plugin.fast_path.contract import FAIL_SAFE
 from testing.apisix import Stack, needs_apisix, stack
 from testing.http import wait_until
 from testing.standins import stand_ins
@@ -44,11 +46,11 @@ def _client(url: str, names: range) -> list[tuple[int, str]]:
     return seen
 
 
-def flood(url: str, names: range, clients: int = 8) -> list[tuple[int, str]]:
-    """``names`` spread over ``clients`` connections."""
+def flood(url: str, names: range, clients: int = 8) -> Counter[tuple[int, str]]:
+    """``names`` spread over ``clients`` connections; how many got each status and decision."""
     with ThreadPoolExecutor(clients) as pool:
         parts = pool.map(_client, [url] * clients, [names[k::clients] for k in range(clients)])
-        return [seen for part in parts for seen in part]
+        return Counter(seen for part in parts for seen in part)
 
 
 def decisions(front: Stack) -> float:
@@ -88,14 +90,18 @@ def test_a_flood_of_tenant_names_cannot_keep_a_failing_targets_breaker_closed(tm
         reported = decisions(front)
         wait_until(lambda: decisions(front) > reported, 30, "a summary of the requests so far")
         names = FLOOD
-        assert flood(gateway.url, range(names)) == [(200, "local;residency")] * names
+        # Each kept home: by residency, or, should the table lapse on a loaded machine (a second
+        # without one), by the plugin's fail-safe.
+        answered = flood(gateway.url, range(names))
+        assert set(answered) <= {(200, "local;residency"), (200, f"local;{FAIL_SAFE}")}, answered
+        assert answered.total() == names
         sent += names
         # A summary may have gone out at the end of the flood: then 600 more names, until the
         # summary aws's answers join holds at least 600 of them (a flood of its own).
         for _ in range(10):
             if sent - decisions(front) >= 600:
                 break
-            assert len(flood(gateway.url, range(names, names + 600))) == 600
+            assert flood(gateway.url, range(names, names + 600)).total() == 600
             names, sent = names + 600, sent + 600
         failed = [front.send("public") for _ in range(5)]
         assert [(a["status"], front.decision(a)[:4]) for a in failed] == [(500, "aws;")] * 5

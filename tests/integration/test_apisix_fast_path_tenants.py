@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,7 +156,7 @@ def test_a_table_the_full_dict_has_no_room_for_leaves_the_last_one_until_a_small
     failures = metric(front, "spillway_fast_path_table_store_failures_total")
     left_out = metric(front, "spillway_fast_path_table_tenants_left_out")
     log = front.gateway.error_log()
-    assert statuses == [200] * 1000
+    assert Counter(statuses) == {200: 1000}
     assert not attacked.shed(), attacked.shed()[:5]
     assert failures >= 1
     assert "does not fit in the shared dict spillway (no memory)" in log and "make the dict larger" in log
