@@ -262,21 +262,18 @@ class SharedView:
             self._wake_if(more)
 
     def cap(self, target: str, wall: float) -> int | None:
-        """The part of the target's concurrency cap this node may fill now (its slots), for the
-        gauge: reading it keeps nothing for the plugin."""
+        """The slots of the target's cap this node may fill now, for the gauge (keeps nothing)."""
         slots = self.targets[target].slots
         return None if slots is None else slots.allowed(*self._standing(wall))
 
     def fast_path_cap(self, target: str, wall: float) -> int | None:
-        """The part of the target's concurrency cap the fast path's plugin may fill: a block of
-        this node's slots, which its runner leaves alone from now on."""
+        """The slots the plugin may fill: a block, which the runner leaves alone from now on."""
         slots = self.targets[target].slots
         return None if slots is None else slots.for_fast_path(*self._standing(wall))
 
     def _standing(self, wall: float) -> tuple[bool, bool]:
-        """Whether this node fills the slots the store gave it (connected, and settled if back),
-        and whether the store may still count them for it (a round that may have run there was
-        sent less than the store's node TTL ago): until it forgets them, the others fill the rest."""
+        """Whether this node fills the slots the store gave it (connected, settled if back), and
+        whether the store may still count them for it (see ``may_have_run``)."""
         together = self.connected and self.comeback.back is None
         return together, self.comeback.reached and wall < self.counted_until
 
@@ -361,8 +358,7 @@ class SharedView:
         return Round(payload, asked.lease_refs, asked.slot_refs, wall, away)
 
     def may_have_run(self, sent: Round) -> None:
-        """A round that ran on the store (answered, late, or not replicated) renews this node
-        there: the store counts what the node holds until the node's key lapses, from then on."""
+        """A round that ran on the store (answered, late, unreplicated) renews the node's key there."""
         self.counted_until = max(self.counted_until, sent.wall + self.settings.node_ttl_ms / 1000)
 
     def round_done(self, sent: Round, reply: list[Any]) -> list[str]:
