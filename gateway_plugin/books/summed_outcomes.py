@@ -106,9 +106,9 @@ class SummedOutcomes:
         """A request residency kept home, as the residency log says it."""
         residency_log.info(json.dumps(seen))
 
-    def sent_local(self, model: str | None, sent: int) -> None:
-        """Requests another process sent to the cluster."""
-        self.load.sent_local_many(model, sent)
+    def sent_local(self, model: str | None, sent: int, span_s: float = 0.0) -> None:
+        """Requests another process sent to the cluster over the last ``span_s``."""
+        self.load.sent_local_many(model, sent, span_s)
 
     def arrived_onprem(self, model: str | None, arrived: int) -> None:
         """Requests that may not leave, arrived at another process."""

@@ -232,7 +232,7 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
             seen["content"] = kept.content
         state.kept_home(seen)
     for model, sent in summary.sent_local.items():
-        state.sent_local(model or None, sent)
+        state.sent_local(model or None, sent, summary.sent_local_span_s)
     for model, arrived in summary.on_prem.items():
         state.arrived_onprem(model or None, arrived)
     for model, (count, seconds) in summary.local_s.items():

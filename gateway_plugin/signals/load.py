@@ -151,6 +151,8 @@ class LoadTracker:
     stale_after_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     last_ok: float = float("-inf")
+    # When a scrape last read the cluster's pending requests (what was sent before, it saw).
+    scraped_at: float = float("-inf")
     # local.thresholds' limits, the cluster's value of each gauge at the last scrape (in their
     # order) and their hysteresis state.
     thresholds: tuple[Threshold, ...] = ()
@@ -201,7 +203,7 @@ class LoadTracker:
                 entry.scraped(sums.delta.get(model), sums.pending.get(model, 0.0))
         overall = _sum(sums.delta.values()) if sums.delta else None
         self._models[ALL_MODELS].scraped(overall, sum(sums.pending.values()))
-        self.last_ok = now
+        self.last_ok = self.scraped_at = now
         return True
 
     def unchanged(self) -> None:
@@ -229,8 +231,12 @@ class LoadTracker:
         if entry is not overall:
             overall.sent += 1
 
-    def sent_local_many(self, model: str | None, count: int) -> None:
-        """``count`` requests sent local at once (the fast path reports them in batches)."""
+    def sent_local_many(self, model: str | None, count: int, span_s: float = 0.0) -> None:
+        """``count`` requests sent local over the last ``span_s`` (the fast path reports them in
+        batches): the share sent since the last scrape, taking them as spread evenly, since the
+        scrape saw the rest pending or done; all of them where ``span_s`` is 0."""
+        if span_s > 0:
+            count = round(count * min(1.0, (self.clock() - self.scraped_at) / span_s))
         if count <= 0:
             return
         entry = self._entry(model)

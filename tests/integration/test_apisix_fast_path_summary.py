@@ -5,11 +5,17 @@ a time)."""
 from __future__ import annotations
 
 import http.client
+import json
 import re
+import selectors
+import socket
+import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -67,8 +73,8 @@ def test_a_flood_of_tenant_names_cannot_keep_a_failing_targets_breaker_closed(tm
         trio = running.enter_context(stand_ins(nodelay=True))
         config = trio.config()
         config["tenants"] = {"default": {"requests_per_minute": 1_000_000}}
-        # What the flood sends local must not read as a saturated cluster, which would shed it: a
-        # summary 10 s apart adds the thousands it sent local to the backlog since the last scrape.
+        # What the flood sends local must not read as a saturated cluster, which would shed it: the
+        # feed says 500 ms queued, and the flood sends hundreds between two scrapes.
         config["overflow"] = {"saturation_ratio": 10_000}
         config["local"]["max_queue_ms"] = 3_600_000
         routes = routes_for(config)
@@ -105,3 +111,93 @@ def test_a_flood_of_tenant_names_cannot_keep_a_failing_targets_breaker_closed(tm
         wait_until(lambda: OPEN in front.metrics(), 30, "aws's failures reported: its breaker open")
         # The plugin sees it with its next table (fetched every 50 ms).
         wait_until(lambda: front.decision(front.send("public")) == "local;no_target", 10, "aws skipped")
+
+
+class SummaryTap:
+    """A loopback relay between the plugin and the runner that keeps the summaries the plugin
+    posts (parsed as the runner gets them), so a test reads what went over the wire."""
+
+    def __init__(self, runner: str) -> None:
+        host, _, port = runner.rpartition(":")
+        self.runner = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.summaries: list[dict[str, Any]] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                plugin, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                runner = socket.create_connection(self.runner, timeout=30)
+            except OSError:  # the runner is not up yet: the plugin tries again
+                plugin.close()
+                continue
+            threading.Thread(target=self._relay, args=(plugin, runner), daemon=True).start()
+
+    def _relay(self, plugin: socket.socket, runner: socket.socket) -> None:
+        """Both directions of one connection, until either side closes it."""
+        requests = bytearray()
+        with plugin, runner, selectors.DefaultSelector() as selector:
+            selector.register(plugin, selectors.EVENT_READ)
+            selector.register(runner, selectors.EVENT_READ)
+            try:
+                while True:
+                    for key, _ in selector.select():
+                        source = plugin if key.fileobj is plugin else runner
+                        if not (chunk := source.recv(65536)):
+                            return
+                        (runner if source is plugin else plugin).sendall(chunk)
+                        if source is plugin:
+                            requests += chunk
+                            self._take(requests)
+            except OSError:
+                return
+
+    def _take(self, requests: bytearray) -> None:
+        while (end := requests.find(b"\r\n\r\n")) >= 0:
+            head = bytes(requests[:end]).decode("latin-1")
+            framed = re.search(r"(?im)^content-length:\s*(\d+)", head)
+            length = int(framed.group(1)) if framed else 0
+            if len(requests) < end + 4 + length:
+                return
+            body = bytes(requests[end + 4 : end + 4 + length])
+            del requests[: end + 4 + length]
+            if head.startswith("POST /spillway/fast-outcomes "):
+                self.summaries.append(json.loads(body))
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_summary_says_over_how_long_it_sent_local(tmp_path: Path) -> None:
+    """The runner adds to the cluster's backlog only the share of a summary's local requests sent
+    since its last scrape, so the plugin says when the first of them went: two requests a second
+    apart, in one summary (every 3 s), span at least that second and at most the test's own
+    measure from the first to the summary's arrival."""
+    with ExitStack() as running:
+        trio = running.enter_context(stand_ins(nodelay=True))
+        config = trio.config()
+        tap = SummaryTap(config["outcomes"]["listen"])
+        running.callback(tap.close)
+        attr = {"batch_s": 3, "runner": tap.address}
+        front = running.enter_context(
+            stack(trio, config, tmp_path, routes_for(config), fast_path=True, workers=1, attr=attr)
+        )
+        wait_until(lambda: front.decision(front.send("public")) == "local;local_ok", 30, "a table")
+        seen = len(tap.summaries)
+        time.sleep(0.5)  # the last request's log phase, after its answer, has counted it
+        wait_until(lambda: len(tap.summaries) > seen, 30, "a summary of the requests so far")
+        started = time.monotonic()
+        assert front.decision(front.send("public")) == "local;local_ok"
+        time.sleep(1.0)
+        assert front.decision(front.send("public")) == "local;local_ok"
+        seen = len(tap.summaries)
+        wait_until(lambda: len(tap.summaries) > seen, 30, "the summary of the two")
+        elapsed = time.monotonic() - started
+        summary = tap.summaries[seen]
+        assert summary["sent_local"] == {"add_sub": 2}, summary
+        assert 0.999 <= float(summary["sent_local_span_s"]) <= elapsed, (summary, elapsed)

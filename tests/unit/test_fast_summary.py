@@ -16,6 +16,7 @@ from gateway_plugin.fast_path.book import apply_outcomes
 from gateway_plugin.fast_path.summary import MAX_KEYS, FastOutcomes
 from gateway_plugin.policy.snapshot import BreakerState
 from gateway_plugin.policy.tenants import tenant_key
+from gateway_plugin.signals.members import Counters
 from testing.gateway import gateway_state
 from tests.unit.test_fast_path_runner import TOKEN, _post, config
 
@@ -115,3 +116,31 @@ def test_tenant_names_past_their_bound_cost_no_targets_answers() -> None:
     assert state.breakers["aws"].current(state.clock()) is BreakerState.OPEN
     book = state.tenants.get(names[0])
     assert book is not None and book.last_minute(state.wall()) == 1
+
+
+def test_a_summary_adds_to_the_backlog_only_its_share_sent_since_the_last_scrape() -> None:
+    """A worker's summary counts what it sent local over ``sent_local_span_s``; a scrape in that
+    span already saw the part before it (done or pending), so only the rest is backlog still unseen.
+    Counting the whole lump made a slow-flushing node look saturated and shed what could not leave."""
+    now = [100.0]
+    state = gateway_state(config(), clock=lambda: now[0])
+    state.load.observe([{"": Counters()}])
+    now[0] = 100.5
+
+    def sent_since_scrape() -> int:
+        return state.load.snapshot(None)[""].sent_since_scrape
+
+    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 1000}, "sent_local_span_s": 10.0}))
+    assert sent_since_scrape() == 50, "0.5 s of the 10 s the summary spans came after the scrape"
+    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 7}, "sent_local_span_s": 0.2}))
+    assert sent_since_scrape() == 57, "a summary whose span began after the scrape counts whole"
+    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 3}}))
+    assert sent_since_scrape() == 60, "a summary without its span (an older plugin) counts whole"
+    state.load.observe([{"": Counters(pending=4)}])
+    assert sent_since_scrape() == 0
+
+
+def test_a_summary_counts_whole_before_any_scrape() -> None:
+    state = gateway_state(config())
+    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"m": 9}, "sent_local_span_s": 30.0}))
+    assert state.load.snapshot(None)[""].sent_since_scrape == 9

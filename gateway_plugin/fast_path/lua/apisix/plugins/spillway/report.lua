@@ -24,6 +24,7 @@ local INSTANCE_VAR = "upstream_http_" .. C.HEADER.instance:gsub("-", "_")
 local COLD_VAR = "upstream_http_" .. C.HEADER.cold:gsub("-", "_")
 local tonumber, tostring, pairs, setmetatable, type = tonumber, tostring, pairs, setmetatable, type
 local find, gmatch, gsub, sub = string.find, string.gmatch, string.gsub, string.sub
+local max, now = math.max, ngx.now
 
 local _M = {}
 
@@ -236,8 +237,12 @@ local function count(agg, name, model)
     map[model] = (map[model] or 0) + 1
 end
 
--- Requests sent local, per model: the runner adds them to the cluster's backlog estimate.
+-- Requests sent local, per model: the runner adds to the cluster's backlog estimate the share of
+-- them sent since its last scrape, so it is told when the first of them went.
 function _M.sent_local(agg, model)
+    if agg.sent_from == nil then
+        agg.sent_from = now()
+    end
     count(agg, S.sent_local, model)
 end
 
@@ -317,6 +322,7 @@ function _M.body(agg)
         body[name] = agg[name]
     end
     body[S.instances] = instances
+    body[S.sent_local_span_s] = agg.sent_from and max(0, now() - agg.sent_from) or 0
     return body
 end
 
