@@ -15,8 +15,8 @@ shares of each limit ahead of use, so no two nodes can spend the same unit:
   leased that either. Settled, it keeps a block of that share at most and gives back the rest.
 - ``Slots``: a concurrency cap. A node holds slots, all nodes together at most the cap, and
   dispatches only while its in-flight count is under what it holds; away, it fills ``cap //
-  share`` (at least one), and no more than the store may still count for it while the store may
-  still count it (the others fill the rest). A node whose fast path fills slots too (the plugin counts its
+  share`` (at least one), the others the rest, and, for as long as the store may still count its
+  slots, no more than it held there. A node whose fast path fills slots too (the plugin counts its
   in-flight requests in APISIX, out of the runner's sight) keeps a block of them for it.
 - ``SharedBreaker``: the breaker state every node reads (generation, open until, cooldown) and the
   half-open probe tokens this node was given; a node that trips its own breaker says so at once in

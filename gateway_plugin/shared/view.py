@@ -77,7 +77,7 @@ class SharedView:
         self.dirty: set[str] = set()  # tenants with something to tell the store
         self.warm: dict[str, int] = {}
         self.seen: dict[str, dict[str, int]] = {}
-        self.counted_until = 0.0  # wall time until which the store counts what this node holds
+        self.counted_until = 0.0  # wall time until which the store may count what this node holds
         self.apply(config, policy)
 
     def apply(self, config: SpillwayConfig, policy: Policy) -> None:
