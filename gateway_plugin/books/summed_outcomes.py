@@ -110,9 +110,9 @@ class SummedOutcomes:
         """Requests another process sent to the cluster over the last ``span_s``."""
         self.load.sent_local_many(model, sent, span_s)
 
-    def arrived_onprem(self, model: str | None, arrived: int) -> None:
-        """Requests that may not leave, arrived at another process."""
-        self.load.arrived_onprem(model, arrived)
+    def arrived_onprem(self, model: str | None, arrived: int, span_s: float = 0.0) -> None:
+        """Requests that may not leave, arrived at another process over the last ``span_s``."""
+        self.load.arrived_onprem(model, arrived, span_s)
 
     def local_answers(self, model: str | None, ok: int, failed: int) -> None:
         """The cluster's answers, ok and failed, feeding its own health as the last ``window``."""

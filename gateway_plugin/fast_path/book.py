@@ -232,9 +232,9 @@ def apply_outcomes(state: GatewayState, summary: FastOutcomes) -> None:
             seen["content"] = kept.content
         state.kept_home(seen)
     for model, sent in summary.sent_local.items():
-        state.sent_local(model or None, sent, summary.sent_local_span_s)
+        state.sent_local(model or None, sent, summary.span_s)
     for model, arrived in summary.on_prem.items():
-        state.arrived_onprem(model or None, arrived)
+        state.arrived_onprem(model or None, arrived, summary.span_s)
     for model, (count, seconds) in summary.local_s.items():
         if count:
             state.answered_local(model or None, seconds / count * 1000)

@@ -152,10 +152,10 @@ class FastOutcomes(BaseModel):
 
     decisions: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
     sent_local: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
-    # Seconds from the first request sent local to the summary (0: not said, all of it counts):
-    # how much of ``sent_local`` a scrape since could already have seen.
-    sent_local_span_s: _Amount = 0.0
     on_prem: dict[_Text, _Count] = Field(default_factory=dict, max_length=MAX_KEYS)
+    # Seconds from the first request ``sent_local`` or ``on_prem`` counts to the summary, over which
+    # the runner spreads them (0: not said; all of them count as of now).
+    span_s: _Amount = 0.0
     local_s: dict[_Text, tuple[_Count, _Amount]] = Field(default_factory=dict, max_length=MAX_KEYS)
     # Per model, the cluster's answers ok and failed (5xx, timed out, refused): its health.
     local_answers: dict[_Text, tuple[_Count, _Count]] = Field(default_factory=dict, max_length=MAX_KEYS)

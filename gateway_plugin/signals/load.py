@@ -70,12 +70,16 @@ class Rate:
     rps: float = 0.0
     at: float = 0.0
 
-    def read(self, now: float, count: int = 0) -> float:
-        """The rate as of ``now``, ``count`` events added."""
+    def read(self, now: float, count: int = 0, span_s: float = 0.0) -> float:
+        """The rate as of ``now``, ``count`` events added: spread evenly over the last ``span_s``
+        (each as decayed since it came), or all at ``now``."""
         if now > self.at:
             self.rps *= math.exp((self.at - now) / RATE_S)
             self.at = now
-        self.rps += count / RATE_S
+        if span_s > 0:
+            self.rps += count / span_s * -math.expm1(-span_s / RATE_S)
+        else:
+            self.rps += count / RATE_S
         return self.rps
 
 
@@ -245,12 +249,13 @@ class LoadTracker:
         if entry is not overall:
             overall.sent += count
 
-    def arrived_onprem(self, model: str | None, count: int = 1) -> None:
-        """``count`` requests that may not leave arrived for ``model`` (the headroom's measure)."""
+    def arrived_onprem(self, model: str | None, count: int = 1, span_s: float = 0.0) -> None:
+        """``count`` requests that may not leave arrived for ``model`` over the last ``span_s``
+        (the headroom's measure)."""
         if count > 0:
             now = self.clock()
             for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
-                entry.onprem.read(now, count)
+                entry.onprem.read(now, count, span_s)
 
     def answered_local(self, model: str | None, ms: float, weight: float = 0.2) -> None:
         """The gateway saw the cluster's answer start after ``ms``: a moving average, per model and

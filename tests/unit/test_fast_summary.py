@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 
@@ -119,9 +120,9 @@ def test_tenant_names_past_their_bound_cost_no_targets_answers() -> None:
 
 
 def test_a_summary_adds_to_the_backlog_only_its_share_sent_since_the_last_scrape() -> None:
-    """A worker's summary counts what it sent local over ``sent_local_span_s``; a scrape in that
-    span already saw the part before it (done or pending), so only the rest is backlog still unseen.
-    Counting the whole lump made a slow-flushing node look saturated and shed what could not leave."""
+    """A worker's summary counts what it sent local over ``span_s``; a scrape in that span already
+    saw the part before it (done or pending), so only the rest is backlog still unseen. Counting
+    the whole lump made a slow-flushing node look saturated and shed what could not leave."""
     now = [100.0]
     state = gateway_state(config(), clock=lambda: now[0])
     state.load.observe([{"": Counters()}])
@@ -130,9 +131,9 @@ def test_a_summary_adds_to_the_backlog_only_its_share_sent_since_the_last_scrape
     def sent_since_scrape() -> int:
         return state.load.snapshot(None)[""].sent_since_scrape
 
-    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 1000}, "sent_local_span_s": 10.0}))
+    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 1000}, "span_s": 10.0}))
     assert sent_since_scrape() == 50, "0.5 s of the 10 s the summary spans came after the scrape"
-    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 7}, "sent_local_span_s": 0.2}))
+    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 7}, "span_s": 0.2}))
     assert sent_since_scrape() == 57, "a summary whose span began after the scrape counts whole"
     apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"": 3}}))
     assert sent_since_scrape() == 60, "a summary without its span (an older plugin) counts whole"
@@ -142,5 +143,20 @@ def test_a_summary_adds_to_the_backlog_only_its_share_sent_since_the_last_scrape
 
 def test_a_summary_counts_whole_before_any_scrape() -> None:
     state = gateway_state(config())
-    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"m": 9}, "sent_local_span_s": 30.0}))
+    apply_outcomes(state, FastOutcomes.model_validate({"sent_local": {"m": 9}, "span_s": 30.0}))
     assert state.load.snapshot(None)[""].sent_since_scrape == 9
+
+
+def test_a_summary_adds_its_on_prem_only_arrivals_to_the_rate_as_of_when_they_came() -> None:
+    """1,000 arrivals over a 10 s summary are 100 a second, not 1,000 (each would read as arriving
+    at the summary), so the headroom kept for them is what they need; without a span, the lump."""
+    now = [100.0]
+
+    def rate_after(summary: dict[str, object]) -> float:
+        state = gateway_state(config(), clock=lambda: now[0])
+        apply_outcomes(state, FastOutcomes.model_validate(summary))
+        return state.load.snapshot(None)[""].onprem_rps
+
+    assert rate_after({"on_prem": {"": 1000}, "span_s": 10.0}) == pytest.approx(100.0, rel=1e-3)
+    assert rate_after({"on_prem": {"": 20}, "span_s": 0.2}) == pytest.approx(100 * (1 - math.exp(-0.2)))
+    assert rate_after({"on_prem": {"": 1000}}) == pytest.approx(1000.0)

@@ -33,5 +33,5 @@ return {
         fast_path = "fast_path",
         ext_plugin = "ext_plugin",
     },
-    SUMMARY = { decisions = "decisions", sent_local = "sent_local", sent_local_span_s = "sent_local_span_s", on_prem = "on_prem", local_s = "local_s", local_answers = "local_answers", members = "members", cloud = "cloud", instances = "instances", tenants = "tenants", usage = "usage", usage_other = "usage_other", residency = "residency", table_ages = "table_ages", table_age_sum = "table_age_sum", dropped = "dropped" },
+    SUMMARY = { decisions = "decisions", sent_local = "sent_local", on_prem = "on_prem", span_s = "span_s", local_s = "local_s", local_answers = "local_answers", members = "members", cloud = "cloud", instances = "instances", tenants = "tenants", usage = "usage", usage_other = "usage_other", residency = "residency", table_ages = "table_ages", table_age_sum = "table_age_sum", dropped = "dropped" },
 }

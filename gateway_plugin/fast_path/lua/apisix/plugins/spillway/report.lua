@@ -237,18 +237,24 @@ local function count(agg, name, model)
     map[model] = (map[model] or 0) + 1
 end
 
--- Requests sent local, per model: the runner adds to the cluster's backlog estimate the share of
--- them sent since its last scrape, so it is told when the first of them went.
-function _M.sent_local(agg, model)
-    if agg.sent_from == nil then
-        agg.sent_from = now()
+-- The runner spreads what the summary counts at decisions over the time since the first of them:
+-- it adds to the cluster's backlog only the requests sent local after its last scrape, and to the
+-- on-prem-only arrival rate each request as of when it came.
+local function decided(agg, name, model)
+    if agg.decided_from == nil then
+        agg.decided_from = now()
     end
-    count(agg, S.sent_local, model)
+    count(agg, name, model)
+end
+
+-- Requests sent local, per model: the cluster's backlog estimate.
+function _M.sent_local(agg, model)
+    decided(agg, S.sent_local, model)
 end
 
 -- Requests that may not leave, per model: the runner measures the headroom they need from them.
 function _M.on_prem(agg, model)
-    count(agg, S.on_prem, model)
+    decided(agg, S.on_prem, model)
 end
 
 local function clipped(text)
@@ -322,7 +328,7 @@ function _M.body(agg)
         body[name] = agg[name]
     end
     body[S.instances] = instances
-    body[S.sent_local_span_s] = agg.sent_from and max(0, now() - agg.sent_from) or 0
+    body[S.span_s] = agg.decided_from and max(0, now() - agg.decided_from) or 0
     return body
 end
 
