@@ -78,7 +78,7 @@ end
 """
 
 _EPILOGUE = """
-for _, phase in ipairs({ "access", "header_filter", "log" }) do
+for _, phase in ipairs({ %(phases)s }) do
     local inner = _M[phase]
     _M[phase] = function(conf, ctx)
         local began = __read()
@@ -141,7 +141,8 @@ def instrument(source: str, measure_bytes: bool) -> str:
     head = text.index("\nlocal _M")
     text = text[:head] + _PRELUDE % {"bytes": "true" if measure_bytes else "false"} + text[head:]
     tail = text.rindex("\nreturn _M")
-    return text[:tail] + _EPILOGUE % {"after": AFTER}
+    phases = ", ".join(f'"{phase}"' for phase in PHASES)
+    return text[:tail] + _EPILOGUE % {"after": AFTER, "phases": phases}
 
 
 def variant(work: Path, name: str, measure_bytes: bool) -> Path:
