@@ -98,6 +98,8 @@ class RunnerApp:
             [self.spillway, HeadersPlugin()], config.runner.plugins
         )
         self.fast_path = FastPathBook(self.state)
+        # The route's outcomes, from its logger or the parent of several workers.
+        self.outcomes = outcomes.SlicedApply(functools.partial(outcomes.apply, self.state))
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
         self.outcome_listener: OutcomeListener | None = None
@@ -221,7 +223,7 @@ class RunnerApp:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             try:
-                outcomes.apply(self.state, outcomes.parse_batch(data).entries)
+                self.outcomes(outcomes.parse_batch(data).entries)
             except ValueError as exc:
                 log.warning("outcomes from the parent unreadable: %s", str(exc)[:200])
 
@@ -252,7 +254,7 @@ class RunnerApp:
             config,
             self.secrets,
             asyncio.get_running_loop(),
-            functools.partial(outcomes.apply, self.state),
+            self.outcomes,
             self.fast_path.exchange,
             functools.partial(apply_outcomes, self.state),
         )

@@ -9,11 +9,14 @@ its warm instances, and the cluster's answer time and health (``health.local_hea
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import math
 import re
+from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -25,6 +28,10 @@ from gateway_plugin.costs import input_tokens
 from gateway_plugin.policy.tenants import tenant_key
 
 MAX_ENTRIES = 10_000
+# Entries applied in one turn of the event loop (about 0.3 ms of work), and how many may wait for
+# their turn before the rest is applied at once.
+SLICE = 64
+MAX_PENDING = 4 * MAX_ENTRIES
 # A batch forwarded from the parent of several workers to one of them, at most.
 MAX_MESSAGE_BYTES = 256 << 10
 # The fields of an entry (``log_format``'s names), each checked on its own.
@@ -262,3 +269,38 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
         if stream and target is not None:
             tokens, prompt = _last_number(outcome.tokens), input_tokens(_last_number(outcome.body_bytes))
             state.stream_settled(target, tenant, model_of(outcome.uri or ""), seconds, tokens, cold, prompt)
+
+
+class SlicedApply:
+    """Batches applied on the event loop a slice at a time, in the order their entries came.
+
+    ``http-logger`` posts up to a thousand entries at once from each APISIX worker; applied in
+    one callback (5 µs an entry) they would hold every request the loop has to answer meanwhile
+    for milliseconds. Past ``limit`` entries waiting, the rest is applied at once: slower for those
+    requests, but nothing is dropped."""
+
+    def __init__(
+        self, apply: Callable[[list[Outcome]], None], size: int = SLICE, limit: int = MAX_PENDING
+    ) -> None:
+        self._apply, self.size, self.limit = apply, size, limit
+        self.pending: deque[Outcome] = deque()
+        self._scheduled = False
+
+    def __call__(self, entries: list[Outcome]) -> None:
+        """On the loop: the batch queued behind those waiting; a first slice applied now."""
+        self.pending.extend(entries)
+        if len(self.pending) > self.limit:
+            self._take(len(self.pending))
+        elif not self._scheduled:
+            self._turn()
+
+    def _turn(self) -> None:
+        self._scheduled = False
+        self._take(self.size)
+        if self.pending:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._turn)
+
+    def _take(self, count: int) -> None:
+        pending = self.pending
+        self._apply([pending.popleft() for _ in range(min(count, len(pending)))])

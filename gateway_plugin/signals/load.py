@@ -243,18 +243,15 @@ class LoadTracker:
             count = round(count * min(1.0, (self.clock() - self.scraped_at) / span_s))
         if count <= 0:
             return
-        entry = self._entry(model)
-        entry.sent += count
-        overall = self._models[ALL_MODELS]
-        if entry is not overall:
-            overall.sent += count
+        for entry in self._both(model):
+            entry.sent += count
 
     def arrived_onprem(self, model: str | None, count: int = 1, span_s: float = 0.0) -> None:
         """``count`` requests that may not leave arrived for ``model`` over the last ``span_s``
         (the headroom's measure)."""
         if count > 0:
             now = self.clock()
-            for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+            for entry in self._both(model):
                 entry.onprem.read(now, count, span_s)
 
     def answered_local(self, model: str | None, ms: float, weight: float = 0.2) -> None:
@@ -263,9 +260,10 @@ class LoadTracker:
         the target that starts overflow, and stays late until it falls below the share that ends
         it (the latency's hysteresis); the thresholds' verdict carries it to both routes."""
         now = self.clock()
-        own = self._entry(model)
+        both = self._both(model)
+        own = both[0]
         was_late = own.first_token_late and now - own.observed_at <= self.stale_after_s
-        for entry in {id(e): e for e in (own, self._entry(ALL_MODELS))}.values():
+        for entry in both:
             fresh = now - entry.observed_at <= self.stale_after_s
             entry.observed_ms = entry.observed_ms + weight * (ms - entry.observed_ms) if fresh else ms
             entry.observed_at = now
@@ -278,13 +276,13 @@ class LoadTracker:
         """The cluster answered a request (``ok``: not 5xx, not timed out or refused): its
         breakers, the model's and every model's, learn of it."""
         now = self.clock()
-        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+        for entry in self._both(model):
             entry.health.record(self.health, ok, now, self.refused)
 
     def dispatched_local(self, model: str | None) -> None:
         """A request went local: a probe where the cluster's breaker is half-open."""
         now = self.clock()
-        for entry in {id(e): e for e in (self._entry(model), self._entry(ALL_MODELS))}.values():
+        for entry in self._both(model):
             entry.health.dispatched(self.health, now, self.refused)
 
     def known(self, model: str) -> bool:
@@ -296,6 +294,12 @@ class LoadTracker:
 
     def _entry(self, model: str | None) -> _ModelLoad:
         return self._models.get(model or ALL_MODELS) or self._models[ALL_MODELS]
+
+    def _both(self, model: str | None) -> tuple[_ModelLoad, ...]:
+        """The model's entry, then every model's: one entry where they are one."""
+        overall = self._models[ALL_MODELS]
+        own = self._models.get(model or ALL_MODELS) or overall
+        return (own,) if own is overall else (own, overall)
 
     def __len__(self) -> int:
         return len(self._models)

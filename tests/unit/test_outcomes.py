@@ -372,3 +372,65 @@ def test_through_a_real_runner_a_nine_character_worker_and_a_long_tenant_still_c
         wait_until(lambda: metric("spillway_target_in_flight") == 0, 10, "aws's books closed")
         wait_until(lambda: metric("spillway_breaker_open") == 1, 10, "the 503 counted")
         assert asyncio.run(decide(sock)) != "stop 429", "the tenant's slot was given back"
+
+
+def test_a_large_batch_is_applied_a_slice_at_a_time_with_the_loop_serving_between_slices() -> None:
+    """A thousand entries applied in one callback would hold every request the loop has to answer;
+    a slice at a time, in the order they came, the next batch behind the last, none left out."""
+    applied: list[list[str | None]] = []
+    served_after: list[int] = []
+
+    async def go() -> None:
+        sliced = outcomes.SlicedApply(lambda entries: applied.append([e.tenant for e in entries]), size=64)
+        batch = [outcomes.Outcome(tenant=str(i)) for i in range(150)]
+        sliced(batch[:100])
+        assert applied == [[str(i) for i in range(64)]], "the first slice at once"
+        asyncio.get_running_loop().call_soon(lambda: served_after.append(len(applied)))
+        sliced(batch[100:])
+        for _ in range(2):
+            await asyncio.sleep(0)
+        assert not sliced.pending
+
+    asyncio.run(go())
+    assert [len(s) for s in applied] == [64, 64, 22]
+    assert [t for s in applied for t in s] == [str(i) for i in range(150)]
+    assert served_after == [2], "another callback ran between the slices"
+
+
+def test_entries_waiting_past_the_bound_are_applied_at_once_and_none_is_lost() -> None:
+    applied: list[str | None] = []
+
+    async def go() -> None:
+        sliced = outcomes.SlicedApply(lambda entries: applied.extend(e.tenant for e in entries), 10, 100)
+        sliced([outcomes.Outcome(tenant=str(i)) for i in range(80)])
+        assert len(applied) == 10
+        sliced([outcomes.Outcome(tenant=str(i)) for i in range(80, 160)])
+        assert applied == [str(i) for i in range(160)] and not sliced.pending
+        await asyncio.sleep(0)  # the turn still scheduled finds nothing left
+        assert len(applied) == 160
+
+    asyncio.run(go())
+
+
+def test_a_batch_posted_through_the_listener_closes_every_request_it_names() -> None:
+    port = free_port()
+    count = 3 * outcomes.SLICE + 5
+
+    async def go() -> tuple[int, int]:
+        app = RunnerApp(config(port))
+        app.start()
+        try:
+            for _ in range(count):
+                app.state.commit(Decision("aws", Reason.OVERFLOW_WARM), None)
+            sent = app.state.outstanding["aws"].count(app.state.clock())
+            answer = [{"target": AWS, "upstream_status": "200"}] * count
+            status, _ = await asyncio.to_thread(post, port, answer)
+            assert status == 204
+            for _ in range(count // outcomes.SLICE):  # the slices left, if the loop has not run them
+                await asyncio.sleep(0)
+            assert not app.outcomes.pending
+            return sent, app.state.outstanding["aws"].count(app.state.clock())
+        finally:
+            app.close()
+
+    assert asyncio.run(go()) == (count, 0)
