@@ -296,6 +296,8 @@ class SlicedApply:
 
     def _turn(self) -> None:
         self._scheduled = False
+        if not self.pending:  # emptied at once past the limit since this turn was asked for
+            return
         self._take(self.size)
         if self.pending:
             self._scheduled = True

@@ -297,8 +297,7 @@ class LoadTracker:
 
     def _both(self, model: str | None) -> tuple[_ModelLoad, ...]:
         """The model's entry, then every model's: one entry where they are one."""
-        overall = self._models[ALL_MODELS]
-        own = self._models.get(model or ALL_MODELS) or overall
+        own, overall = self._entry(model), self._models[ALL_MODELS]
         return (own,) if own is overall else (own, overall)
 
     def __len__(self) -> int:
