@@ -140,13 +140,14 @@ class RequestAction:
     on a header or argument wins.
     """
 
-    __slots__ = ("_args", "_body", "_headers", "_path", "_request", "_resp_headers", "_stop")
+    __slots__ = ("_args", "_body", "_fresh", "_headers", "_path", "_request", "_resp_headers", "_stop")
 
     def __init__(self, request: HttpRequest) -> None:
         self._request = request
         self._stop: tuple[int, list[tuple[str, str | None]], bytes] | None = None
         self._path: str | None = None
         self._headers: dict[str, str | None] = {}
+        self._fresh: tuple[str, ...] = ()
         self._args: dict[str, str | None] = {}
         self._resp_headers: list[tuple[str, str | None]] = []
         self._body: bytes | None = None
@@ -164,6 +165,13 @@ class RequestAction:
 
     def set_header(self, name: str, value: str) -> None:
         self._headers[name.lower()] = value
+
+    def set_fresh_header(self, name: str, value: str) -> None:
+        """A value new with every request (a signature): written into an answer encoded once for
+        the requests rewritten alike, rather than making each answer a new one."""
+        key = name.lower()
+        self._headers[key] = value
+        self._fresh = (*self._fresh, key)
 
     def delete_header(self, name: str) -> None:
         self._headers[name.lower()] = None
@@ -202,6 +210,7 @@ class RequestAction:
             list(self._args.items()),
             self._resp_headers,
             self._body,
+            self._fresh,
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from gateway_plugin.protocol.flat import Entries, Table, Writer
 from gateway_plugin.protocol.schema import (
@@ -86,27 +86,71 @@ def rewrite(
     args: Entries = (),
     resp_headers: Entries = (),
     body: bytes | None = None,
+    fresh: Collection[str] = (),
 ) -> bytes:
     """Most rewrites repeat (the same target header, the same decision header): those are encoded
-    once and only the request id is patched in."""
+    once and only the request id is patched in. The values of the headers named in ``fresh`` are
+    new with every request (a signature): the template holds a placeholder of their length, which
+    each copy overwrites, so they do not make every request's rewrite a new one."""
     if body is not None and len(body) > 256:
         return _rewrite(req_id, path, headers, args, resp_headers, body)
-    template, id_at = _rewrite_template(path, tuple(headers), tuple(args), tuple(resp_headers), body)
+    if not fresh:  # the usual answer: nothing to write but the id
+        template, id_at, _ = _rewrite_template(
+            path, tuple(headers), tuple(args), tuple(resp_headers), body, ()
+        )
+        out = bytearray(template)
+        struct.pack_into("<I", out, id_at, req_id)
+        return bytes(out)
+    placed, marked, values = _placeholders(headers, fresh)
+    template, id_at, value_at = _rewrite_template(
+        path, placed, tuple(args), tuple(resp_headers), body, marked
+    )
     out = bytearray(template)
     struct.pack_into("<I", out, id_at, req_id)
+    for at, raw in zip(value_at, values, strict=True):
+        out[at : at + len(raw)] = raw
     return bytes(out)
+
+
+def _placeholders(headers: Entries, fresh: Collection[str]) -> tuple[Entries, tuple[int, ...], list[bytes]]:
+    """The headers with each fresh value replaced by as many NULs as it has bytes, which of them
+    were, and their values' bytes."""
+    placed = list(headers)
+    marked: list[int] = []
+    values: list[bytes] = []
+    for i, (name, value) in enumerate(placed):
+        if value is not None and name in fresh:
+            raw = value.encode("utf-8", "surrogateescape")
+            placed[i] = (name, "\0" * len(raw))
+            marked.append(i)
+            values.append(raw)
+    return tuple(placed), tuple(marked), values
 
 
 @functools.lru_cache(maxsize=4096)
 def _rewrite_template(
-    path: str | None, headers: Entries, args: Entries, resp_headers: Entries, body: bytes | None
-) -> tuple[bytes, int]:
-    data = _rewrite(0, path, headers, args, resp_headers, body)
-    return data, Table.root(data).field_at(HttpReqCallResp.ID)
+    path: str | None,
+    headers: Entries,
+    args: Entries,
+    resp_headers: Entries,
+    body: bytes | None,
+    marked: tuple[int, ...],
+) -> tuple[bytes, int, tuple[int, ...]]:
+    """The rewrite with request id 0, where its id goes, and where the values of the ``marked``
+    headers begin."""
+    starts: list[int] = []
+    data = _rewrite(0, path, headers, args, resp_headers, body, starts)
+    return data, Table.root(data).field_at(HttpReqCallResp.ID), tuple(starts[i] for i in marked)
 
 
 def _rewrite(
-    req_id: int, path: str | None, headers: Entries, args: Entries, resp_headers: Entries, body: bytes | None
+    req_id: int,
+    path: str | None,
+    headers: Entries,
+    args: Entries,
+    resp_headers: Entries,
+    body: bytes | None,
+    starts: list[int] | None = None,
 ) -> bytes:
     w = Writer()
     at = _action(w, req_id, Action.REWRITE)
@@ -121,13 +165,12 @@ def _rewrite(
     w.point(at, start)
     if path is not None:
         w.blob(refs[Rewrite.PATH], path.encode("utf-8", "surrogateescape"))
-    for slot, entries in (
-        (Rewrite.HEADERS, headers),
-        (Rewrite.ARGS, args),
-        (Rewrite.RESP_HEADERS, resp_headers),
-    ):
-        if entries:
-            w.entries(refs[slot], entries)
+    if headers:
+        w.entries(refs[Rewrite.HEADERS], headers, starts)
+    if args:
+        w.entries(refs[Rewrite.ARGS], args)
+    if resp_headers:
+        w.entries(refs[Rewrite.RESP_HEADERS], resp_headers)
     if body is not None:
         w.blob(refs[Rewrite.BODY], body)
     return w.output()

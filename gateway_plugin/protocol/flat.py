@@ -233,8 +233,10 @@ class Writer:
         self.buf += data
         self.buf += b"\0"
 
-    def entries(self, field_at: int, entries: Entries) -> None:
+    def entries(self, field_at: int, entries: Entries, starts: list[int] | None = None) -> None:
         """A ``[TextEntry]`` vector; an entry whose value is ``None`` carries no value field.
+        ``starts`` gets where each entry's value bytes begin (-1 for none): a template's values
+        are written over there.
 
         Entries are laid out by hand (vtable, table, strings): they are most of what the
         runner writes, and the generic ``table`` costs several times more.
@@ -253,10 +255,15 @@ class Writer:
             if value is None:
                 buf += _ENTRY_NAME_ONLY
                 _string_after(buf, table + 4, raw_name)
+                if starts is not None:
+                    starts.append(-1)
             else:
                 buf += _ENTRY_NAME_VALUE
                 _string_after(buf, table + 4, raw_name)
-                _string_after(buf, table + 8, value.encode("utf-8", "surrogateescape"))
+                raw_value = value.encode("utf-8", "surrogateescape")
+                _string_after(buf, table + 8, raw_value)
+                if starts is not None:
+                    starts.append(len(buf) - 1 - len(raw_value))
 
     def output(self) -> bytes:
         return bytes(self.buf)

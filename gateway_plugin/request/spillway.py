@@ -287,7 +287,7 @@ class SpillwayPlugin(Plugin[PreparedRoute]):
         body = await request.body() if signer.sign_body else None
         signature = signer.header(request.method, target, body)
         if signature is not None:
-            action.set_header(HEADER_SIGNATURE, signature)
+            action.set_fresh_header(HEADER_SIGNATURE, signature)
 
     async def _invoke(self, decision: Decision, request: HttpRequest, action: RequestAction) -> Decision:
         """Call the function; on failure, fall back to local (the request may stay, it may not leave).

@@ -80,6 +80,44 @@ def test_rewrite_carries_every_field_in_schema_order() -> None:
     assert action.args == [("a", "b")]
 
 
+_HEADER = st.tuples(
+    st.sampled_from(["x-spillway-signature", "x-spillway-target", "traceparent", "accept", "é"]),
+    st.one_of(st.none(), st.text(max_size=80)),
+)
+
+
+@given(
+    st.integers(0, 2**32 - 1),
+    st.lists(_HEADER, max_size=6, unique_by=lambda h: h[0]),
+    st.lists(st.sampled_from(["x-spillway-signature", "traceparent", "é", "absent"]), max_size=3),
+    st.one_of(st.none(), st.binary(max_size=300)),
+)
+def test_a_rewrite_with_fresh_values_is_the_one_encoded_whole(
+    req_id: int, headers: list[tuple[str, str | None]], fresh: list[str], body: bytes | None
+) -> None:
+    """A template with its fresh values written over the placeholders: the same bytes as the
+    rewrite encoded for this request alone, whatever the values (any length, non-ASCII, none)."""
+    resp = [("x-spillway-decision", "aws;overflow")]
+    whole = encode._rewrite(req_id, "/p", headers, [], resp, body)
+    assert encode.rewrite(req_id, "/p", headers, [], resp, body, fresh=fresh) == whole
+    ident, action = messages.req_call_answer(whole)
+    assert ident == req_id and isinstance(action, messages.Rewrite) and action.headers == headers
+
+
+def test_a_fresh_value_does_not_make_a_new_template_per_request() -> None:
+    """Signed requests alike share one encoded template; each copy carries its own signature."""
+    encode._rewrite_template.cache_clear()
+    answers = [
+        encode.rewrite(n, None, [("accept", None), ("x-sig", f"t=1,v1={n:064x}")], fresh=("x-sig",))
+        for n in range(50)
+    ]
+    assert encode._rewrite_template.cache_info().currsize == 1
+    for n, answer in enumerate(answers):
+        ident, action = messages.req_call_answer(answer)
+        assert ident == n and isinstance(action, messages.Rewrite)
+        assert action.headers == [("accept", None), ("x-sig", f"t=1,v1={n:064x}")]
+
+
 def test_stop_no_change_and_errors() -> None:
     ident, action = messages.req_call_answer(encode.stop(4, 429, [("retry-after", "1")], b"busy"))
     assert ident == 4 and action == messages.Stop(429, [("retry-after", "1")], b"busy")
