@@ -94,6 +94,8 @@ def forward_only(request: HttpRequest, allowed: frozenset[str], action: RequestA
     for name in headers:
         if name not in allowed:
             action.delete_header(name)
+        if headers.regular:  # every name in one spelling: nothing else to remove
+            continue
         for spelling in headers.spellings(name):
             if spelling != name:
                 action.delete_header(spelling)
