@@ -221,8 +221,9 @@ def _pick_target(
     body_bytes: int | None,
     grow: bool,
 ) -> tuple[str, Reason, float] | None:
-    """The cheapest eligible target with a free warm instance (its price and the idle time using it
-    may keep billed; the chain's order among equals), else the chain's first eligible cold one.
+    """The cheapest eligible target with a free warm instance (its price, and where nothing is in
+    flight there the idle time using it may keep billed; the chain's order among equals), else the
+    chain's first eligible cold one.
 
     A cold target whose start is longer than the local queue is not worth it, except the first
     such target of the chain when ``grow`` (local would miss the target anyway, or is saturated):
@@ -231,7 +232,7 @@ def _pick_target(
     the pool grows at the pace of the burst. A warm instance is free while the warm instances'
     slots outnumber the requests in flight that were not sent there cold (those are starting
     instances of their own)."""
-    eligible: list[tuple[str, bool, float]] = []
+    eligible: list[tuple[str, bool, float, float]] = []
     for name in chain:
         spec = policy.targets.get(name)
         if spec is None or not spec.takes(body_bytes):
@@ -256,11 +257,12 @@ def _pick_target(
             continue
         if not _tenant_budget_allows(tenant, cost, snapshot, policy):
             continue
-        eligible.append((name, warm, cost))
+        # Idle time is billed for waking a target nothing else uses: while one serves, its warm
+        # instances stay alive (and billed) for their idle TTL whatever this request does.
+        price = cost + (spec.idle_usd if state.in_flight == 0 else 0.0)
+        eligible.append((name, warm, cost, price))
     if not eligible:
         return None
     warm_ones = [e for e in eligible if e[1]]
-    name, warm, cost = (
-        min(warm_ones, key=lambda e: e[2] + policy.targets[e[0]].idle_usd) if warm_ones else eligible[0]
-    )
+    name, warm, cost, _ = min(warm_ones, key=lambda e: e[3]) if warm_ones else eligible[0]
     return name, Reason.OVERFLOW_WARM if warm else Reason.OVERFLOW_COLD, cost

@@ -76,7 +76,7 @@ class TargetPolicy:
     """A target as the policy prices and fills it; ``slots``: requests one warm instance serves at
     once (FC's instance concurrency; 1 on Lambda); ``idle_usd``: what using one of its slots may
     keep billed as idle time (an instance used is kept alive up to its idle TTL: FC bills idle
-    GPUs), which weighs in choosing among warm targets."""
+    GPUs), which weighs in choosing among warm targets where nothing is in flight."""
 
     name: str
     concurrency_cap: int

@@ -375,6 +375,23 @@ def test_a_warm_target_later_in_the_chain_beats_a_cold_start_earlier() -> None:
     assert (decision.target, decision.label) == ("ali", "overflow_warm")
 
 
+def test_idle_billing_weighs_only_on_a_target_nothing_else_is_using() -> None:
+    """A target that bills idle instances is cheaper per request here, but waking it keeps an
+    instance billed for its idle TTL: with nothing in flight there, the other one serves. Once it
+    serves, its instances stay alive whatever this request does, and its price alone counts."""
+    priced = dataclasses.replace(
+        POLICY,
+        targets={
+            "aws": dataclasses.replace(POLICY.targets["aws"], cost_usd=8e-6, idle_usd=0.0),
+            "ali": dataclasses.replace(POLICY.targets["ali"], cost_usd=6e-6, idle_usd=1.5e-3, slots=4),
+        },
+    )
+    idle = snap(BUSY, aws=WARM, ali=TargetState(warm_instances=2))
+    serving = snap(BUSY, aws=WARM, ali=TargetState(warm_instances=2, in_flight=1))
+    assert decide(req(), idle, priced).target == "aws"
+    assert decide(req(), serving, priced).target == "ali"
+
+
 def test_each_model_has_its_own_load_and_target_and_the_clusters_stands_in_for_the_rest() -> None:
     cluster_wide = Snapshot({"": BUSY}, {"aws": WARM})
     assert decide(req(model="other"), cluster_wide, POLICY).target == "aws"

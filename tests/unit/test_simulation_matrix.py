@@ -125,10 +125,6 @@ DOMINATED = {
     "spend (seed 11: 0.59 at 1.015x); on a 6 s trace at 20x, cold starts (4-6 s) decide the SLO",
     ("example", "daily", 0.2, 20.0): "by least_busy(cost_weight=1): 0.23 points at 1.001x the spend "
     "(seed 11: all_cloud, 0.13 at 1.002x, not dominated): within seed-to-seed noise",
-    ("bursty", "daily", 0.2, 5.0): "by least_busy(cost_weight=0): 1.11 points at 0.92x the spend "
-    "(seed 11: under 0.1 points); 928 requests shed against none, 48 of them sent out by least_busy",
-    ("bursty", "daily", 0.5, 5.0): "by least_busy(cost_weight=1): 0.78 points at 1.004x the spend "
-    "(seed 11: 0.69 at 0.996x)",
 }
 
 

@@ -175,10 +175,11 @@ local function takes(spec, f)
     return f.body_bytes ~= nil and f.body_bytes <= limit
 end
 
--- The cheapest eligible target with a free warm instance (its price and the idle time using it
--- may keep billed; the chain's order among equals), else the chain's first eligible cold one. A cold target whose start is longer than the local queue
--- is not worth it, except the first such target of the chain when grow (local would miss the
--- target anyway, or is saturated): policy.py's _pick_target. A warm instance is free when the
+-- The cheapest eligible target with a free warm instance (its price, and where nothing is in
+-- flight there the idle time using it may keep billed; the chain's order among equals), else the
+-- chain's first eligible cold one. A cold target whose start is longer than the local queue is
+-- not worth it, except the first such target of the chain when grow (local would miss the target
+-- anyway, or is saturated): policy/decide.py's _pick_target. A warm instance is free when the
 -- warm ones' slots outnumber the requests in flight that were not sent there cold.
 local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, grow)
     local first, first_cost, best, best_cost, best_price
@@ -203,8 +204,9 @@ local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, g
                         and within(spec.spent_day_usd + extra + cost, spec.daily_usd)
                         and tenant_budget_allows(tenant, cost, tbl, policy) then
                         if warm then
-                            if best == nil or cost + spec.idle_usd < best_price then
-                                best, best_cost, best_price = name, cost, cost + spec.idle_usd
+                            local price = cost + (in_flight == 0 and spec.idle_usd or 0)
+                            if best == nil or price < best_price then
+                                best, best_cost, best_price = name, cost, price
                             end
                         elseif not first then
                             first, first_cost = name, cost
