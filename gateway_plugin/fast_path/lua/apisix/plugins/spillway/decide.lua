@@ -175,12 +175,9 @@ local function takes(spec, f)
     return f.body_bytes ~= nil and f.body_bytes <= limit
 end
 
--- The cheapest eligible target with a free warm instance (its price, and where nothing is in
--- flight there the idle time using it may keep billed; the chain's order among equals), else the
--- chain's first eligible cold one. A cold target whose start is longer than the local queue is
--- not worth it, except the first such target of the chain when grow (local would miss the target
--- anyway, or is saturated): policy/decide.py's _pick_target. A warm instance is free when the
--- warm ones' slots outnumber the requests in flight that were not sent there cold.
+-- policy/decide.py's _pick_target: the cheapest eligible target with a free warm instance (its
+-- price, plus the idle time using it may keep billed where nothing is in flight there), else the
+-- chain's first eligible cold one, worth its start only past the local queue or when grow.
 local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, grow)
     local first, first_cost, best, best_cost, best_price
     for _, name in ipairs(chain) do
