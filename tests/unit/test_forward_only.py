@@ -31,6 +31,7 @@ def test_only_allowed_headers_in_their_dash_spelling_are_left(headers: list[tupl
     action = RequestAction(request)
     forward_only(request, ALLOWED, action)
     _, rewrite = messages.req_call_answer(action.encode(1))
-    deleted = {name for name, value in rewrite.headers} if isinstance(rewrite, messages.Rewrite) else set()
+    rewritten = rewrite.headers if isinstance(rewrite, messages.Rewrite) else []
+    deleted = {name for name, value in rewritten if value is None}
     left = {name.lower() for name, _ in headers} - deleted
     assert left <= ALLOWED, (headers, left)
