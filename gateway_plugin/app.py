@@ -99,7 +99,9 @@ class RunnerApp:
         )
         self.fast_path = FastPathBook(self.state)
         # The route's outcomes, from its logger or the parent of several workers.
-        self.outcomes = outcomes.SlicedApply(functools.partial(outcomes.apply, self.state))
+        self.outcomes = outcomes.SlicedApply(
+            functools.partial(outcomes.read_and_apply, self.state, outcomes.OutcomeWarnings())
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._scraper: Scraper | None = None
         self.outcome_listener: OutcomeListener | None = None
@@ -223,7 +225,7 @@ class RunnerApp:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             try:
-                self.outcomes(outcomes.parse_batch(data).entries)
+                self.outcomes(outcomes.entries_of(data))
             except ValueError as exc:
                 log.warning("outcomes from the parent unreadable: %s", str(exc)[:200])
 

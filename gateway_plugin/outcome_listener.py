@@ -4,7 +4,8 @@ side asks whether the runner still answers (``GET /spillway/alive``, answered fr
 that serves APISIX's calls, so a wedged loop reads as silent).
 
 A small threaded HTTP server on loopback; each accepted batch is handed to the event loop, which
-alone writes the gateway's state, and each table is built there too. Only APISIX may post
+alone writes the gateway's state (and checks the batch's entries there, a slice at a time), and
+each table is built there too. Only APISIX may post
 (``Authorization`` derived from the route token); bodies, batches and reads are bounded.
 """
 
@@ -25,8 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway_plugin.books.metrics import Sometimes
-from gateway_plugin.books.outcomes import Batch, Outcome, auth_header, parse_batch
+from gateway_plugin.books.outcomes import auth_header, entries_of
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.config.secrets import GatewaySecrets
 from gateway_plugin.fast_path import contract
@@ -51,15 +51,16 @@ FastSink = Callable[[FastOutcomes], None]
 
 
 class OutcomeListener:
-    """Serves ``POST /spillway/outcomes`` until closed; ``deliver`` runs on ``loop``, or on the
-    request's own thread when there is none (the parent of several workers, which only forwards)."""
+    """Serves ``POST /spillway/outcomes`` until closed; ``deliver`` takes each batch's entries, not
+    yet checked (``outcomes.entries_of``), on ``loop``, or on the request's own thread when there is
+    none (the parent of several workers, which only forwards)."""
 
     def __init__(
         self,
         listen: str,
         auth: str,
         loop: asyncio.AbstractEventLoop | None,
-        deliver: Callable[[list[Outcome]], None],
+        deliver: Callable[[list[object]], None],
         table: TableSource | None = None,
         fast: FastSink | None = None,
     ) -> None:
@@ -82,7 +83,7 @@ def open_outcome_listener(
     config: SpillwayConfig,
     secrets: GatewaySecrets,
     loop: asyncio.AbstractEventLoop | None,
-    deliver: Callable[[list[Outcome]], None],
+    deliver: Callable[[list[object]], None],
     table: TableSource | None = None,
     fast: FastSink | None = None,
 ) -> OutcomeListener | None:
@@ -156,26 +157,6 @@ def identity() -> bytes:
     return json.dumps({"pid": os.getpid(), "started": started}).encode()
 
 
-def _said(batch: Batch, refused: Sometimes, malformed: Sometimes) -> None:
-    """What was wrong with a batch, at most once a minute of each kind (a client can make every
-    request's entry malformed); the metrics count every field and entry."""
-    if batch.refused and refused.due():
-        log.warning(
-            "%d of %d outcomes refused, not JSON objects (the rest taken): %s",
-            batch.refused,
-            batch.refused + len(batch.entries),
-            batch.first_error[:200],
-        )
-    if batch.invalid and malformed.due():
-        fields = ", ".join(f"{name} x{count}" for name, count in sorted(batch.invalid.items()))
-        log.warning(
-            "outcome fields malformed and read as absent, the rest of each entry taken: %s (%s); "
-            "counted in spillway_outcome_fields_invalid_total, said at most once a minute",
-            fields,
-            batch.first_error[:300],
-        )
-
-
 class _Endpoint:
     """What one listener serves, and the little it keeps across requests; shared by the handlers
     of all its connections. Without a loop (a workers' parent holds no state) it serves outcomes
@@ -185,7 +166,7 @@ class _Endpoint:
         self,
         auth: str,
         loop: asyncio.AbstractEventLoop | None,
-        deliver: Callable[[list[Outcome]], None],
+        deliver: Callable[[list[object]], None],
         table: TableSource | None,
         fast: FastSink | None,
     ) -> None:
@@ -197,7 +178,6 @@ class _Endpoint:
             FAST_OUTCOMES_PATH: owned and fast is not None,
         }
         self.me = identity()
-        self.refused, self.malformed = Sometimes(), Sometimes()
         self.watched = threading.Event()
 
 
@@ -258,15 +238,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _outcomes(self, loop: asyncio.AbstractEventLoop | None, body: bytes) -> None:
         try:
-            batch = parse_batch(body)
-        except (ValidationError, ValueError) as exc:
+            entries = entries_of(body)
+        except ValueError as exc:
             self._answer(400, f"not a batch of outcomes: {str(exc)[:300]}")
             return
-        _said(batch, self.endpoint.refused, self.endpoint.malformed)
         if loop is None:
-            self.endpoint.deliver(batch.entries)
+            self.endpoint.deliver(entries)
         else:
-            loop.call_soon_threadsafe(self.endpoint.deliver, batch.entries)
+            loop.call_soon_threadsafe(self.endpoint.deliver, entries)
         self._answer(204, "")
 
     def _table(self, owner: asyncio.AbstractEventLoop, build: TableSource, body: bytes) -> None:

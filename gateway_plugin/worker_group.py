@@ -60,10 +60,14 @@ class OutcomeFanOut:
         self.count = count
         self.channels: dict[int, socket.socket] = {}
         self.dropped = 0
+        self.warnings = outcomes.OutcomeWarnings()
 
-    def deliver(self, entries: list[outcomes.Outcome]) -> None:
+    def deliver(self, raw: list[object]) -> None:
+        """A batch's entries, checked here (each forwarded one names the fields found malformed)."""
+        read = outcomes.read_entries(raw)
+        self.warnings.said(read)
         by_worker: dict[int, list[dict[str, object]]] = {}
-        for entry in entries:
+        for entry in read.entries:
             worker = entry.worker or ""
             # The header can be the client's own (a stop never reaches the upstream): any text.
             index = int(worker) if worker.isascii() and worker.isdigit() and int(worker) < self.count else 0

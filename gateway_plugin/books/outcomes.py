@@ -13,23 +13,28 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import math
 import re
 from collections import deque
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Generic, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from functions.contract import HEADER_COLD, HEADER_INSTANCE, model_of
 from gateway_plugin.books.ledger import streamed
+from gateway_plugin.books.metrics import Sometimes
 from gateway_plugin.books.state import GatewayState
 from gateway_plugin.costs import input_tokens
 from gateway_plugin.policy.tenants import tenant_key
 
+log = logging.getLogger("spillway.outcomes")
+T = TypeVar("T")
+
 MAX_ENTRIES = 10_000
-# Entries applied in one turn of the event loop (about 0.3 ms of work), and how many may wait for
-# their turn before the rest is applied at once.
+# Entries checked and applied in one turn of the event loop (about 0.5 ms of work), and how many
+# may wait for their turn before the rest is applied at once.
 SLICE = 64
 MAX_PENDING = 4 * MAX_ENTRIES
 # A batch forwarded from the parent of several workers to one of them, at most.
@@ -170,16 +175,26 @@ def _json(body: bytes) -> object:
         raise ValueError("nested too deeply") from None
 
 
-def parse_batch(body: bytes) -> Batch:
-    """A batch (a JSON array) or a single entry. Entries are checked one by one and within each
-    field by field: clients choose some of the fields (the URI, the tenant, the worker header),
-    and one hostile request must cost neither the outcomes of every other request in its batch nor
-    the books of its own (a malformed field reads as absent). Raises ``ValueError`` naming what is
-    wrong when the body is not a batch or holds no usable entry."""
+def entries_of(body: bytes) -> list[object]:
+    """A batch's entries as JSON values, not yet checked: a JSON array (or a single entry) of at
+    most ``MAX_ENTRIES``, one of them at least a JSON object. Raises ``ValueError`` naming what is
+    wrong. Only this is read where the batch is received; its entries are checked where they are
+    applied, a slice at a time (``read_entries``), so that no thread holds the interpreter for a
+    whole batch while the event loop has requests to answer."""
     parsed = _json(body)
     raw = parsed if isinstance(parsed, list) else [parsed]
     if len(raw) > MAX_ENTRIES:
         raise ValueError(f"{len(raw)} entries in one batch, more than {MAX_ENTRIES}")
+    if raw and not any(isinstance(item, dict) for item in raw):
+        raise ValueError("no usable entry: no entry is a JSON object")
+    return raw
+
+
+def read_entries(raw: Sequence[object]) -> Batch:
+    """Entries checked one by one and within each field by field: clients choose some of the fields
+    (the URI, the tenant, the worker header), and one hostile request must cost neither the
+    outcomes of every other request in its batch nor the books of its own (a malformed field reads
+    as absent)."""
     entries: list[Outcome] = []
     invalid: dict[str, int] = {}
     first_error = ""
@@ -192,9 +207,32 @@ def parse_batch(body: bytes) -> Batch:
         if isinstance(item, dict) and "invalid" not in item:
             for name in entry.invalid:
                 invalid[name] = invalid.get(name, 0) + 1
-    if raw and not entries:
-        raise ValueError(f"no usable entry: {first_error}")
     return Batch(entries, len(raw) - len(entries), invalid, first_error)
+
+
+class OutcomeWarnings:
+    """What was wrong with batches, said at most once a minute of each kind (a client can make every
+    request's entry malformed); the metrics count every field and entry."""
+
+    def __init__(self) -> None:
+        self.refused, self.malformed = Sometimes(), Sometimes()
+
+    def said(self, batch: Batch) -> None:
+        if batch.refused and self.refused.due():
+            log.warning(
+                "%d of %d outcomes refused, not JSON objects (the rest taken): %s",
+                batch.refused,
+                batch.refused + len(batch.entries),
+                batch.first_error[:200],
+            )
+        if batch.invalid and self.malformed.due():
+            fields = ", ".join(f"{name} x{count}" for name, count in sorted(batch.invalid.items()))
+            log.warning(
+                "outcome fields malformed and read as absent, the rest of each entry taken: %s (%s); "
+                "counted in spillway_outcome_fields_invalid_total, said at most once a minute",
+                fields,
+                batch.first_error[:300],
+            )
 
 
 def _last_number(raw: str | None) -> float | None:
@@ -271,22 +309,27 @@ def apply(state: GatewayState, outcomes: list[Outcome]) -> None:
             state.stream_settled(target, tenant, model_of(outcome.uri or ""), seconds, tokens, cold, prompt)
 
 
-class SlicedApply:
+def read_and_apply(state: GatewayState, warnings: OutcomeWarnings, raw: list[object]) -> None:
+    """Entries as a batch brought them (``entries_of``): checked, what was wrong said, applied."""
+    batch = read_entries(raw)
+    warnings.said(batch)
+    apply(state, batch.entries)
+
+
+class SlicedApply(Generic[T]):
     """Batches applied on the event loop a slice at a time, in the order their entries came.
 
-    ``http-logger`` posts up to a thousand entries at once from each APISIX worker; applied in
-    one callback (5 µs an entry) they would hold every request the loop has to answer meanwhile
-    for milliseconds. Past ``limit`` entries waiting, the rest is applied at once: slower for those
-    requests, but nothing is dropped."""
+    ``http-logger`` posts up to a thousand entries at once from each APISIX worker; checked and
+    applied in one callback (8 µs an entry) they would hold every request the loop has to answer
+    meanwhile for milliseconds. Past ``limit`` entries waiting, the rest is applied at once: slower
+    for those requests, but nothing is dropped."""
 
-    def __init__(
-        self, apply: Callable[[list[Outcome]], None], size: int = SLICE, limit: int = MAX_PENDING
-    ) -> None:
+    def __init__(self, apply: Callable[[list[T]], None], size: int = SLICE, limit: int = MAX_PENDING) -> None:
         self._apply, self.size, self.limit = apply, size, limit
-        self.pending: deque[Outcome] = deque()
+        self.pending: deque[T] = deque()
         self._scheduled = False
 
-    def __call__(self, entries: list[Outcome]) -> None:
+    def __call__(self, entries: list[T]) -> None:
         """On the loop: the batch queued behind those waiting; a first slice applied now."""
         self.pending.extend(entries)
         if len(self.pending) > self.limit:

@@ -9,7 +9,6 @@ real APISIX and tritonservers are in ``tests/integration/test_apisix_wedged.py``
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
@@ -217,7 +216,7 @@ def test_both_routes_outcomes_name_the_member_that_failed(route: str) -> None:
             {"status": 200, "upstream_status": "502, 200", "upstream": "10.0.0.2:8000, 10.0.0.1:8000"},
             {"status": 503, "upstream_status": "503", "upstream": "10.0.0.2:8000"},
         ]
-        outcomes.apply(state, outcomes.parse_batch(json.dumps(entries).encode()).entries)
+        outcomes.apply(state, outcomes.read_entries(entries).entries)
     else:
         apply_outcomes(
             state,

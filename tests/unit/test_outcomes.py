@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from devtools.apisix_peer import ApisixPeer, PeerRequest
 from functions.sidecar import free_port
@@ -244,7 +246,7 @@ def test_a_malformed_field_reads_as_absent_and_the_rest_of_its_entry_still_close
         "uri": "/v2/models/" + "m" * 20_000,
         "worker": "123456789",
     }
-    batch = outcomes.parse_batch(json.dumps([hostile]).encode())
+    batch = outcomes.read_entries([hostile])
     assert len(batch.entries) == 1 and batch.refused == 0
     assert batch.invalid == {"upstream_s": 1, "instance": 1, "cold": 1, "uri": 1, "worker": 1}
     outcomes.apply(state, batch.entries)
@@ -271,7 +273,7 @@ def test_bytes_that_are_not_utf8_cost_only_the_fields_that_carry_them() -> None:
         b'"tenant":"' + sent + b'","uri":"/v2/models/\xff/infer"},'
         b'{"target":"local","upstream_status":"200","upstream_s":"0.2","uri":"/v2/models/m/infer"}]'
     )
-    batch = outcomes.parse_batch(body)
+    batch = outcomes.read_entries(outcomes.entries_of(body))
     assert len(batch.entries) == 2 and batch.invalid == {"uri": 1}
     outcomes.apply(state, batch.entries)
     now = state.clock()
@@ -283,9 +285,9 @@ def test_bytes_that_are_not_utf8_cost_only_the_fields_that_carry_them() -> None:
 def test_what_the_workers_parent_forwards_keeps_the_count_of_malformed_fields() -> None:
     """Several workers: the parent reads the batch and forwards each entry to its worker, which
     counts the fields the parent found malformed."""
-    batch = outcomes.parse_batch(json.dumps([{"target": "local", "worker": "123456789"}]).encode())
+    batch = outcomes.read_entries([{"target": "local", "worker": "123456789"}])
     forwarded = [entry.model_dump(exclude_none=True) for entry in batch.entries]
-    again = outcomes.parse_batch(json.dumps(forwarded).encode())
+    again = outcomes.read_entries(forwarded)
     state = RunnerApp(tenant_config(free_port())).state
     outcomes.apply(state, again.entries)
     assert again.invalid == {} and state.metrics.outcome_fields_invalid.labels("worker")._value.get() == 1
@@ -395,6 +397,71 @@ def test_a_large_batch_is_applied_a_slice_at_a_time_with_the_loop_serving_betwee
     assert [len(s) for s in applied] == [64, 64, 22]
     assert [t for s in applied for t in s] == [str(i) for i in range(150)]
     assert served_after == [2], "another callback ran between the slices"
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.integers(-5, 2000),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.text(min_size=199, max_size=202),
+    st.lists(st.text(max_size=3), max_size=2),
+)
+_ITEMS = st.one_of(
+    st.dictionaries(st.sampled_from([*outcomes.FIELDS, "invalid", "other"]), _FIELD_VALUES, max_size=6),
+    st.integers(),
+    st.text(max_size=5),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw=st.lists(_ITEMS, max_size=40), size=st.integers(1, 41))
+def test_entries_checked_a_slice_at_a_time_read_as_the_batch_read_whole(raw: list[Any], size: int) -> None:
+    """The listener's thread only reads a batch's JSON; its entries are checked on the loop, a
+    slice at a time. Sliced, they read as the whole batch does: the same entries in the same order,
+    the same entries refused, the same malformed fields counted."""
+    whole = outcomes.read_entries(raw)
+    parts = [outcomes.read_entries(raw[i : i + size]) for i in range(0, len(raw), size)]
+    assert [e for p in parts for e in p.entries] == whole.entries
+    assert sum(p.refused for p in parts) == whole.refused
+    summed: dict[str, int] = {}
+    for part in parts:
+        for name, count in part.invalid.items():
+            summed[name] = summed.get(name, 0) + count
+    assert summed == whole.invalid
+
+
+def test_the_listener_hands_the_loop_a_batch_unchecked_and_the_loop_checks_it_in_slices() -> None:
+    """What the loop is given is the batch's JSON values; a batch of thousands is checked and applied
+    64 entries a turn, the hostile entries among them read field by field as before."""
+    port = free_port()
+    count = 3 * outcomes.SLICE + 5
+    hostile = {"target": AWS, "status": 502, "upstream_status": "500", "worker": "\u00b2" * 20}
+
+    async def go() -> tuple[list[list[object]], BreakerState]:
+        app = RunnerApp(config(port))
+        given: list[list[object]] = []
+        take = app.outcomes.__call__
+
+        def spy(entries: list[object]) -> None:
+            given.append(entries)
+            take(entries)
+
+        app.outcomes = spy  # type: ignore[assignment,method-assign]
+        app.start()
+        try:
+            status, _ = await asyncio.to_thread(post, port, [hostile] * count)
+            assert status == 204
+            for _ in range(4):
+                await asyncio.sleep(0)
+            return given, app.state.breakers["aws"].current(app.state.clock())
+        finally:
+            app.close()
+
+    given, breaker = asyncio.run(go())
+    assert [len(batch) for batch in given] == [count]
+    assert all(isinstance(entry, dict) for entry in given[0]), "JSON values, not yet outcomes"
+    assert breaker == BreakerState.OPEN, "the 502s, each with a malformed worker, reached the breaker"
 
 
 def test_entries_waiting_past_the_bound_are_applied_at_once_and_none_is_lost() -> None:

@@ -6,8 +6,6 @@ expected ones."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from gateway_plugin.books import outcomes
@@ -58,7 +56,7 @@ def _answer(
     }
     if tokens is not None:
         entry["tokens"] = tokens
-    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    outcomes.apply(state, outcomes.read_entries([entry]).entries)
 
 
 def _spent(state: GatewayState) -> tuple[float, float, float]:
@@ -143,11 +141,11 @@ def test_a_streams_prompt_is_held_at_the_expected_tokens_and_settled_at_its_body
     state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=held), "llm", streamed=True)
     entry = {"status": 200, "upstream_status": "200", "upstream_s": 30.0, "uri": STREAM, "tenant": "t1"}
     entry |= {"target": state.route_value("aws"), "tokens": 900, "body_bytes": "1001"}
-    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    outcomes.apply(state, outcomes.read_entries([entry]).entries)
     bill = 0.001 + 30 * 0.01 + 900 * 0.0001 + 251 * 0.00001
     assert _spent(state) == pytest.approx((bill, bill, bill))
     state.commit(Decision("aws", Reason.OVERFLOW_WARM, tenant="t1", cost_usd=held), "llm", streamed=True)
-    outcomes.apply(state, outcomes.parse_batch(json.dumps([{**entry, "body_bytes": None}]).encode()).entries)
+    outcomes.apply(state, outcomes.read_entries([{**entry, "body_bytes": None}]).entries)
     chunked = 0.001 + 30 * 0.01 + 900 * 0.0001 + 200 * 0.00001
     assert _spent(state) == pytest.approx((bill + chunked,) * 3)
 

@@ -7,8 +7,6 @@ first-token target is held against."""
 
 from __future__ import annotations
 
-import json
-
 from gateway_plugin.books import outcomes
 from gateway_plugin.books.ledger import streamed
 from gateway_plugin.books.state import GatewayState
@@ -37,7 +35,7 @@ def _answer(state: GatewayState, uri: str, seconds: float) -> None:
     """What the route's logger reports of one answer from the target."""
     entry = {"status": 200, "upstream_status": "200", "upstream_s": seconds, "uri": uri, "tenant": "t1"}
     entry["target"] = state.route_value("aws")
-    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    outcomes.apply(state, outcomes.read_entries([entry]).entries)
 
 
 def test_a_long_stream_keeps_its_slot_while_short_answers_come_and_go() -> None:
@@ -74,7 +72,7 @@ def test_a_local_stream_teaches_the_estimate_its_first_token_not_its_length() ->
         "upstream_header_s": "0.200",
         "uri": "/v2/models/llm/generate_stream",
     }
-    outcomes.apply(state, outcomes.parse_batch(json.dumps([entry]).encode()).entries)
+    outcomes.apply(state, outcomes.read_entries([entry]).entries)
     assert state.snapshot(None, "llm").local[""].observed_ms == 200.0
 
 
