@@ -5,8 +5,8 @@ that serves APISIX's calls, so a wedged loop reads as silent).
 
 A small threaded HTTP server on loopback; each accepted batch is handed to the event loop, which
 alone writes the gateway's state (and checks the batch's entries there, a slice at a time), and
-each table is built there too. Only APISIX may post
-(``Authorization`` derived from the route token); bodies, batches and reads are bounded.
+each table is built there too. Only APISIX may post (``Authorization`` derived from the route
+token); bodies, batches and reads are bounded.
 """
 
 from __future__ import annotations

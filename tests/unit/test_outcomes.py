@@ -401,11 +401,13 @@ def test_a_large_batch_is_applied_a_slice_at_a_time_with_the_loop_serving_betwee
 
 _FIELD_VALUES = st.one_of(
     st.none(),
+    st.booleans(),
     st.integers(-5, 2000),
     st.floats(allow_nan=True),
     st.text(max_size=12),
     st.text(min_size=199, max_size=202),
     st.lists(st.text(max_size=3), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
 )
 _ITEMS = st.one_of(
     st.dictionaries(st.sampled_from([*outcomes.FIELDS, "invalid", "other"]), _FIELD_VALUES, max_size=6),
