@@ -139,9 +139,11 @@ class Load:
         return [a for a in list(self.answers) if since <= a.at < until]
 
     def phase(self, since: float) -> dict[str, float]:
-        """Public requests, the share of them that left, those that failed (5xx or no answer),
-        on-prem-only ones that left, and requests of either kind that got no answer at all."""
-        answers = self.between(since)
+        """Of the requests sent since ``since``: public ones, the share of them that left, those
+        that failed (5xx or no answer), on-prem-only ones that left, and requests of either kind
+        that got no answer at all. A request sent before belongs to the phase before, whenever its
+        answer came (a member stopping drops the requests it holds as it exits)."""
+        answers = [a for a in list(self.answers) if a.at - a.latency_s >= since]
         public = [a for a in answers if a.public]
         return {
             "public": len(public),
