@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gateway_plugin.books.ledger import HOUR as HOUR_S
 from gateway_plugin.config import TargetCost
 from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN, request_cost_usd
 from testing.apisix import FAST_HOST, needs_apisix, runner_table
@@ -121,6 +122,14 @@ def _prompt(tokens: int, first_token_ms: float = 0) -> bytes:
     return json.dumps(prompt).encode()
 
 
+def _spend_reaches(chain: Chain, before: float, billed: float) -> None:
+    """Waits until the budget has taken ``billed`` since ``before``; says what it took if not."""
+    try:
+        wait_until(lambda: chain.spend() - before >= billed - 1e-9, 20, "the stream settled")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: {chain.spend() - before!r} taken of {billed!r}") from None
+
+
 def _prompt_usd(tokens: int) -> float:
     """What the prompt of a stream asking for ``tokens`` is billed: its body's bytes, 4 a token."""
     return math.ceil(len(_prompt(tokens)) / BYTES_PER_INPUT_TOKEN) * USD_PER_PROMPT_TOKEN
@@ -140,6 +149,15 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         for route in HOSTS:
             wait_until(functools.partial(made.spills, route), 30, f"the {route} route spills")
         yield made
+
+
+@pytest.fixture
+def one_hour() -> None:
+    """The budgets' hour is the wall clock's (``books.ledger``): a test that reads what one stream
+    adds to it starts a minute or more before the hour rolls, or waits until it has."""
+    left = HOUR_S - time.time() % HOUR_S
+    if left < 60:
+        time.sleep(left + 0.5)
 
 
 @pytest.fixture
@@ -193,7 +211,7 @@ def test_a_stream_cut_by_the_client_frees_its_cloud_slot(chain: Chain, hold: Non
 
 
 @pytest.mark.parametrize("route", list(HOSTS))
-def test_a_spilled_stream_is_billed_the_tokens_it_sent(chain: Chain, route: str) -> None:
+def test_a_spilled_stream_is_billed_the_tokens_it_sent(chain: Chain, one_hour: None, route: str) -> None:
     """The function is priced per token alone, 4 generated and no prompt token expected: a stream
     of 9 is held at 4 while it runs and settled at the events the gateway counted going by and at
     its prompt's tokens (its body's bytes / 4), when it ends (the runner, from the ext-plugin
@@ -204,13 +222,13 @@ def test_a_spilled_stream_is_billed_the_tokens_it_sent(chain: Chain, route: str)
         sent = [events.next(), *events.rest()]
     assert len(sent) == 9, sent
     billed = 9 * USD_PER_TOKEN + _prompt_usd(9)
-    wait_until(lambda: chain.spend() - before >= billed - 1e-9, 20, "the stream settled")
+    _spend_reaches(chain, before, billed)
     time.sleep(1.5)
     assert chain.spend() - before == pytest.approx(billed)
 
 
 @pytest.mark.parametrize("route", list(HOSTS))
-def test_a_chunked_prompt_is_billed_at_its_body(chain: Chain, route: str) -> None:
+def test_a_chunked_prompt_is_billed_at_its_body(chain: Chain, one_hour: None, route: str) -> None:
     """A body framed by no Content-Length (chunked; no prompt token is expected at decision) is not
     free: both routes read the body whole before they decide, and nginx then knows its size, so
     ``$content_length`` holds it in the log phase and the prompt is billed at its body's tokens."""
@@ -220,14 +238,14 @@ def test_a_chunked_prompt_is_billed_at_its_body(chain: Chain, route: str) -> Non
     assert len(sent) == 3, sent
     billed = 3 * USD_PER_TOKEN + _prompt_usd(3)
     assert _prompt_usd(3) > 0
-    wait_until(lambda: chain.spend() - before >= billed - 1e-9, 20, "the stream settled")
+    _spend_reaches(chain, before, billed)
     time.sleep(1.5)
     assert chain.spend() - before == pytest.approx(billed)
 
 
 @pytest.mark.parametrize("route", list(HOSTS))
 def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
-    chain: Chain, hold: None, route: str
+    chain: Chain, one_hour: None, hold: None, route: str
 ) -> None:
     """Held at 4 tokens' price while it runs, a stream the client cuts after its first token is
     settled at that one token: the target's budget takes 1 token's price (and its prompt's) in all."""
@@ -243,7 +261,7 @@ def test_a_stream_cut_by_the_client_gives_back_its_price_less_what_it_sent(
 @pytest.mark.parametrize("cut", [False, True], ids=["whole", "cut"])
 @pytest.mark.parametrize("route", list(HOSTS))
 def test_a_spilled_streams_tenant_is_billed_what_the_stream_cost(
-    chain: Chain, hold: None, route: str, cut: bool
+    chain: Chain, one_hour: None, hold: None, route: str, cut: bool
 ) -> None:
     """A tenant's hourly quota counts a stream at its price from its decision (the stream held
     after its first token meanwhile), and at its bill once it ends: 9 tokens sent cost more than
