@@ -33,8 +33,6 @@ SPILLWAY_KNOBS: tuple[tuple[float | None, float | None, float | None], ...] = (
     (None, None, 0.0),
     (None, None, 5.0),
 )
-# The oracle's (price USD per request met, pool) grid.
-# 1e9 USD a request met: the cloud is never worth it, and a pool of 0 starts nothing.
 # The oracle's (price USD per request met, pool, spread, eager) grid; 1e9 USD a request: the cloud is
 # never worth it, and a pool of 0 starts nothing.
 ORACLE_GRID: tuple[tuple[float, float, bool, bool], ...] = (
@@ -98,6 +96,12 @@ def dominating(
 def bounded_by(point: Point, bounds: Sequence[Point]) -> bool:
     """Whether some bound reaches at least ``point``'s SLO attainment at no more than its spend."""
     return any(b.slo >= point.slo and b.spend <= point.spend + 1e-12 for b in bounds)
+
+
+def least_spend_reaching(point: Point, bounds: Sequence[Point]) -> float | None:
+    """The least any of ``bounds`` spends to reach ``point``'s SLO attainment (None: none does):
+    what that attainment needed, against which ``point``'s own spend is read."""
+    return min((b.spend for b in bounds if b.slo >= point.slo), default=None)
 
 
 def with_knobs(
@@ -168,6 +172,7 @@ def summarise(
     over = dominating(default, baselines)
     cheaper = [b for b in baselines if b.slo >= default.slo and b.spend < default.spend]
     unbounded = [b for b in baselines if not bounded_by(b, oracles)] if oracles else []
+    needed = least_spend_reaching(default, oracles)
     return {
         "points": [p.as_json() for p in (default, *knobs, *baselines, *oracles)],
         "frontier": [p.as_json() for p in pareto([default, *knobs, *baselines])],
@@ -182,8 +187,19 @@ def summarise(
         if default.spend > 0
         else 0.0,
         "oracle_bounds_baselines": not unbounded if oracles else None,
+        # Spend at equal SLO: the default's over the least an oracle point pays to reach its SLO
+        # attainment (1 where both are nothing; None where none reaches it, or it needed nothing
+        # and the default spent).
+        "oracle_spend_at_equal_slo": needed,
+        "spend_vs_oracle_at_equal_slo": _ratio(default.spend, needed),
         "baselines_past_the_oracle": [p.as_json() for p in unbounded],
     }
+
+
+def _ratio(spend: float, needed: float | None) -> float | None:
+    if needed is None or (needed <= 0 < spend):
+        return None
+    return round(spend / needed, 4) if needed > 0 else 1.0
 
 
 def text(frontier: dict[str, Any]) -> str:
@@ -202,4 +218,8 @@ def text(frontier: dict[str, Any]) -> str:
         lines.append(f"Spillway's default is dominated: up to {most} SLO points more at no more spend")
     else:
         lines.append(f"Spillway's default ({line(default).strip()}) is dominated by no point")
+    ratio, needed = frontier.get("spend_vs_oracle_at_equal_slo"), frontier.get("oracle_spend_at_equal_slo")
+    if needed is not None:
+        said = f"{ratio:.2f}x that" if ratio is not None else "more"
+        lines.append(f"the oracle reaches the default's SLO for ${needed:.4f}: Spillway spends {said}")
     return "\n".join(lines)

@@ -80,5 +80,25 @@ def test_the_command_prints_the_frontier_and_plots_it(tmp_path: Path) -> None:
     )
     assert utilisations[0] == 0.5 and utilisations[-1] == 0.95
     assert frontier["oracle_bounds_baselines"] is True
+    default = frontier["spillway_default"]
+    reaching = [
+        p["cloud_cost_usd"]
+        for p in frontier["points"]
+        if p["policy"] == "oracle" and p["slo_attainment"] >= default["slo_attainment"]
+    ]
+    assert frontier["oracle_spend_at_equal_slo"] == min(reaching) > 0
+    assert frontier["spend_vs_oracle_at_equal_slo"] == round(default["cloud_cost_usd"] / min(reaching), 4)
     report = (tmp_path / "report.html").read_text()
     assert 'id="chart-pareto"' in report and "Pareto frontier" in report
+
+
+def test_spend_at_equal_slo_is_read_against_the_cheapest_oracle_point_that_reaches_it() -> None:
+    oracles = [_p("oracle", 0.85, 0.2), _p("oracle", 0.91, 0.5), _p("oracle", 0.99, 0.8)]
+    result = summarise(_p("spillway", 0.90, 1.0), [], [], oracles)
+    assert result["oracle_spend_at_equal_slo"] == 0.5 and result["spend_vs_oracle_at_equal_slo"] == 2.0
+    out_of_reach = summarise(_p("spillway", 0.995, 1.0), [], [], oracles)
+    assert out_of_reach["oracle_spend_at_equal_slo"] is None
+    assert out_of_reach["spend_vs_oracle_at_equal_slo"] is None
+    free = [_p("oracle", 0.95, 0.0)]
+    assert summarise(_p("spillway", 0.9, 0.0), [], [], free)["spend_vs_oracle_at_equal_slo"] == 1.0
+    assert summarise(_p("spillway", 0.9, 0.1), [], [], free)["spend_vs_oracle_at_equal_slo"] is None
