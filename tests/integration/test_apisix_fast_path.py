@@ -18,6 +18,7 @@ from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.fast_path.route import fast_route
 from testing.apisix import Stack, StackStarter, needs_apisix
+from testing.budget import clear_of_the_hours_end
 from testing.http import settled, wait_until
 from testing.standins import StandIns
 
@@ -147,6 +148,7 @@ def test_a_respawned_runner_counts_the_nodes_spend_from_the_table_it_holds(stack
     respawned counts a node's spend from the marks of the table the node holds (what the dead one
     had taken in), so the hour's budget holds what was spent since, not all the node ever spent
     (which would stop every burst until the hour rolled)."""
+    clear_of_the_hours_end()
     stack.set_load(500)
     before = _settled_spend(stack)
     assert all(stack.send("public")["upstream"] == "aws" for _ in range(20))

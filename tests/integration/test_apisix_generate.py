@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from gateway_plugin.books.ledger import HOUR as HOUR_S
 from gateway_plugin.config import TargetCost
 from gateway_plugin.costs import BYTES_PER_INPUT_TOKEN, request_cost_usd
 from testing.apisix import FAST_HOST, needs_apisix, runner_table
+from testing.budget import clear_of_the_hours_end
 from testing.http import http, settled, wait_until
 from testing.llm import FUNCTION_COST, SPILL, USD_PER_PROMPT_TOKEN, USD_PER_TOKEN, running_chain
 from testing.sse import EventStream
@@ -153,11 +153,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
 
 @pytest.fixture
 def one_hour() -> None:
-    """The budgets' hour is the wall clock's (``books.ledger``): a test that reads what one stream
-    adds to it starts a minute or more before the hour rolls, or waits until it has."""
-    left = HOUR_S - time.time() % HOUR_S
-    if left < 60:
-        time.sleep(left + 0.5)
+    """A test that reads what one stream adds to a budget reads it within one hour."""
+    clear_of_the_hours_end()
 
 
 @pytest.fixture
