@@ -68,7 +68,7 @@ class Point:
             "cloud_cost_usd": self.spend,
             **{
                 k: self.figures[k]
-                for k in ("p99_ms", "cloud_share", "shed", "flaps_per_min")
+                for k in ("p99_ms", "cloud_share", "shed", "flaps_per_min", "cold_hits", "warmup_cost_usd")
                 if k in self.figures
             },
         }
@@ -98,10 +98,10 @@ def bounded_by(point: Point, bounds: Sequence[Point]) -> bool:
     return any(b.slo >= point.slo and b.spend <= point.spend + 1e-12 for b in bounds)
 
 
-def least_spend_reaching(point: Point, bounds: Sequence[Point]) -> float | None:
-    """The least any of ``bounds`` spends to reach ``point``'s SLO attainment (None: none does):
-    what that attainment needed, against which ``point``'s own spend is read."""
-    return min((b.spend for b in bounds if b.slo >= point.slo), default=None)
+def cheapest_reaching(point: Point, bounds: Sequence[Point]) -> Point | None:
+    """The bound that spends least to reach ``point``'s SLO attainment (None: none does): what that
+    attainment needed, against which ``point``'s own spend is read."""
+    return min((b for b in bounds if b.slo >= point.slo), key=lambda b: (b.spend, -b.slo), default=None)
 
 
 def with_knobs(
@@ -172,7 +172,7 @@ def summarise(
     over = dominating(default, baselines)
     cheaper = [b for b in baselines if b.slo >= default.slo and b.spend < default.spend]
     unbounded = [b for b in baselines if not bounded_by(b, oracles)] if oracles else []
-    needed = least_spend_reaching(default, oracles)
+    needed = cheapest_reaching(default, oracles)
     return {
         "points": [p.as_json() for p in (default, *knobs, *baselines, *oracles)],
         "frontier": [p.as_json() for p in pareto([default, *knobs, *baselines])],
@@ -190,8 +190,9 @@ def summarise(
         # Spend at equal SLO: the default's over the least an oracle point pays to reach its SLO
         # attainment (1 where both are nothing; None where none reaches it, or it needed nothing
         # and the default spent).
-        "oracle_spend_at_equal_slo": needed,
-        "spend_vs_oracle_at_equal_slo": _ratio(default.spend, needed),
+        "oracle_at_equal_slo": needed.as_json() if needed else None,
+        "oracle_spend_at_equal_slo": needed.spend if needed else None,
+        "spend_vs_oracle_at_equal_slo": _ratio(default.spend, needed.spend if needed else None),
         "baselines_past_the_oracle": [p.as_json() for p in unbounded],
     }
 
