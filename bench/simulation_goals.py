@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ def goals(frontier: dict[str, Any], family: str) -> dict[str, Any]:
         "slo_vs_static_points": round((slo - static["slo_attainment"]) * 100, 2),
         "oracle_bounds_baselines": frontier["oracle_bounds_baselines"],
         "spend_vs_oracle_at_equal_slo": frontier["spend_vs_oracle_at_equal_slo"],
+        "oracle_reaches_spillway": frontier["oracle_spend_at_equal_slo"] is not None,
     }
     out["oracle_goal_met"] = out["slo_vs_oracle_points"] >= -0.5 and (out["spend_vs_oracle"] or 0) <= 1.15
     out["static_goal_met"] = out["slo_vs_static_points"] >= 0 and (out["spend_vs_static"] or 0) <= 0.7
@@ -99,10 +101,12 @@ def goals(frontier: dict[str, Any], family: str) -> dict[str, Any]:
 
 
 def summary(cells: dict[str, Any]) -> dict[str, Any]:
-    """How many cells meet each goal, and the spend at equal SLO's median where Spillway spends."""
+    """How many cells meet each goal; where Spillway spends, the median of its spend at equal SLO
+    over the oracle's and how many cells no oracle point reaches its SLO in."""
     each = [cell["goals"] for cell in cells.values()]
     spending = [g for g in each if "spend_goal_met" in g]
-    ratios = sorted(g["spend_vs_oracle_at_equal_slo"] for g in spending if g["spend_vs_oracle_at_equal_slo"])
+    # Where the oracle reached Spillway's SLO spending nothing, Spillway's spend is past any ratio.
+    ratios = [g["spend_vs_oracle_at_equal_slo"] or math.inf for g in spending if g["oracle_reaches_spillway"]]
     over = [
         g["against_oracle_at_equal_slo"]
         for g in spending
@@ -118,6 +122,7 @@ def summary(cells: dict[str, Any]) -> dict[str, Any]:
         "not_dominated": sum(g["not_dominated"] for g in each),
         "spending_cells": len(spending),
         "spend_goal_met": sum(g["spend_goal_met"] for g in spending),
+        "oracle_short_of_spillway": sum(not g["oracle_reaches_spillway"] for g in spending),
         "median_spend_vs_oracle_at_equal_slo": round(statistics.median(ratios), 3) if ratios else None,
         "oracle_bounds_baselines": sum(bool(g["oracle_bounds_baselines"]) for g in each),
         # In the spending cells past 1.15x: Spillway's over the oracle point's, median of the cells.
