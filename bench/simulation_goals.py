@@ -16,7 +16,8 @@ cluster's capacity) and example config, every policy runs on the same requests (
   Poisson traffic, where the load does not change: at most 10 a minute.
 
     flock /tmp/spillway-bench.lock python bench/simulation_goals.py [--seconds 900] [--json] \\
-        [--plots DIR] [--shares 0 0.2 0.5] [--families burst cron] [--loads 2 20] [--seed 7]
+        [--plots DIR] [--shares 0 0.2 0.5] [--families burst cron] [--loads 2 20] [--seed 7] \\
+        [--priority sheddable]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gateway_plugin.config import SpillwayConfig, load
+from gateway_plugin.config import SpillwayConfig, load, parse
 from gateway_plugin.simulation.engine import simulate
 from gateway_plugin.simulation.frontier import sweep
 from gateway_plugin.simulation.runner_policy import SpillwayRouter
@@ -162,10 +163,19 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--loads", type=float, nargs="+", default=list(LOADS))
     parser.add_argument("--no-flaps", action="store_true", help="skip the steady-traffic flap runs")
+    parser.add_argument(
+        "--priority",
+        choices=("critical", "sheddable"),
+        help="every request of this priority (admission.default_priority; default: the config's)",
+    )
     args = parser.parse_args()
     out: dict[str, Any] = {"cells": {}, "steady_flaps_per_min": {}}
     for name, path in CONFIGS.items():
         config = load(ROOT / path)
+        if args.priority:
+            data = config.model_dump()
+            data["admission"]["default_priority"] = args.priority
+            config = parse(data, path)
         if not args.no_flaps:
             out["steady_flaps_per_min"][name] = steady_flaps(config, min(args.seconds, 600), args.seed)
         for family, load_factor, share in itertools.product(args.families, args.loads, args.shares):
