@@ -84,6 +84,7 @@ def goals(frontier: dict[str, Any], family: str) -> dict[str, Any]:
         "oracle_bounds_baselines": frontier["oracle_bounds_baselines"],
         "spend_vs_oracle_at_equal_slo": frontier["spend_vs_oracle_at_equal_slo"],
         "oracle_reaches_spillway": frontier["oracle_spend_at_equal_slo"] is not None,
+        "oracle_bounds_spillway": frontier["oracle_bounds_spillway"],
     }
     out["oracle_goal_met"] = out["slo_vs_oracle_points"] >= -0.5 and (out["spend_vs_oracle"] or 0) <= 1.15
     out["static_goal_met"] = out["slo_vs_static_points"] >= 0 and (out["spend_vs_static"] or 0) <= 0.7
@@ -126,6 +127,7 @@ def summary(cells: dict[str, Any]) -> dict[str, Any]:
         "oracle_short_of_spillway": sum(not g["oracle_reaches_spillway"] for g in spending),
         "median_spend_vs_oracle_at_equal_slo": round(statistics.median(ratios), 3) if ratios else None,
         "oracle_bounds_baselines": sum(bool(g["oracle_bounds_baselines"]) for g in each),
+        "oracle_bounds_spillway": sum(bool(g["oracle_bounds_spillway"]) for g in each),
         # In the spending cells past 1.15x: Spillway's over the oracle point's, median of the cells.
         "past_the_goal": {key: median_ratio(key) for key in COMPARED},
     }

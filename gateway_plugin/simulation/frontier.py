@@ -46,7 +46,7 @@ ORACLE_GRID: tuple[tuple[float, float, bool, bool], ...] = (
     (1e5, 1.0, False, True),
     (1e9, 0.0, False, True),
 )
-# Where a baseline point is left unbounded: pools between and past the grid's, then smaller ones.
+# Where a point is left unbounded: pools between and past the grid's, then smaller ones.
 POOLS_BETWEEN = (0.6, 0.7, 0.8, 0.9, 1.25, 1.5, 3.0, 4.0, 6.0)
 Tick = Callable[[str], Callable[[float], None] | None]
 POOL_STEP, MIN_POOL = 0.8, 0.05
@@ -154,11 +154,12 @@ def sweep(
         for price, pool, spread, eager in ORACLE_GRID:
             made = Oracle(config, arrivals, price, pool, spread, eager)
             oracles.append(run(made, made.params))
-        # Where a baseline point is left unbounded, the oracle plans again with other pool sizes
-        # (the instances it starts are its spend's main part): between the grid's, then smaller.
+        # Where a baseline point or Spillway's default is left unbounded, the oracle plans again
+        # with other pool sizes (the instances it starts are its spend's main part): between and
+        # past the grid's, then smaller.
         smaller = (round(0.5 * POOL_STEP**k, 4) for k in range(1, 100))
         for pool in (*POOLS_BETWEEN, *itertools.takewhile(lambda p: p > MIN_POOL, smaller)):
-            if not any(b.spend > 0 and not bounded_by(b, oracles) for b in baselines):
+            if not any(b.spend > 0 and not bounded_by(b, oracles) for b in (*baselines, ours[0])):
                 break
             for spread, eager in itertools.product((False, True), (True, False)):
                 made = Oracle(config, arrivals, 0.0, pool, spread, eager)
@@ -187,6 +188,7 @@ def summarise(
         if default.spend > 0
         else 0.0,
         "oracle_bounds_baselines": not unbounded if oracles else None,
+        "oracle_bounds_spillway": bounded_by(default, oracles) if oracles else None,
         # Spend at equal SLO: the default's over the least an oracle point pays to reach its SLO
         # attainment (1 where both are nothing; None where none reaches it, or it needed nothing
         # and the default spent).

@@ -25,11 +25,12 @@ How it decides:
   request met;
 - else it is shed.
 
-Sweeping ``price`` and ``pool`` (and, where a baseline point is left unbounded, smaller pools down
-to that point's spend) gives the oracle's points; their Pareto frontier is the reference
-(``simulation.frontier``). It is an upper bound in practice, not a proven one: the test suite
-checks, on every trace family and both example configs, that for every point of every baseline's
-sweep an oracle point reaches at least its SLO attainment at no more than its spend.
+Sweeping ``price`` and ``pool`` (and, where a baseline point or Spillway's default is left
+unbounded, other pools, larger and smaller) gives the oracle's points; their Pareto frontier is the
+reference (``simulation.frontier``). It is an upper bound in practice, not a proven one: the test
+suite checks, on every trace family and both example configs, that for every point of every
+baseline's sweep and for Spillway's default an oracle point reaches at least its SLO attainment at
+no more than its spend.
 """
 
 from __future__ import annotations

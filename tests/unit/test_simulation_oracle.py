@@ -1,6 +1,7 @@
 """The oracle is an upper bound in practice: on every trace family and both example configs, for
-every point of every baseline's sweep there is an oracle point with at least its SLO attainment
-at no more than its spend. And it keeps residency, and plans only with what it is said to know."""
+every point of every baseline's sweep and for Spillway's default there is an oracle point with at
+least its SLO attainment at no more than its spend. And it keeps residency, and plans only with
+what it is said to know."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ CELLS = list(itertools.product(CONFIGS, ("heavy", "burst", "cron", "daily", "spo
 @pytest.mark.parametrize(
     ("config_name", "family_name", "load"), CELLS, ids=["-".join(map(str, c)) for c in CELLS]
 )
-def test_no_baseline_point_reaches_a_higher_slo_at_no_more_spend_than_the_oracle(
+def test_neither_a_baseline_point_nor_spillway_reaches_a_higher_slo_at_no_more_spend_than_the_oracle(
     config_name: str, family_name: str, load: float
 ) -> None:
     config = CONFIGS[config_name]
     trace = family(family_name, load * capacity(config), SECONDS[load])
     frontier = sweep(config, trace, Shaping(confidential_share=0.2), 7, knobs=False)
     assert frontier["oracle_bounds_baselines"], frontier["baselines_past_the_oracle"]
+    assert frontier["oracle_bounds_spillway"], frontier["spillway_default"]
     assert frontier["oracle_frontier"]
 
 
