@@ -33,6 +33,7 @@ from devtools.nodes import ADMIN_KEY_ENV, Node, Nodes, nodes_running
 from devtools.redis_ha import REDIS_SENTINEL, SENTINEL_HINT, ClusterGroup, Promotion, SentinelGroup
 from gateway_plugin.apisix_admin import DEFAULT_KEYS
 from testing.apisix import needs_apisix
+from testing.budget import clear_of_the_hours_end
 from testing.http import http, wait_until
 from testing.redis import needs_redis, redis_server
 from testing.standins import StandIns
@@ -76,13 +77,6 @@ def node_config(up: StandIns, store_url: str, replicas_ack: int = 0) -> dict[str
         "replicas_ack": replicas_ack,
     }
     return made
-
-
-def clear_of_the_hour() -> None:
-    """A window boundary would start a fresh budget mid-test: start well inside an hour."""
-    into = time.time() % 3600
-    if into > 3600 - 90:
-        time.sleep(3600 - into + 1)
 
 
 @contextmanager
@@ -219,7 +213,7 @@ def test_one_budget_and_one_cap_across_two_nodes(
     a block a table): aws gets the budget's requests and no more (less what may stay leased and
     unused: ``UNUSED_PER_NODE`` a node), never more than the cap at once, and the runners count
     each request's spend once."""
-    clear_of_the_hour()
+    clear_of_the_hours_end(90)
     with redis_server(tmp_path / "redis") as server, two_nodes(tmp_path, upstreams, server.url) as nodes:
         traffic = Traffic(nodes, per_route=2, paths=routes)
         traffic.start()
@@ -274,7 +268,7 @@ def test_a_master_killed_mid_traffic_stops_no_request_and_keeps_the_bounds(
     find the promoted replica within 10 s; aws never has more than the cap in flight, and gets at
     most the stated bound: the budget, or what the runners' last answered rounds let them spend
     alone, together; each request's spend counted once."""
-    clear_of_the_hour()
+    clear_of_the_hours_end(90)
     with store(kind, tmp_path / kind) as group, two_nodes(tmp_path, upstreams, group.url, 1) as nodes:
         prefix = nodes.nodes[0].config["shared_state"]["key_prefix"]
         traffic = Traffic(nodes)

@@ -30,6 +30,7 @@ from devtools.apisix_peer import ApisixPeer, Outcome, PeerRequest, RouteConf
 from functions.sidecar import free_port
 from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.books.target_header import target_value
+from testing.budget import clear_of_the_hours_end
 from testing.http import http, wait_until
 from testing.paths import ROOT
 from testing.redis import RedisServer, needs_redis, redis_server
@@ -167,15 +168,8 @@ def after_a_round_each(runners: list[Runner]) -> None:
         wait_until(lambda r=r, seen=seen: rounds(r) >= seen + 2, 30, "a shared-state round")  # type: ignore[misc]
 
 
-def clear_of_the_hour() -> None:
-    """A window boundary would start a fresh budget mid-test: start well inside an hour."""
-    into = time.time() % 3600
-    if into > 3600 - 60:
-        time.sleep(3600 - into + 1)
-
-
 def test_a_global_hourly_budget_holds_under_concurrent_cloud_decisions(tmp_path: Path) -> None:
-    clear_of_the_hour()
+    clear_of_the_hours_end()
     with redis_server(tmp_path / "redis") as server:
         cfg = config(server.url, budgets={"per_target_hourly_usd": {"aws": 1.0}})
         with three_runners(tmp_path, cfg) as runners:
@@ -249,7 +243,7 @@ async def killed_during(server: RedisServer, runners: list[Runner], waves: int =
 def test_redis_killed_mid_traffic_then_back(tmp_path: Path) -> None:
     """Redis killed while all three decide: no request waits or fails; each node spends at most its
     leases plus a third of what was left; Redis back (empty): each claims what it spent, once."""
-    clear_of_the_hour()
+    clear_of_the_hours_end()
     server = RedisServer(tmp_path / "redis")
     server.start()
     try:
