@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dns.exception
+import dns.resolver
 import pytest
 
 from testing.http import http_server_thread
@@ -63,12 +65,27 @@ class Dns:
         (self.tmp / "hosts").write_text("\n".join(lines) + "\n")
 
     def set_hosts(self, name: str, addresses: list[str]) -> None:
-        """The A/AAAA records of ``name`` from now on (dnsmasq re-reads its hosts file on SIGHUP)."""
+        """The A/AAAA records of ``name`` from now on: dnsmasq re-reads its hosts file on SIGHUP,
+        in its own time, so this returns once it answers with the new A records."""
         self.hosts[name] = addresses
         self._write_hosts()
         if self.proc is not None:
             self.proc.send_signal(signal.SIGHUP)
-            time.sleep(0.2)
+            want = sorted(a for a in addresses if ":" not in a)
+            deadline = time.monotonic() + 10
+            while self.a_records(name) != want:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"dnsmasq still answers {self.a_records(name)} for {name}, not {want}")
+                time.sleep(0.02)
+
+    def a_records(self, name: str) -> list[str]:
+        """What this server answers for ``name``'s A records (none: an empty list)."""
+        asker = dns.resolver.Resolver(configure=False)
+        asker.nameservers, asker.port, asker.lifetime = ["127.0.0.1"], self.port, 1.0
+        try:
+            return sorted(str(record) for record in asker.resolve(name, "A"))
+        except dns.exception.DNSException:
+            return []
 
     def set_srv(self, records: list[tuple[str, str, int]]) -> None:
         """The SRV records (name, target, port) from now on: dnsmasq restarts to take them."""

@@ -13,6 +13,7 @@ from functions.signature import Verifier
 from gateway_plugin.config import SpillwayConfig
 from gateway_plugin.policy.build import build_policy
 from testing.apisix import Stack, StackStarter, needs_apisix, runner_table
+from testing.budget import clear_of_the_hours_end
 from testing.http import wait_until
 from testing.standins import StandIns, upstream
 from tests.integration.test_apisix_fast_path import routes_for
@@ -25,6 +26,7 @@ def test_caps_and_budgets_hold_across_workers_under_concurrent_load(
 ) -> None:
     """Two nginx workers, twelve clients, slow functions: aws never has more than its cap of 2 in
     flight (shared-dict counters), and ali, whose hourly budget covers 3.5 cold requests, gets 3."""
+    clear_of_the_hours_end()
     aws = stand_ins.aws
     with upstream("ali") as ali:
         stand_ins.feed.queue_ms = 500

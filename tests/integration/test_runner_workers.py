@@ -30,6 +30,7 @@ from gateway_plugin.books.outcomes import auth_header
 from gateway_plugin.books.target_header import target_value
 from gateway_plugin.config import ConfigError, parse
 from gateway_plugin.worker_group import OutcomeFanOut
+from testing.budget import clear_of_the_hours_end
 from testing.http import http, wait_until
 from testing.paths import ROOT
 from testing.redis import needs_redis, redis_server
@@ -193,6 +194,7 @@ def fill_to_the_cap(workers: Workers, cap: int) -> Counter[tuple[str, str]]:
 @needs_redis
 @pytest.mark.integration
 def test_two_workers_under_load_keep_the_budget_and_residency(tmp_path: Path) -> None:
+    clear_of_the_hours_end()
     with two_workers(tmp_path, budgets={"per_target_hourly_usd": {"aws": 1.0}}) as workers:
         seen: Counter[tuple[str, str]] = Counter()
         for _ in range(15):
