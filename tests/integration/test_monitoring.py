@@ -48,8 +48,9 @@ TOKEN = os.environ["SPILLWAY_ROUTE_TOKEN"]
 SIGNING_KEY = "monitoring-signing-key-0123456789abcdef"
 METRICS_TOKEN = "monitoring-metrics-token-0123456789"
 FAST_HOST = "fast.test"
-# What $__rate_interval stands for here (Prometheus scrapes every second).
-RATE_INTERVAL = "1m"
+# What $__rate_interval stands for here (Prometheus scrapes every second): long enough that the
+# load, which ends before the streams and the warm-up run, is still in every rate the panels read.
+RATE_INTERVAL = "5m"
 BODY = json.dumps({"inputs": [{"name": "DELAY_MS", "shape": [1], "datatype": "FP32", "data": [5]}]}).encode()
 
 
