@@ -31,6 +31,12 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (not gone, not a zombie)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
 def first_gone(pids: set[int], parent: int) -> int | None:
     for pid in pids:
         stat = _stat(pid)
