@@ -91,9 +91,11 @@ class ApisixPeer:
         timeout_s: float = 60.0,
         token_ttl_s: float = 3600.0,
         worker_id: int = 0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
         self.path = path
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self._pool: deque[_Conn] = deque()
         self._pool_size = pool_size
         self._tokens: dict[str, tuple[float, int]] = {}
@@ -201,7 +203,7 @@ class ApisixPeer:
         if self._pool:
             return self._pool.pop()
         reader, writer = await asyncio.wait_for(
-            asyncio.open_unix_connection(str(self.path)), CONNECT_TIMEOUT_S
+            asyncio.open_unix_connection(str(self.path)), self.connect_timeout_s
         )
         return _Conn(reader, writer)
 

@@ -113,7 +113,8 @@ async def running_runner(confs: ConfCache | None = None) -> AsyncIterator[tuple[
     sock = Path(tempfile.mkdtemp(prefix="spillway-test-")) / "runner.sock"
     runner = Runner(test_plugins(), confs)
     server = await serve(runner, sock)
-    peer = ApisixPeer(sock, timeout_s=10)
+    # A loaded machine may accept a burst of connections slower than APISIX's 1 s connect timeout.
+    peer = ApisixPeer(sock, timeout_s=10, connect_timeout_s=10)
     try:
         yield runner, peer, sock
     finally:

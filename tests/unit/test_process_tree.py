@@ -6,11 +6,7 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from functions.process_tree import alive, children
-
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
 
 
 def test_a_child_is_found_and_alive_until_it_exits_and_is_reaped() -> None:
