@@ -16,18 +16,38 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0].decode(), int(fields[1])
 
 
-def children(pid: int) -> set[int]:
-    """Processes whose parent is ``pid`` (empty where there is no ``/proc``)."""
+def _parents() -> dict[int, int]:
+    """Every process's parent, from one scan of ``/proc`` (empty where there is none)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return set()
-    found = set()
+        return {}
+    parents = {}
     for entry in entries:
         if entry.isdigit():
             stat = _stat(int(entry))
-            if stat is not None and stat[1] == pid:
-                found.add(int(entry))
+            if stat is not None:
+                parents[int(entry)] = stat[1]
+    return parents
+
+
+def children(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (empty where there is no ``/proc``)."""
+    return {child for child, parent in _parents().items() if parent == pid}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``: children, theirs, and so on, from one scan."""
+    below: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        below.setdefault(parent, []).append(child)
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in below.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
     return found
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from functions.cli import serve_command
-from functions.process_tree import alive, children
+from functions.process_tree import alive, descendants
 from functions.sidecar import free_port
 from testing.http import answers, http, wait_until
 from testing.paths import EVENTS, EXAMPLE_MODELS, ROOT, TEST_MODELS, tool
@@ -76,7 +76,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stops the server and what it started. The emulator kills its runtime outright, whose
     tritonserver follows it (its parent-death signal), but Triton's backend stubs are Triton's
     children and would stay behind, orphaned: whatever of the tree is still running is killed."""
-    tree = _descendants(proc.pid)
+    tree = descendants(proc.pid)
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -88,16 +88,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _descendants(pid: int) -> set[int]:
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        below = children(todo.pop()) - found
-        found |= below
-        todo.extend(below)
-    return found
 
 
 @contextmanager

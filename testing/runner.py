@@ -17,6 +17,9 @@ from gateway_plugin.plugins.headers import HeadersPlugin
 from gateway_plugin.runner import Runner, serve
 from gateway_plugin.runner.conf_cache import ConfCache
 
+# A loaded machine may accept a burst of connections slower than APISIX's 1 s connect timeout.
+PEER_TIMEOUT_S = 10
+
 
 class Empty(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -113,8 +116,7 @@ async def running_runner(confs: ConfCache | None = None) -> AsyncIterator[tuple[
     sock = Path(tempfile.mkdtemp(prefix="spillway-test-")) / "runner.sock"
     runner = Runner(test_plugins(), confs)
     server = await serve(runner, sock)
-    # A loaded machine may accept a burst of connections slower than APISIX's 1 s connect timeout.
-    peer = ApisixPeer(sock, timeout_s=10, connect_timeout_s=10)
+    peer = ApisixPeer(sock, timeout_s=PEER_TIMEOUT_S, connect_timeout_s=PEER_TIMEOUT_S)
     try:
         yield runner, peer, sock
     finally:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
-from functions.process_tree import alive, children
+from functions.process_tree import alive, children, descendants
 
 
 def test_a_child_is_found_and_alive_until_it_exits_and_is_reaped() -> None:
@@ -28,4 +30,24 @@ def test_a_zombie_is_not_alive() -> None:
     try:
         assert not alive(child.pid)
     finally:
+        child.wait(10)
+
+
+def test_descendants_reach_a_grandchild() -> None:
+    """A grandchild (what a backend stub is to the emulator) is found below its grandparent."""
+    sleeper = "import time; time.sleep(60)"
+    script = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleeper!r}]).wait()"
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(200):  # until the child has started its own
+            if descendants(child.pid):
+                break
+            time.sleep(0.05)
+        grandchildren = descendants(child.pid)
+        assert len(grandchildren) == 1
+        assert child.pid in descendants(os.getpid())
+        assert grandchildren <= descendants(os.getpid())
+    finally:
+        for pid in descendants(child.pid):
+            os.kill(pid, signal.SIGKILL)
         child.wait(10)
