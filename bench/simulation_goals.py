@@ -164,6 +164,7 @@ def main() -> None:
     parser.add_argument("--shares", type=float, nargs="+", default=list(SHARES), help="on-prem-only shares")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--loads", type=float, nargs="+", default=list(LOADS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS, help="which configs")
     parser.add_argument("--no-flaps", action="store_true", help="skip the steady-traffic flap runs")
     parser.add_argument(
         "--priority",
@@ -172,7 +173,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     out: dict[str, Any] = {"cells": {}, "steady_flaps_per_min": {}}
-    for name, path in CONFIGS.items():
+    for name in args.configs:
+        path = CONFIGS[name]
         config = load(ROOT / path)
         if args.priority:
             data = config.model_dump()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -220,6 +221,7 @@ def random_snapshot(rng: random.Random, policy: Policy) -> Snapshot:
             spent_hour_usd=rng.choice([0.0, hourly, hourly * 0.999, hourly - spec.cost_usd]),
             spent_day_usd=rng.choice([0.0, 0.5, 0.0001]),
             starting=rng.randint(0, in_flight),
+            idle_s=rng.choice([math.inf, 0.0, 2.0, 400.0]),
         )
     tenants = {
         t: TenantState(

@@ -171,10 +171,10 @@ class GatewayState(SummedOutcomes):
         counted = counts.in_flight.get(name) if counts is not None else None
         in_flight = self.outstanding[name].count(now) if counted is None else counted
         starting = counts.starting.get(name, 0) if counts is not None else self.starting[name].count(now)
-        warm = self.pools[name].warm(now)
+        warm, idle_s = self.pools[name].warm(now), self.pools[name].idle_s(now)
         if self.shared is not None:
             shared = self.shared.target_state(name, breaker, in_flight, warm, now, wall, fast_path)
-            return shared._replace(starting=min(starting, shared.in_flight))
+            return shared._replace(starting=min(starting, shared.in_flight), idle_s=idle_s)
         hour, day = self.ledger.spent(f"target:{name}", wall)
         return TargetState(
             breaker=breaker.current(now),
@@ -184,6 +184,7 @@ class GatewayState(SummedOutcomes):
             spent_hour_usd=hour,
             spent_day_usd=day,
             starting=min(starting, in_flight),
+            idle_s=idle_s,
         )
 
     def cap(self, name: str) -> int:

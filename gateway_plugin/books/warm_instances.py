@@ -6,6 +6,7 @@ target's idle TTL is counted warm. Warm-up reports add the instances the pinger 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -36,6 +37,12 @@ class WarmPool:
             self._last_seen.popitem(last=False)
         if cold:
             self.cold_hits += 1
+
+    def idle_s(self, now: float) -> float:
+        """Since an answer last came from any instance (infinite when none is known)."""
+        if not self._last_seen:
+            return math.inf
+        return max(0.0, now - next(reversed(self._last_seen.values())))
 
     def warm(self, now: float) -> int:
         horizon = now - self.idle_ttl_s

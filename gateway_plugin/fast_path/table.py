@@ -146,7 +146,7 @@ def _target(
     return TargetRow(
         cap=cap,
         slots=spec.slots,
-        idle_usd=spec.idle_usd,
+        idle_usd=spec.idle_price(state.idle_s),
         cold_start_ms=spec.cold_start_ms,
         cost_usd=spec.cost_usd,
         cold_cost_usd=spec.cold_cost_usd,

@@ -110,6 +110,7 @@ class LoadRow:
 class TargetRow:
     cap: int
     slots: int
+    # The idle time a slot used now adds to the bill, as of the table (TargetPolicy.idle_price).
     idle_usd: float
     cold_start_ms: float
     cost_usd: float

@@ -28,6 +28,7 @@ def build_policy(config: SpillwayConfig) -> Policy:
             max_request_bytes=t.request_limit_bytes,
             slots=t.instance_concurrency,
             idle_usd=t.cost.usd_per_idle_second * t.idle_ttl_s / t.instance_concurrency,
+            idle_ttl_s=t.idle_ttl_s,
         )
         for t in config.targets
     }

@@ -257,9 +257,10 @@ def _pick_target(
             continue
         if not _tenant_budget_allows(tenant, cost, snapshot, policy):
             continue
-        # Idle time is billed for waking a target nothing else uses: while one serves, its warm
-        # instances stay alive (and billed) for their idle TTL whatever this request does.
-        price = cost + (spec.idle_usd if state.in_flight == 0 else 0.0)
+        # Idle time is billed for using a target nothing else uses (as long as it was idle, up to
+        # its TTL): while one serves, its warm instances stay alive (and billed) whatever this
+        # request does.
+        price = cost + (spec.idle_price(state.idle_s) if state.in_flight == 0 else 0.0)
         eligible.append((name, warm, cost, price))
     if not eligible:
         return None

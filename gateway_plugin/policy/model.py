@@ -74,8 +74,8 @@ _NO_QUOTA = Quota()
 @dataclass(frozen=True)
 class TargetPolicy:
     """A target as the policy prices and fills it; ``slots``: requests one warm instance serves at
-    once (FC's instance concurrency; 1 on Lambda); ``idle_usd``: what using one of its slots may
-    keep billed as idle time (an instance used is kept alive up to its idle TTL: FC bills idle
+    once (FC's instance concurrency; 1 on Lambda); ``idle_usd``: what using one of its slots keeps
+    billed as idle time at most (an instance used is kept alive up to its idle TTL: FC bills idle
     GPUs), which weighs in choosing among warm targets where nothing is in flight."""
 
     name: str
@@ -88,6 +88,13 @@ class TargetPolicy:
     max_request_bytes: int | None = None
     slots: int = 1
     idle_usd: float = 0.0
+    idle_ttl_s: float = 300.0
+
+    def idle_price(self, idle_s: float) -> float:
+        """The idle time using a slot adds to the bill, ``idle_s`` after the target's last answer:
+        its instance stays billed a TTL past its last use, so a use within the TTL extends that by
+        the gap alone, and one past it (or with no answer known) keeps a woken instance a whole TTL."""
+        return self.idle_usd * min(1.0, idle_s / self.idle_ttl_s)
 
     def takes(self, body_bytes: int | None) -> bool:
         """Whether the platform accepts a body this size (an unknown size only where none is set)."""

@@ -8,6 +8,7 @@ every request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
@@ -76,7 +77,8 @@ class Threshold(NamedTuple):
 class TargetState(NamedTuple):
     """One target as the gateway sees it; ``starting``: the requests in flight that were sent
     there cold (each starting an instance, or on a warm one the gateway had not learnt of), so
-    ``in_flight - starting`` of them occupy the warm instances it knows."""
+    ``in_flight - starting`` of them occupy the warm instances it knows; ``idle_s``: since an answer
+    last came from one of its instances (infinite when none is known)."""
 
     breaker: BreakerState = BreakerState.CLOSED
     probe_allowed: bool = False
@@ -85,6 +87,7 @@ class TargetState(NamedTuple):
     spent_hour_usd: float = 0.0
     spent_day_usd: float = 0.0
     starting: int = 0
+    idle_s: float = math.inf
 
 
 class TenantState(NamedTuple):

@@ -3,6 +3,7 @@ and what the policy does with budgets, spend quotas and half-open breakers."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gateway_plugin.books.ledger import Ledger, Outstanding, TenantBooks
@@ -122,6 +123,16 @@ def test_warm_pool_is_capped_and_keeps_the_most_recently_seen() -> None:
     assert pool.warm(10) == 2
     pool.seen("b", 400)
     assert pool.warm(400) == 1, "a and c idle past the TTL, b seen again"
+
+
+def test_warm_pool_says_how_long_since_an_instance_last_answered() -> None:
+    pool = WarmPool(idle_ttl_s=300)
+    assert pool.idle_s(5) == math.inf, "no answer yet"
+    pool.seen("a", 10)
+    pool.seen("b", 20)
+    pool.seen("a", 30)
+    assert pool.idle_s(42) == 12
+    assert pool.idle_s(29) == 0, "never negative (an answer timed after now)"
 
 
 def test_warm_pool_forgets_idle_instances_and_counts_cold_hits() -> None:

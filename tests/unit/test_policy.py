@@ -377,8 +377,9 @@ def test_a_warm_target_later_in_the_chain_beats_a_cold_start_earlier() -> None:
 
 def test_idle_billing_weighs_only_on_a_target_nothing_else_is_using() -> None:
     """A target that bills idle instances is cheaper per request here, but waking it keeps an
-    instance billed for its idle TTL: with nothing in flight there, the other one serves. Once it
-    serves, its instances stay alive whatever this request does, and its price alone counts."""
+    instance billed for its idle TTL: with nothing in flight there and no answer from it within
+    its TTL, the other one serves. Once it serves, its instances stay alive whatever this request
+    does, and its price alone counts; one that answered a moment ago adds only that moment."""
     priced = dataclasses.replace(
         POLICY,
         targets={
@@ -390,6 +391,11 @@ def test_idle_billing_weighs_only_on_a_target_nothing_else_is_using() -> None:
     serving = snap(BUSY, aws=WARM, ali=TargetState(warm_instances=2, in_flight=1))
     assert decide(req(), idle, priced).target == "aws"
     assert decide(req(), serving, priced).target == "ali"
+    ttl = priced.targets["ali"].idle_ttl_s
+    answered = {"a moment ago": (0.1, "ali"), "a TTL ago": (ttl, "aws"), "past its TTL": (2 * ttl, "aws")}
+    for when, (idle_s, expected) in answered.items():
+        lately = snap(BUSY, aws=WARM, ali=TargetState(warm_instances=2, idle_s=idle_s))
+        assert decide(req(), lately, priced).target == expected, when
 
 
 def test_each_model_has_its_own_load_and_target_and_the_clusters_stands_in_for_the_rest() -> None:

@@ -176,8 +176,9 @@ local function takes(spec, f)
 end
 
 -- policy/decide.py's _pick_target: the cheapest eligible target with a free warm instance (its
--- price, plus the idle time using it may keep billed where nothing is in flight there), else the
--- chain's first eligible cold one, worth its start only past the local queue or when grow.
+-- price, plus the idle time using it adds to the bill where nothing is in flight there, as of the
+-- table: spec.idle_usd), else the chain's first eligible cold one, worth its start only past the
+-- local queue or when grow.
 local function pick_target(chain, tbl, policy, tenant, local_wait_ms, live, f, grow)
     local first, first_cost, best, best_cost, best_price
     for _, name in ipairs(chain) do
