@@ -6,9 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from functions.process_tree import alive, children, descendants
+from testing.http import wait_until
 
 
 def test_a_child_is_found_and_alive_until_it_exits_and_is_reaped() -> None:
@@ -39,10 +39,7 @@ def test_descendants_reach_a_grandchild() -> None:
     script = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleeper!r}]).wait()"
     child = subprocess.Popen([sys.executable, "-c", script])
     try:
-        for _ in range(200):  # until the child has started its own
-            if descendants(child.pid):
-                break
-            time.sleep(0.05)
+        wait_until(lambda: bool(descendants(child.pid)), 10, "the child's own child")
         grandchildren = descendants(child.pid)
         assert len(grandchildren) == 1
         assert child.pid in descendants(os.getpid())
