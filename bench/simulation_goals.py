@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,9 @@ def main() -> None:
                 args.plots.mkdir(parents=True, exist_ok=True)
                 png = f"frontier-{name}-{family}-{load_factor:g}x-{share:g}.png"
                 _plot(frontier, label, args.plots / png)
-            if not args.json:
+            if args.json:  # the JSON comes at the end: progress on stderr meanwhile
+                print(label, file=sys.stderr, flush=True)
+            else:
                 print(label, json.dumps(out["cells"][label]["goals"]), flush=True)
     out["summary"] = summary(out["cells"])
     if args.json:
