@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 
 def test_sidecar_crash_mid_traffic_answers_every_request(tmp_path: Path) -> None:
     repo = model_repository(tmp_path, "add_sub")
-    answers: list[tuple[float, int, str | None]] = []
+    # (sent at, answered at, status, Retry-After)
+    answers: list[tuple[float, float, int, str | None]] = []
     sent = 0
     stop = threading.Event()
     lock = threading.Lock()
@@ -31,9 +32,10 @@ def test_sidecar_crash_mid_traffic_answers_every_request(tmp_path: Path) -> None
             while not stop.is_set():
                 with lock:
                     sent += 1
+                began = time.monotonic()
                 status, headers, _ = http("POST", url, ADD_SUB_BODY, {"content-type": "application/json"})
                 with lock:
-                    answers.append((time.monotonic(), status, headers.get("retry-after")))
+                    answers.append((began, time.monotonic(), status, headers.get("retry-after")))
 
         threads = [threading.Thread(target=client) for _ in range(3)]
         for t in threads:
@@ -44,8 +46,10 @@ def test_sidecar_crash_mid_traffic_answers_every_request(tmp_path: Path) -> None
         os.kill(old_pid, signal.SIGKILL)
 
         def recovered() -> bool:
+            """A success for a request sent after the kill: only a new Triton serves it (one
+            answered after the kill may have been served before it)."""
             with lock:
-                return any(at > killed_at and status == 200 for at, status, _ in answers[-3:])
+                return any(began > killed_at and status == 200 for began, _, status, _ in answers[-3:])
 
         wait_until(recovered, 60, "sidecar restarted and serving")
         stop.set()
@@ -57,7 +61,7 @@ def test_sidecar_crash_mid_traffic_answers_every_request(tmp_path: Path) -> None
     assert new_pid != old_pid
     assert "restarting" in log
     assert len(answers) == sent, "a request was left without an answer"
-    after = [(status, retry) for at, status, retry in answers if at > killed_at]
+    after = [(status, retry) for _, at, status, retry in answers if at > killed_at]
     assert {status for status, _ in after} <= {200, 503}
     assert (503, "1") in after, "no 503 with Retry-After while the sidecar was down"
     assert after[-1][0] == 200
